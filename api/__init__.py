@@ -1,0 +1,1 @@
+"""The trainmaster job service (FastAPI on PostgreSQL)."""

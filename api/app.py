@@ -1,0 +1,99 @@
+"""The FastAPI application: routers, error rendering, body limits, metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api.db.session import create_engine, session_factory
+from api.errors import DatabaseUnavailable, DomainError
+from api.jobs.routes import router as jobs_router
+from api.ops.body_limit import BodyLimitMiddleware
+from api.ops.prometheus import RequestMetricsMiddleware, ServiceMetrics
+from api.ops.routes import router as ops_router
+from api.settings import Settings, get_settings
+
+log = logging.getLogger("trainmaster.api")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = create_engine(settings)
+        app.state.engine = engine
+        app.state.sessions = session_factory(engine)
+        try:
+            yield
+        finally:
+            await engine.dispose()
+
+    app = FastAPI(title="trainmaster", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.metrics = ServiceMetrics()
+
+    app.include_router(ops_router)
+    app.include_router(jobs_router)
+
+    _install_error_handlers(app)
+    app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(BodyLimitMiddleware, limit_for_path=_body_limits(settings))
+    return app
+
+
+def _body_limits(settings: Settings):  # type: ignore[no-untyped-def]
+    def limit_for_path(path: str) -> int:
+        return settings.max_code_bytes if path.startswith("/v1/code") else settings.max_body_bytes
+
+    return limit_for_path
+
+
+def _error(status_code: int, name: str, detail: object, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": name, "detail": detail}, status_code=status_code, headers=headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(DomainError)
+    async def domain_error(_: Request, exc: DomainError) -> JSONResponse:
+        return _error(exc.status_code, exc.name, exc.detail, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = [
+            {"loc": list(err.get("loc", [])), "msg": err.get("msg", ""), "type": err.get("type", "")}
+            for err in exc.errors()
+        ]
+        return _error(422, "ValidationError", detail)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        names = {404: "NotFound", 405: "MethodNotAllowed"}
+        return _error(exc.status_code, names.get(exc.status_code, "HTTPError"), exc.detail, exc.headers)
+
+    async def database_down(_: Request, exc: Exception) -> JSONResponse:
+        log.warning("database unavailable: %s", exc.__class__.__name__)
+        error = DatabaseUnavailable()
+        return _error(error.status_code, error.name, error.detail, error.headers)
+
+    for exc_type in (OperationalError, InterfaceError, PoolTimeout, ConnectionRefusedError):
+        app.add_exception_handler(exc_type, database_down)
+
+    @app.exception_handler(DBAPIError)
+    async def dbapi_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        if exc.connection_invalidated:
+            return await database_down(request, exc)
+        raise exc
+
+
+def app_factory() -> FastAPI:
+    """Entry point for `uvicorn --factory api.app:app_factory`."""
+    return create_app()

@@ -1,0 +1,28 @@
+"""Who is calling, as FastAPI dependencies."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header
+
+from api.auth.service import Principal, authenticate
+from api.db.session import Session
+from api.errors import Unauthorized
+
+
+async def current_principal(
+    session: Session, authorization: Annotated[str | None, Header()] = None
+) -> Principal:
+    return await authenticate(session, authorization)
+
+
+async def current_project(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
+    """A project token; job-scoped tokens may only write their own job's metrics and logs."""
+    if principal.is_job_token:
+        raise Unauthorized("a job token can only write its own job's metrics and logs")
+    return principal
+
+
+AnyPrincipal = Annotated[Principal, Depends(current_principal)]
+ProjectPrincipal = Annotated[Principal, Depends(current_project)]

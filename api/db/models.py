@@ -1,0 +1,187 @@
+"""SQLAlchemy 2.0 models: the one source the Alembic revisions are checked against."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Double,
+    Enum,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from trainmaster.models import JobStatus
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+job_status_enum = Enum(
+    JobStatus, name="job_status", values_callable=lambda e: [m.value for m in e], validate_strings=True
+)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _now() -> Any:
+    return mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
+
+
+class Project(Base):
+    __tablename__ = "projects"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime] = _now()
+
+
+class ApiToken(Base):
+    """A bearer token. Only its SHA-256 is stored; `job_id` set means a job-scoped token."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True, default=uuid.uuid4)
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    description: Mapped[str | None] = mapped_column(String(256))
+    created_at: Mapped[datetime] = _now()
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("project_id", "idempotency_key"),
+        Index("ix_jobs_project_id_created_at_id", "project_id", text("created_at DESC"), text("id DESC")),
+        Index("ix_jobs_queue", "priority", "created_at", postgresql_where=text("status = 'queued'")),
+        Index("ix_jobs_labels", "labels", postgresql_using="gin"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True, default=uuid.uuid4)
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    status: Mapped[JobStatus] = mapped_column(job_status_enum, index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    labels: Mapped[dict[str, str]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+    idempotency_key: Mapped[str | None] = mapped_column(String(256))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    pending_reason: Mapped[str | None] = mapped_column(Text)
+    infeasible_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    error: Mapped[str | None] = mapped_column(Text)
+    latest_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    created_at: Mapped[datetime] = _now()
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    project: Mapped[Project] = relationship(lazy="raise")
+    attempts: Mapped[list[JobAttempt]] = relationship(
+        lazy="raise", order_by="JobAttempt.n", back_populates="job"
+    )
+
+
+class JobAttempt(Base):
+    __tablename__ = "job_attempts"
+    __table_args__ = (UniqueConstraint("job_id", "n"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    n: Mapped[int] = mapped_column(Integer)
+    ray_submission_id: Mapped[str] = mapped_column(String(128), unique=True)
+    status: Mapped[str] = mapped_column(String(32))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    job: Mapped[Job] = relationship(lazy="raise", back_populates="attempts")
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    status: Mapped[JobStatus | None] = mapped_column(job_status_enum)
+    message: Mapped[str | None] = mapped_column(Text)
+    data: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    created_at: Mapped[datetime] = _now()
+
+
+class MetricPoint(Base):
+    __tablename__ = "metric_points"
+    __table_args__ = (Index("ix_metric_points_job_id_seq", "job_id", "seq"),)
+
+    seq: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int | None] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    step: Mapped[int | None] = mapped_column(BigInteger)
+    name: Mapped[str] = mapped_column(String(256))
+    value: Mapped[float] = mapped_column(Double)
+    ts: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class LogLine(Base):
+    __tablename__ = "log_lines"
+    __table_args__ = (Index("ix_log_lines_job_id_seq", "job_id", "seq"),)
+
+    seq: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int | None] = mapped_column(Integer)
+    source: Mapped[str] = mapped_column(String(64))
+    line: Mapped[str] = mapped_column(Text)
+    ts: Mapped[datetime] = _now()
+
+
+class CodePackage(Base):
+    __tablename__ = "code_packages"
+
+    id: Mapped[str] = mapped_column(String(71), primary_key=True)
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    file_count: Mapped[int] = mapped_column(Integer)
+    content: Mapped[bytes | None] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = _now()
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("job_id", "path"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int | None] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    step: Mapped[int | None] = mapped_column(BigInteger)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    created_at: Mapped[datetime] = _now()

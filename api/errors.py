@@ -1,0 +1,74 @@
+"""Domain errors: each carries its HTTP status and renders as {"error": "<Class>", "detail": ...}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DomainError(Exception):
+    status_code = 400
+
+    def __init__(self, detail: Any = None, *, headers: dict[str, str] | None = None):
+        super().__init__(detail)
+        self.detail = detail
+        self.headers = headers
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+
+class Unauthorized(DomainError):
+    status_code = 401
+
+    def __init__(self, detail: Any = "missing or invalid bearer token"):
+        super().__init__(detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+class Forbidden(DomainError):
+    status_code = 403
+
+
+class NotFound(DomainError):
+    status_code = 404
+
+
+class JobNotFound(NotFound):
+    pass
+
+
+class CodeNotFound(NotFound):
+    pass
+
+
+class IllegalTransition(DomainError):
+    status_code = 409
+
+
+class PayloadTooLarge(DomainError):
+    status_code = 413
+
+
+class UnsupportedMediaType(DomainError):
+    status_code = 415
+
+
+class ValidationError(DomainError):
+    """422 naming the field: detail is a list of {"loc": [...], "msg": ...}."""
+
+    status_code = 422
+
+    @classmethod
+    def field(cls, loc: list[str | int], msg: str) -> ValidationError:
+        return cls([{"loc": loc, "msg": msg, "type": "value_error"}])
+
+
+class IdempotencyKeyReused(ValidationError):
+    pass
+
+
+class DatabaseUnavailable(DomainError):
+    status_code = 503
+
+    def __init__(self, detail: Any = "the database is unreachable; retry shortly"):
+        super().__init__(detail, headers={"Retry-After": "1"})

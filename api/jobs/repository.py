@@ -1,0 +1,98 @@
+"""Queries for jobs, their attempts and events."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, func, select, tuple_
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import selectinload
+
+from api.db.models import Job, JobEvent, Project
+from trainmaster.models import JobStatus
+
+
+def _with_relations(query: Select[Any]) -> Select[Any]:
+    return query.options(selectinload(Job.attempts), selectinload(Job.project))
+
+
+async def insert_job(session: AsyncSession, values: dict[str, Any]) -> uuid.UUID | None:
+    """Insert a job; None when the project already holds a job with this idempotency key."""
+    statement = (
+        insert(Job)
+        .values(**values)
+        .on_conflict_do_nothing(index_elements=["project_id", "idempotency_key"])
+        .returning(Job.id)
+    )
+    return (await session.execute(statement)).scalar_one_or_none()
+
+
+async def find_by_idempotency_key(session: AsyncSession, project_id: uuid.UUID, key: str) -> Job | None:
+    query = _with_relations(select(Job).where(Job.project_id == project_id, Job.idempotency_key == key))
+    return (await session.execute(query)).scalar_one_or_none()
+
+
+async def get_job(
+    session: AsyncSession, job_id: uuid.UUID, project_id: uuid.UUID | None = None, *, for_update: bool = False
+) -> Job | None:
+    query = _with_relations(select(Job).where(Job.id == job_id))
+    if project_id is not None:
+        query = query.where(Job.project_id == project_id)
+    if for_update:
+        query = query.with_for_update(of=Job)
+    return (await session.execute(query.execution_options(populate_existing=True))).scalar_one_or_none()
+
+
+async def list_jobs(
+    session: AsyncSession,
+    project_id: uuid.UUID,
+    *,
+    statuses: Sequence[JobStatus],
+    labels: dict[str, str],
+    limit: int,
+    after: tuple[datetime, uuid.UUID] | None,
+) -> list[Job]:
+    query = _with_relations(select(Job).where(Job.project_id == project_id))
+    if statuses:
+        query = query.where(Job.status.in_(statuses))
+    if labels:
+        query = query.where(Job.labels.contains(labels))
+    if after is not None:
+        query = query.where(tuple_(Job.created_at, Job.id) < tuple_(*after))
+    query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
+    return list((await session.execute(query)).scalars())
+
+
+async def queue_positions(session: AsyncSession, jobs: Sequence[Job]) -> dict[uuid.UUID, int]:
+    """1-based place in the queue for each queued job: higher priority first, then older first."""
+    wanted = [job.id for job in jobs if job.status is JobStatus.queued]
+    if not wanted:
+        return {}
+    ranked = (
+        select(
+            Job.id.label("id"),
+            func.row_number().over(order_by=(Job.priority.desc(), Job.created_at, Job.id)).label("position"),
+        )
+        .where(Job.status == JobStatus.queued)
+        .subquery()
+    )
+    rows = await session.execute(select(ranked.c.id, ranked.c.position).where(ranked.c.id.in_(wanted)))
+    return {job_id: int(position) for job_id, position in rows.all()}
+
+
+async def list_events(session: AsyncSession, job_id: uuid.UUID) -> list[JobEvent]:
+    query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+    return list((await session.execute(query)).scalars())
+
+
+async def count_by_status(session: AsyncSession) -> dict[JobStatus, int]:
+    rows = await session.execute(select(Job.status, func.count()).group_by(Job.status))
+    return {status: int(count) for status, count in rows.all()}
+
+
+async def project_name(session: AsyncSession, project_id: uuid.UUID) -> str:
+    return (await session.execute(select(Project.name).where(Project.id == project_id))).scalar_one()

@@ -1,0 +1,71 @@
+"""HTTP for jobs: parse, call the service, shape the answer."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
+
+from api.auth.deps import ProjectPrincipal
+from api.db.session import Session
+from api.errors import UnsupportedMediaType
+from api.jobs import service
+from api.settings import get_settings
+from trainmaster.models import EventList, Job, JobList, JobSpec, JobStatus
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+def require_json(request: Request) -> None:
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        raise UnsupportedMediaType(f"send the job spec as application/json, not {content_type or 'no type'!r}")
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=Job, dependencies=[Depends(require_json)])
+async def submit_job(
+    spec: JobSpec,
+    session: Session,
+    principal: ProjectPrincipal,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header()] = None,
+) -> Job:
+    job, created = await service.submit(session, principal, spec, idempotency_key)
+    if not created:
+        response.headers["Idempotent-Replayed"] = "true"
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return await service.describe(session, principal, job)
+
+
+@router.get("", response_model=JobList)
+async def list_jobs(
+    session: Session,
+    principal: ProjectPrincipal,
+    status_filter: Annotated[list[JobStatus], Query(alias="status")] = [],  # noqa: B006
+    label: Annotated[list[str], Query(description="key:value, repeatable (all must match)")] = [],  # noqa: B006
+    limit: Annotated[int | None, Query(ge=1)] = None,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
+) -> JobList:
+    settings = get_settings()
+    page_size = min(limit or settings.page_limit_default, settings.page_limit_max)
+    items, next_cursor = await service.list_page(
+        session, principal, statuses=status_filter, labels=label, limit=page_size, cursor=cursor
+    )
+    return JobList(items=items, next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", response_model=Job)
+async def get_job(job_id: str, session: Session, principal: ProjectPrincipal) -> Job:
+    job = await service.get_owned(session, principal, job_id)
+    return await service.describe(session, principal, job)
+
+
+@router.post("/{job_id}/cancel", response_model=Job, status_code=status.HTTP_202_ACCEPTED)
+async def cancel_job(job_id: str, session: Session, principal: ProjectPrincipal) -> Job:
+    job = await service.cancel(session, principal, job_id)
+    return await service.describe(session, principal, job)
+
+
+@router.get("/{job_id}/events", response_model=EventList)
+async def job_events(job_id: str, session: Session, principal: ProjectPrincipal) -> EventList:
+    return EventList(items=await service.events(session, principal, job_id))

@@ -1,0 +1,201 @@
+"""Decisions about jobs: submit, read, list, cancel. Services flush; the request commits."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import uuid
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.auth.service import Principal
+from api.db.models import Job as JobRow
+from api.db.models import JobEvent as EventRow
+from api.errors import IdempotencyKeyReused, IllegalTransition, JobNotFound, ValidationError
+from api.jobs import repository
+from api.jobs.status import notify, transition
+from trainmaster.models import Attempt, Job, JobEvent, JobSpec, JobStatus
+
+MAX_IDEMPOTENCY_KEY = 256
+
+
+def spec_hash(spec: JobSpec) -> str:
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+async def submit(
+    session: AsyncSession, principal: Principal, spec: JobSpec, idempotency_key: str | None
+) -> tuple[JobRow, bool]:
+    """Store a new queued job with its first event; returns (job, created).
+
+    With an Idempotency-Key, a second request with the same spec gets the first job back, whatever
+    order concurrent requests commit in; the same key with another spec is refused.
+    """
+    if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
+        raise ValidationError.field(
+            ["header", "Idempotency-Key"], f"must be 1-{MAX_IDEMPOTENCY_KEY} characters"
+        )
+    digest = spec_hash(spec)
+    job_id = await repository.insert_job(
+        session,
+        {
+            "id": uuid.uuid4(),
+            "project_id": principal.project_id,
+            "name": spec.name,
+            "status": JobStatus.queued,
+            "spec": spec.model_dump(mode="json"),
+            "labels": spec.labels,
+            "priority": spec.priority,
+            "idempotency_key": idempotency_key,
+            "request_hash": digest,
+            "pending_reason": "waiting for the dispatcher",
+        },
+    )
+    if job_id is None:
+        assert idempotency_key is not None
+        existing = await repository.find_by_idempotency_key(session, principal.project_id, idempotency_key)
+        if existing is None:  # pragma: no cover - the conflicting row was deleted in between
+            raise IdempotencyKeyReused.field(["header", "Idempotency-Key"], "key conflict; retry")
+        if existing.request_hash != digest:
+            raise IdempotencyKeyReused.field(
+                ["header", "Idempotency-Key"],
+                "this key was already used with a different job spec; use a new key for a new job",
+            )
+        return existing, False
+    job = await repository.get_job(session, job_id)
+    assert job is not None
+    session.add(EventRow(job_id=job.id, kind="status", status=JobStatus.queued, message="submitted", data={}))
+    await session.flush()
+    await notify(session, job, JobStatus.queued)
+    return job, True
+
+
+def parse_job_id(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise JobNotFound(f"no job {raw!r}") from None
+
+
+async def get_owned(session: AsyncSession, principal: Principal, raw_id: str, *, for_update: bool = False) -> JobRow:
+    """The job if the caller's project owns it; 404 otherwise, never revealing that it exists."""
+    job = await repository.get_job(session, parse_job_id(raw_id), principal.project_id, for_update=for_update)
+    if job is None:
+        raise JobNotFound(f"no job {raw_id!r} in project {principal.project_name!r}")
+    return job
+
+
+async def cancel(session: AsyncSession, principal: Principal, raw_id: str) -> JobRow:
+    job = await get_owned(session, principal, raw_id, for_update=True)
+    if job.status is JobStatus.cancelling:
+        return job
+    if job.status.terminal:
+        raise IllegalTransition(f"job {job.id} already {job.status.value}; there is nothing to cancel")
+    job.cancel_requested = True
+    if job.status is JobStatus.queued:
+        await transition(session, job, JobStatus.cancelled, message="cancelled while queued")
+    else:
+        await transition(session, job, JobStatus.cancelling, message="cancel requested")
+    return job
+
+
+def encode_cursor(job: JobRow) -> str:
+    raw = json.dumps([job.created_at.isoformat(), str(job.id)]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        created_at, job_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        return datetime.fromisoformat(created_at), uuid.UUID(job_id)
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise ValidationError.field(["query", "cursor"], "not a cursor returned by this API") from None
+
+
+def parse_labels(raw: list[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in raw:
+        key, sep, value = item.partition(":")
+        if not sep or not key:
+            raise ValidationError.field(["query", "label"], f"{item!r} must be key:value")
+        labels[key] = value
+    return labels
+
+
+async def list_page(
+    session: AsyncSession,
+    principal: Principal,
+    *,
+    statuses: list[JobStatus],
+    labels: list[str],
+    limit: int,
+    cursor: str | None,
+) -> tuple[list[Job], str | None]:
+    after = decode_cursor(cursor) if cursor else None
+    rows = await repository.list_jobs(
+        session,
+        principal.project_id,
+        statuses=statuses,
+        labels=parse_labels(labels),
+        limit=limit + 1,
+        after=after,
+    )
+    page, more = rows[:limit], len(rows) > limit
+    positions = await repository.queue_positions(session, page)
+    items = [to_wire(job, principal.project_name, positions.get(job.id)) for job in page]
+    return items, encode_cursor(page[-1]) if more and page else None
+
+
+async def describe(session: AsyncSession, principal: Principal, job: JobRow) -> Job:
+    positions = await repository.queue_positions(session, [job])
+    return to_wire(job, principal.project_name, positions.get(job.id))
+
+
+async def events(session: AsyncSession, principal: Principal, raw_id: str) -> list[JobEvent]:
+    job = await get_owned(session, principal, raw_id)
+    return [
+        JobEvent(
+            id=row.id,
+            job_id=str(row.job_id),
+            kind=row.kind,
+            status=row.status,
+            message=row.message,
+            data=row.data,
+            created_at=row.created_at,
+        )
+        for row in await repository.list_events(session, job.id)
+    ]
+
+
+def to_wire(job: JobRow, project_name: str, queue_position: int | None = None) -> Job:
+    return Job(
+        id=str(job.id),
+        project=project_name,
+        name=job.name,
+        status=job.status,
+        spec=job.spec,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        attempts=[
+            Attempt(
+                n=a.n,
+                ray_submission_id=a.ray_submission_id,
+                status=a.status,
+                started_at=a.started_at,
+                finished_at=a.finished_at,
+                error=a.error,
+            )
+            for a in job.attempts
+        ],
+        pending_reason=job.pending_reason if job.status is JobStatus.queued else None,
+        error=job.error,
+        latest_metrics=job.latest_metrics,
+        queue_position=queue_position,
+    )
+

@@ -1,0 +1,89 @@
+"""The job status machine: every status change goes through `transition`.
+
+It writes the `job_events` row in the caller's transaction and queues a NOTIFY that PostgreSQL
+delivers only when that transaction commits, so listeners never hear of a change that rolled back.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.db.models import Job, JobEvent
+from api.errors import IllegalTransition
+from trainmaster.models import JobStatus
+
+S = JobStatus
+
+ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
+    S.queued: frozenset({S.starting, S.cancelled, S.failed}),
+    S.starting: frozenset({S.running, S.succeeded, S.failed, S.timed_out, S.cancelling, S.queued}),
+    S.running: frozenset({S.succeeded, S.failed, S.timed_out, S.cancelling, S.queued}),
+    S.cancelling: frozenset({S.cancelled, S.succeeded, S.failed, S.timed_out}),
+    S.succeeded: frozenset(),
+    S.failed: frozenset(),
+    S.cancelled: frozenset(),
+    S.timed_out: frozenset(),
+}
+
+JOB_CHANNEL = "tm_jobs"
+
+
+def can_transition(current: JobStatus, target: JobStatus) -> bool:
+    return target in ALLOWED[current]
+
+
+async def transition(
+    session: AsyncSession,
+    job: Job,
+    target: JobStatus,
+    *,
+    message: str | None = None,
+    error: str | None = None,
+    data: dict[str, Any] | None = None,
+) -> JobEvent:
+    """Move `job` to `target` or raise IllegalTransition; flushes, never commits."""
+    current = job.status
+    if not can_transition(current, target):
+        raise IllegalTransition(f"job {job.id} is {current.value}; it cannot become {target.value}")
+    now = datetime.now(timezone.utc)
+    job.status = target
+    if target is S.running and job.started_at is None:
+        job.started_at = now
+    if target.terminal:
+        job.finished_at = now
+        job.pending_reason = None
+    if target is S.queued:
+        job.pending_reason = "waiting for the dispatcher"
+    if error is not None:
+        job.error = error
+    event = JobEvent(
+        job_id=job.id,
+        kind="status",
+        status=target,
+        message=message,
+        data={"from": current.value, **(data or {})},
+    )
+    session.add(event)
+    await session.flush()
+    await notify(session, job, target)
+    return event
+
+
+async def record_event(
+    session: AsyncSession, job: Job, kind: str, message: str | None = None, data: dict[str, Any] | None = None
+) -> JobEvent:
+    """A notable event that is not a status change (placement, backend chosen, retry scheduled)."""
+    event = JobEvent(job_id=job.id, kind=kind, status=None, message=message, data=data or {})
+    session.add(event)
+    await session.flush()
+    return event
+
+
+async def notify(session: AsyncSession, job: Job, status: JobStatus) -> None:
+    payload = json.dumps({"job_id": str(job.id), "status": status.value})
+    await session.execute(text("SELECT pg_notify(:channel, :payload)"), {"channel": JOB_CHANNEL, "payload": payload})

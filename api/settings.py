@@ -1,0 +1,41 @@
+"""All service settings, read once from TRAINMASTER_* environment variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TRAINMASTER_", extra="ignore")
+
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/trainmaster"
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    max_body_bytes: int = 1024 * 1024
+    max_code_bytes: int = 100 * 1024 * 1024
+    max_code_files: int = 5000
+    storage_path: str = "~/.trainmaster/storage"
+    db_pool_size: int = 10
+    db_connect_timeout_s: float = 5.0
+    page_limit_default: int = 50
+    page_limit_max: int = 500
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
+
+
+def async_url(url: str) -> str:
+    """SQLAlchemy URL for psycopg 3, whatever spelling of postgres:// the user gave."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def libpq_url(url: str) -> str:
+    """Plain libpq URL for psycopg connections opened without SQLAlchemy (LISTEN, COPY)."""
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)

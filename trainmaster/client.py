@@ -1,0 +1,195 @@
+"""The Python SDK: `trainmaster.Client` and the `JobHandle` it returns."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from trainmaster import config as client_config
+from trainmaster.errors import (
+    ConnectionFailed,
+    JobFailed,
+    ServiceUnavailable,
+    TrainmasterError,
+    WaitTimeout,
+    error_from_response,
+)
+from trainmaster.models import EventList, Job, JobEvent, JobList, JobSpec, JobStatus, Scaling
+
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+SUBMIT_ATTEMPTS = 4
+
+
+class Client:
+    """Talks to the trainmaster API.
+
+    Configuration comes from the arguments, then TRAINMASTER_API_URL / TRAINMASTER_TOKEN, then
+    ~/.trainmaster/config (written by `trainmaster up`). Pass `transport` to drive an app in process.
+    """
+
+    def __init__(
+        self,
+        api_url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        resolved = client_config.resolve(api_url, token)
+        self.api_url = resolved.api_url
+        headers = {"User-Agent": "trainmaster-sdk/0.1"}
+        if resolved.token:
+            headers["Authorization"] = f"Bearer {resolved.token}"
+        self._http = httpx.Client(base_url=self.api_url, headers=headers, timeout=timeout, transport=transport)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- jobs -------------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        spec: JobSpec | None = None,
+        *,
+        name: str | None = None,
+        entrypoint: str | None = None,
+        scaling: Scaling | None = None,
+        idempotency_key: str | None = None,
+        **fields: Any,
+    ) -> JobHandle:
+        """Submit a job; safe to retry: one Idempotency-Key covers every try of this call."""
+        if spec is None:
+            given = {"name": name, "entrypoint": entrypoint, "scaling": scaling, **fields}
+            spec = JobSpec.model_validate({k: v for k, v in given.items() if v is not None})
+        key = idempotency_key or str(uuid.uuid4())
+        body = spec.model_dump(mode="json", exclude_unset=False)
+        for attempt in range(SUBMIT_ATTEMPTS):
+            try:
+                data = self._request("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": key})
+                return JobHandle(self, Job.model_validate(data))
+            except (ConnectionFailed, ServiceUnavailable):
+                if attempt == SUBMIT_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def get(self, job_id: str) -> JobHandle:
+        return JobHandle(self, self._job(job_id))
+
+    def list(
+        self,
+        *,
+        status: JobStatus | str | list[JobStatus | str] | None = None,
+        labels: dict[str, str] | None = None,
+        limit: int | None = None,
+        page_size: int = 100,
+    ) -> Iterator[Job]:
+        """Jobs newest first, following cursors until `limit` jobs or the end."""
+        statuses = status if isinstance(status, list) else [status] if status else []
+        params: dict[str, Any] = {
+            "status": [s.value if isinstance(s, JobStatus) else s for s in statuses],
+            "label": [f"{k}:{v}" for k, v in (labels or {}).items()],
+            "limit": min(page_size, limit) if limit else page_size,
+        }
+        returned = 0
+        while True:
+            page = JobList.model_validate(self._request("GET", "/v1/jobs", params=params))
+            for job in page.items:
+                yield job
+                returned += 1
+                if limit is not None and returned >= limit:
+                    return
+            if not page.next_cursor:
+                return
+            params["cursor"] = page.next_cursor
+
+    def cancel(self, job_id: str) -> Job:
+        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/cancel"))
+
+    def events(self, job_id: str) -> list[JobEvent]:
+        return EventList.model_validate(self._request("GET", f"/v1/jobs/{job_id}/events")).items
+
+    def wait(self, job_id: str, *, timeout: float | None = None, poll_interval: float = 1.0) -> Job:
+        """Block until the job ends; return it if it succeeded, raise JobFailed otherwise."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self._job(job_id)
+            if job.status.terminal:
+                if job.status is not JobStatus.succeeded:
+                    raise JobFailed(job)
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"job {job_id} still {job.status.value} after {timeout} s")
+            time.sleep(poll_interval)
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    def _job(self, job_id: str) -> Job:
+        return Job.model_validate(self._request("GET", f"/v1/jobs/{job_id}"))
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(
+                f"cannot reach the trainmaster API at {self.api_url} ({exc.__class__.__name__}); "
+                "is it running? (`trainmaster up` or `trainmaster api`)"
+            ) from exc
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        return response.json() if response.content else None
+
+
+class JobHandle:
+    """A submitted job: its last known state plus the calls that act on it."""
+
+    def __init__(self, client: Client, job: Job):
+        self._client = client
+        self.info = job
+
+    def __repr__(self) -> str:
+        return f"JobHandle(id={self.id!r}, name={self.info.name!r}, status={self.status.value!r})"
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def status(self) -> JobStatus:
+        return self.info.status
+
+    def refresh(self) -> Job:
+        self.info = self._client._job(self.id)
+        return self.info
+
+    def wait(self, *, timeout: float | None = None, poll_interval: float = 1.0) -> Job:
+        try:
+            self.info = self._client.wait(self.id, timeout=timeout, poll_interval=poll_interval)
+        except JobFailed as exc:
+            self.info = exc.job
+            raise
+        return self.info
+
+    def cancel(self) -> Job:
+        self.info = self._client.cancel(self.id)
+        return self.info
+
+    def events(self) -> list[JobEvent]:
+        return self._client.events(self.id)
+
+
+__all__ = ["Client", "JobHandle", "TrainmasterError"]

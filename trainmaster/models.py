@@ -1,0 +1,225 @@
+"""Wire models shared by the SDK, the CLI and the API.
+
+Request models (what a person sends) forbid unknown fields, so a typo never silently does nothing.
+Response models ignore fields they do not know, so an older SDK keeps working against a newer server.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
+
+MAX_CONFIG_BYTES = 64 * 1024
+MAX_NUM_WORKERS = 1024
+
+_ENTRYPOINT = re.compile(
+    r"^(?:builtin:[a-z0-9][a-z0-9_-]*"
+    r"|script:[^\0]+"
+    r"|[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)$"
+)
+_CODE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class JobStatus(str, enum.Enum):
+    queued = "queued"
+    starting = "starting"
+    running = "running"
+    cancelling = "cancelling"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+    timed_out = "timed_out"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+    @property
+    def active(self) -> bool:
+        return not self.terminal
+
+
+TERMINAL_STATUSES = frozenset(
+    {JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled, JobStatus.timed_out}
+)
+
+
+class PlacementStrategy(str, enum.Enum):
+    PACK = "PACK"
+    SPREAD = "SPREAD"
+    STRICT_PACK = "STRICT_PACK"
+    STRICT_SPREAD = "STRICT_SPREAD"
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Scaling(_Request):
+    num_workers: int = Field(default=1, ge=1, le=MAX_NUM_WORKERS, strict=True)
+    use_gpu: bool = Field(default=False, strict=True)
+    resources_per_worker: dict[str, float] | None = None
+    placement_strategy: PlacementStrategy = PlacementStrategy.PACK
+
+    @field_validator("resources_per_worker")
+    @classmethod
+    def _resources_are_positive(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        for name, amount in value.items():
+            if not name or len(name) > 64:
+                raise ValueError(f"resource name {name!r} must be 1-64 characters")
+            if not math.isfinite(amount):
+                raise ValueError(f"{name} must be a finite number")
+            if name == "GPU":
+                if amount < 0:
+                    raise ValueError("GPU must be >= 0")
+            elif amount <= 0:
+                raise ValueError(f"{name} must be > 0")
+        return value
+
+    def worker_resources(self) -> dict[str, float]:
+        """What one worker asks of Ray: CPU 1 and one GPU with use_gpu, unless stated otherwise."""
+        resources: dict[str, float] = {"CPU": 1.0}
+        if self.use_gpu:
+            resources["GPU"] = 1.0
+        resources.update(self.resources_per_worker or {})
+        return resources
+
+
+class CheckpointPolicy(_Request):
+    num_to_keep: int | None = Field(default=None, ge=1, strict=True)
+
+
+class JobSpec(_Request):
+    name: str = Field(min_length=1, max_length=128)
+    entrypoint: str = Field(min_length=1, max_length=512)
+    args: list[StrictStr] = Field(default_factory=list, max_length=1024)
+    config: dict[str, Any] = Field(default_factory=dict)
+    code: str | None = None
+    scaling: Scaling = Field(default_factory=Scaling)
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    pip: list[StrictStr] = Field(default_factory=list, max_length=256)
+    max_retries: int = Field(default=0, ge=0, le=10, strict=True)
+    max_failures: int = Field(default=0, ge=0, le=100, strict=True)
+    timeout_s: float | None = Field(default=None, gt=0)
+    priority: int = Field(default=0, ge=-100, le=100, strict=True)
+    labels: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_form(cls, value: str) -> str:
+        if not _ENTRYPOINT.match(value):
+            raise ValueError(
+                "entrypoint must be 'pkg.module:function', 'script:path/train.py' or 'builtin:<name>'"
+            )
+        return value
+
+    @field_validator("code")
+    @classmethod
+    def _code_id_form(cls, value: str | None) -> str | None:
+        if value is not None and not _CODE_ID.match(value):
+            raise ValueError("code must be 'sha256:<64 hex digits>' as returned by POST /v1/code")
+        return value
+
+    @field_validator("config")
+    @classmethod
+    def _config_size(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        except ValueError as exc:
+            raise ValueError("config must be JSON without NaN or infinity") from exc
+        if len(encoded.encode()) > MAX_CONFIG_BYTES:
+            raise ValueError(f"config is {len(encoded.encode())} bytes encoded; the limit is {MAX_CONFIG_BYTES}")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _label_sizes(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, item in value.items():
+            if not 1 <= len(key) <= 63 or len(item) > 256:
+                raise ValueError("label keys are 1-63 characters and values at most 256")
+        return value
+
+    @model_validator(mode="after")
+    def _backend_matches_devices(self) -> JobSpec:
+        if self.backend == "nccl" and not self.uses_gpu:
+            raise ValueError("backend 'nccl' needs GPUs: set scaling.use_gpu or resources_per_worker.GPU")
+        return self
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.scaling.worker_resources().get("GPU", 0) > 0
+
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if self.uses_gpu else "gloo"
+
+
+class Attempt(_Response):
+    n: int
+    ray_submission_id: str
+    status: str
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    error: str | None = None
+
+
+class Job(_Response):
+    id: str
+    project: str
+    name: str
+    status: JobStatus
+    spec: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    attempts: list[Attempt] = Field(default_factory=list)
+    pending_reason: str | None = None
+    error: str | None = None
+    latest_metrics: dict[str, Any] | None = None
+    queue_position: int | None = None
+
+
+class JobList(_Response):
+    items: list[Job]
+    next_cursor: str | None = None
+
+
+class JobEvent(_Response):
+    id: int
+    job_id: str
+    kind: str
+    status: JobStatus | None = None
+    message: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime
+
+
+class EventList(_Response):
+    items: list[JobEvent]
+
+
+class MetricPoint(_Request):
+    step: int | None = Field(default=None, ge=0)
+    values: dict[str, Annotated[float, Field(allow_inf_nan=True)]]
+    rank: int = Field(default=0, ge=0)
+    ts: datetime | None = None
+
+
+class ErrorBody(_Response):
+    error: str
+    detail: Any = None
