@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -50,15 +50,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def _body_limits(settings: Settings):  # type: ignore[no-untyped-def]
+def _body_limits(settings: Settings) -> Callable[[str], int]:
     def limit_for_path(path: str) -> int:
         return settings.max_code_bytes if path.startswith("/v1/code") else settings.max_body_bytes
 
     return limit_for_path
 
 
-def _error(status_code: int, name: str, detail: object, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": name, "detail": detail}, status_code=status_code, headers=headers)
+def _error(status_code: int, name: str, detail: object, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": name, "detail": detail}, status_code=status_code, headers=dict(headers or {}))
 
 
 def _install_error_handlers(app: FastAPI) -> None:

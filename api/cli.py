@@ -15,7 +15,10 @@ from api.settings import get_settings
 
 def serve(host: str | None, port: int | None, workers: int = 1) -> None:
     settings = get_settings()
-    logging.basicConfig(level=logging.INFO, format='{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}')
+    logging.basicConfig(
+        level=logging.INFO,
+        format='{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
+    )
     uvicorn.run(
         "api.app:app_factory",
         factory=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import time
 import uuid
 from collections.abc import Iterator
@@ -116,7 +117,7 @@ class Client:
     def cancel(self, job_id: str) -> Job:
         return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/cancel"))
 
-    def events(self, job_id: str) -> list[JobEvent]:
+    def events(self, job_id: str) -> builtins.list[JobEvent]:
         return EventList.model_validate(self._request("GET", f"/v1/jobs/{job_id}/events")).items
 
     def wait(self, job_id: str, *, timeout: float | None = None, poll_interval: float = 1.0) -> Job:

@@ -45,9 +45,7 @@ class JobStatus(str, enum.Enum):
         return not self.terminal
 
 
-TERMINAL_STATUSES = frozenset(
-    {JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled, JobStatus.timed_out}
-)
+TERMINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled, JobStatus.timed_out})
 
 
 class PlacementStrategy(str, enum.Enum):
@@ -122,9 +120,7 @@ class JobSpec(_Request):
     @classmethod
     def _entrypoint_form(cls, value: str) -> str:
         if not _ENTRYPOINT.match(value):
-            raise ValueError(
-                "entrypoint must be 'pkg.module:function', 'script:path/train.py' or 'builtin:<name>'"
-            )
+            raise ValueError("entrypoint must be 'pkg.module:function', 'script:path/train.py' or 'builtin:<name>'")
         return value
 
     @field_validator("code")

@@ -11,9 +11,7 @@ from api.db.session import Session
 from api.errors import Unauthorized
 
 
-async def current_principal(
-    session: Session, authorization: Annotated[str | None, Header()] = None
-) -> Principal:
+async def current_principal(session: Session, authorization: Annotated[str | None, Header()] = None) -> Principal:
     return await authenticate(session, authorization)
 
 

@@ -39,9 +39,7 @@ def new_token() -> str:
 async def create_project_token(session: AsyncSession, project_name: str, description: str | None = None) -> str:
     project = await repository.get_or_create_project(session, project_name)
     token = new_token()
-    await repository.add_token(
-        session, project_id=project.id, token_hash=hash_token(token), description=description
-    )
+    await repository.add_token(session, project_id=project.id, token_hash=hash_token(token), description=description)
     return token
 
 

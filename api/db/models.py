@@ -103,9 +103,7 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     project: Mapped[Project] = relationship(lazy="raise")
-    attempts: Mapped[list[JobAttempt]] = relationship(
-        lazy="raise", order_by="JobAttempt.n", back_populates="job"
-    )
+    attempts: Mapped[list[JobAttempt]] = relationship(lazy="raise", order_by="JobAttempt.n", back_populates="job")
 
 
 class JobAttempt(Base):

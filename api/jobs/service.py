@@ -36,9 +36,7 @@ async def submit(
     order concurrent requests commit in; the same key with another spec is refused.
     """
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
-        raise ValidationError.field(
-            ["header", "Idempotency-Key"], f"must be 1-{MAX_IDEMPOTENCY_KEY} characters"
-        )
+        raise ValidationError.field(["header", "Idempotency-Key"], f"must be 1-{MAX_IDEMPOTENCY_KEY} characters")
     digest = spec_hash(spec)
     job_id = await repository.insert_job(
         session,
@@ -198,4 +196,3 @@ def to_wire(job: JobRow, project_name: str, queue_position: int | None = None) -
         latest_metrics=job.latest_metrics,
         queue_position=queue_position,
     )
-

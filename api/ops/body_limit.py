@@ -31,27 +31,33 @@ class BodyLimitMiddleware:
             await _send_413(send, limit)
             return
         received = 0
-        response_started = False
+        exceeded = False
+        replaced = False
 
         async def limited_receive() -> Message:
-            nonlocal received
+            nonlocal received, exceeded
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
+                    exceeded = True
                     raise _TooLarge
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal response_started
-            if message["type"] == "http.response.start":
-                response_started = True
+        async def guarded_send(message: Message) -> None:
+            # Frameworks may turn the read error into their own answer (FastAPI: 400); replace it.
+            nonlocal replaced
+            if exceeded:
+                if message["type"] == "http.response.start" and not replaced:
+                    replaced = True
+                    await _send_413(send, limit)
+                return
             await send(message)
 
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            await self.app(scope, limited_receive, guarded_send)
         except _TooLarge:
-            if not response_started:
+            if not replaced:
                 await _send_413(send, limit)
 
 

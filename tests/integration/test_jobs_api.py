@@ -154,8 +154,9 @@ def test_health_ready_and_prometheus(http: TestClient, auth: dict[str, str]) -> 
     assert 'route="/v1/jobs",status="200"' in text
 
 
-def test_status_machine_refuses_illegal_transition_and_writes_events(database_url: str, http: TestClient,
-                                                                     auth: dict[str, str]) -> None:
+def test_status_machine_refuses_illegal_transition_and_writes_events(
+    database_url: str, http: TestClient, auth: dict[str, str]
+) -> None:
     from api.db.models import Job
     from api.db.session import create_engine, session_factory
     from api.errors import IllegalTransition

@@ -14,8 +14,17 @@ def tables(url: str) -> set[str]:
 
 def test_empty_database_migrates_to_head_matches_models_and_downgrades(empty_database_url: str) -> None:
     migrate.upgrade(empty_database_url)
-    assert {"projects", "api_tokens", "jobs", "job_attempts", "job_events", "metric_points", "log_lines",
-            "code_packages", "checkpoints"} <= tables(empty_database_url)
+    assert {
+        "projects",
+        "api_tokens",
+        "jobs",
+        "job_attempts",
+        "job_events",
+        "metric_points",
+        "log_lines",
+        "code_packages",
+        "checkpoints",
+    } <= tables(empty_database_url)
 
     migrate.check(empty_database_url)  # raises if autogenerate finds a difference
 

@@ -57,7 +57,9 @@ def client_errors(fn: F) -> F:
 
 
 ApiUrl = Annotated[str | None, typer.Option("--api-url", envvar="TRAINMASTER_API_URL", help="API address")]
-Token = Annotated[str | None, typer.Option("--token", envvar="TRAINMASTER_TOKEN", help="bearer token", show_default=False)]
+Token = Annotated[
+    str | None, typer.Option("--token", envvar="TRAINMASTER_TOKEN", help="bearer token", show_default=False)
+]
 
 
 # -- service commands -----------------------------------------------------------------------------

@@ -1,0 +1,90 @@
+"""Real processes: `trainmaster api` on a free port, against the session's migrated database."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.factories.auth import project_token
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINMASTER = str(Path(sys.executable).with_name("trainmaster"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class ApiProcess:
+    url: str
+    token: str
+    env: dict[str, str]
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+def start_api(database_url: str, log_path: Path, extra_env: dict[str, str] | None = None) -> ApiProcess:
+    port = free_port()
+    env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url, **(extra_env or {})}
+    log = log_path.open("wb")
+    process = subprocess.Popen(
+        [TRAINMASTER, "api", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"trainmaster api exited: {log_path.read_text()[-2000:]}")
+        try:
+            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(ready, 30, what="trainmaster api to be ready")
+    token = project_token(database_url, "e2e")
+    client_env = {**env, "TRAINMASTER_API_URL": url, "TRAINMASTER_TOKEN": token}
+    return ApiProcess(url=url, token=token, env=client_env, process=process, log_path=log_path)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="session")
+def api_process(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiProcess]:
+    api = start_api(database_url, tmp_path_factory.mktemp("api") / "api.log")
+    yield api
+    stop(api.process)

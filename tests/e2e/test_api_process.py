@@ -1,0 +1,106 @@
+"""`trainmaster api` as a real process, driven by the CLI, the SDK and curl as the README shows."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+import trainmaster as tm
+from tests.e2e.conftest import REPO, TRAINMASTER, ApiProcess
+
+
+def cli(api: ApiProcess, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [TRAINMASTER, *args], env={**api.env, "COLUMNS": "200"}, capture_output=True, text=True, timeout=60
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"trainmaster {' '.join(args)} failed: {result.stdout}{result.stderr}")
+    return result
+
+
+def test_cli_submit_ls_get_cancel(api_process: ApiProcess) -> None:
+    submitted = cli(
+        api_process,
+        "submit",
+        "builtin:mlp",
+        "--name",
+        "cli-job",
+        "--workers",
+        "2",
+        "--label",
+        "via=cli",
+        "--config",
+        '{"epochs": 1}',
+        "--json",
+    )
+    job = json.loads(submitted.stdout)
+    assert job["status"] == "queued" and job["spec"]["scaling"]["num_workers"] == 2
+
+    listed = json.loads(cli(api_process, "ls", "--label", "via=cli", "--json").stdout)
+    assert [j["id"] for j in listed] == [job["id"]]
+    table = cli(api_process, "ls").stdout
+    assert job["id"] in table and "cli-job" in table
+
+    shown = cli(api_process, "get", job["id"]).stdout
+    assert "builtin:mlp" in shown and "queued" in shown
+
+    assert "cancelled" in cli(api_process, "cancel", job["id"]).stdout
+    again = cli(api_process, "cancel", job["id"], check=False)
+    assert again.returncode == 1 and "nothing to cancel" in again.stderr
+
+
+def test_cli_errors_are_one_clear_line(api_process: ApiProcess) -> None:
+    missing = cli(api_process, "get", "00000000-0000-0000-0000-000000000000", check=False)
+    assert missing.returncode == 1 and "JobNotFound" in missing.stderr and "Traceback" not in missing.stderr
+    bad = cli(api_process, "submit", "builtin:mlp", "--workers", "0", check=False)
+    assert bad.returncode == 1 and "num_workers" in bad.stderr
+    denied = subprocess.run(
+        [TRAINMASTER, "ls"],
+        env={**api_process.env, "TRAINMASTER_TOKEN": "tm_bad"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert denied.returncode == 1 and "401" in denied.stderr
+
+
+def test_sdk_against_the_process(api_process: ApiProcess) -> None:
+    with tm.Client(api_process.url, api_process.token) as client:
+        job = client.submit(name="sdk-e2e", entrypoint="builtin:mlp")
+        assert client.get(job.id).status is tm.JobStatus.queued
+
+
+def readme_blocks(language: str) -> list[str]:
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Use the API", 1)[1].split("\n## ", 1)[0]
+    return re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
+
+
+def test_readme_curl_examples_run(api_process: ApiProcess) -> None:
+    blocks = readme_blocks("bash")
+    assert blocks, "the README's API section has no bash example"
+    for block in blocks:
+        result = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block],
+            env=api_process.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
+        assert result.returncode == 0, f"README example failed:\n{block}\n{result.stdout}\n{result.stderr}"
+        assert '"status":"queued"' in result.stdout.replace(" ", "") or "queued" in result.stdout
+
+
+@pytest.mark.parametrize("index", [0])
+def test_readme_sdk_example_runs(api_process: ApiProcess, index: int) -> None:
+    block = readme_blocks("python")[index]
+    result = subprocess.run(
+        [sys.executable, "-c", block], env=api_process.env, capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert result.returncode == 0, f"README SDK example failed:\n{result.stdout}\n{result.stderr}"
+    assert "queued" in result.stdout

@@ -1,0 +1,109 @@
+"""The SDK against the real app in process (httpx transport), on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+import trainmaster as tm
+from tests.conftest import libpq
+
+
+def finish(database_url: str, job_id: str, status: str, error: str | None = None) -> None:
+    with psycopg.connect(libpq(database_url)) as conn:
+        conn.execute(
+            "UPDATE jobs SET status = %s, error = %s, finished_at = now() WHERE id = %s", (status, error, job_id)
+        )
+
+
+def test_submit_get_list_cancel_events(sdk: tm.Client) -> None:
+    job = sdk.submit(
+        name="sdk-job", entrypoint="builtin:mlp", scaling=tm.Scaling(num_workers=2), labels={"team": "nlp"}
+    )
+    assert isinstance(job, tm.JobHandle)
+    assert job.status is tm.JobStatus.queued
+    assert sdk.get(job.id).name == "sdk-job"
+    assert [j.id for j in sdk.list(labels={"team": "nlp"})] == [job.id]
+    assert job.cancel().status is tm.JobStatus.cancelled
+    assert [e.status for e in job.events()] == [tm.JobStatus.queued, tm.JobStatus.cancelled]
+
+
+def test_list_follows_cursors(sdk: tm.Client) -> None:
+    ids = [sdk.submit(name=f"j{i}", entrypoint="builtin:mlp").id for i in range(5)]
+    assert [j.id for j in sdk.list(page_size=2)] == list(reversed(ids))
+    assert len(list(sdk.list(page_size=2, limit=3))) == 3
+
+
+def test_submit_retries_share_one_idempotency_key(sdk: tm.Client) -> None:
+    spec = tm.JobSpec(name="same", entrypoint="builtin:mlp")
+    first = sdk.submit(spec, idempotency_key="abc")
+    second = sdk.submit(spec, idempotency_key="abc")
+    assert first.id == second.id
+    with pytest.raises(tm.ValidationFailed) as caught:
+        sdk.submit(tm.JobSpec(name="different", entrypoint="builtin:mlp"), idempotency_key="abc")
+    assert caught.value.status_code == 422
+    assert "Idempotency-Key" in str(caught.value)
+
+
+def test_errors_map_to_the_exception_tree(sdk: tm.Client, http, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(tm.JobNotFound) as missing:
+        sdk.get("00000000-0000-0000-0000-000000000000")
+    assert isinstance(missing.value, tm.NotFound) and isinstance(missing.value, tm.ApiError)
+    assert missing.value.response is not None and missing.value.response.status_code == 404
+
+    job = sdk.submit(name="c", entrypoint="builtin:mlp")
+    job.cancel()
+    with pytest.raises(tm.Conflict):
+        job.cancel()
+
+    with tm.Client("http://testserver", "tm_wrong", transport=http._transport) as bad, pytest.raises(tm.Unauthorized):
+        bad.get(job.id)
+
+
+def test_client_side_validation_names_the_field() -> None:
+    with pytest.raises(Exception) as caught:
+        tm.JobSpec(name="x", entrypoint="builtin:mlp", scaling=tm.Scaling(num_workers=0))
+    assert "num_workers" in str(caught.value)
+
+
+def test_wait_returns_on_success_and_raises_job_failed(sdk: tm.Client, database_url: str) -> None:
+    ok = sdk.submit(name="ok", entrypoint="builtin:mlp")
+    timer = threading.Timer(0.3, finish, args=(database_url, ok.id, "succeeded"))
+    timer.start()
+    assert ok.wait(timeout=10, poll_interval=0.05).status is tm.JobStatus.succeeded
+
+    bad = sdk.submit(name="bad", entrypoint="builtin:mlp")
+    finish(database_url, bad.id, "failed", "CUDA out of memory on rank 1")
+    with pytest.raises(tm.JobFailed) as caught:
+        bad.wait(timeout=10, poll_interval=0.05)
+    assert "CUDA out of memory" in str(caught.value)
+    assert caught.value.job.status is tm.JobStatus.failed
+
+
+def test_wait_timeout(sdk: tm.Client) -> None:
+    job = sdk.submit(name="slow", entrypoint="builtin:mlp")
+    with pytest.raises(tm.WaitTimeout):
+        job.wait(timeout=0.2, poll_interval=0.05)
+
+
+def test_unreachable_api_is_a_clear_connection_error() -> None:
+    with tm.Client("http://127.0.0.1:9", "tm_x", timeout=2) as client, pytest.raises(tm.ConnectionFailed) as caught:
+        client.get("x")
+    assert "trainmaster up" in str(caught.value)
+
+
+def test_client_ignores_unknown_response_fields() -> None:
+    job = tm.Job.model_validate(
+        {
+            "id": "1",
+            "project": "p",
+            "name": "n",
+            "status": "queued",
+            "spec": {},
+            "created_at": "2026-01-01T00:00:00Z",
+            "a_field_from_the_future": 1,
+        }
+    )
+    assert job.name == "n"
