@@ -17,6 +17,15 @@ class Settings(BaseSettings):
     max_code_bytes: int = 100 * 1024 * 1024
     max_code_files: int = 5000
     storage_path: str = "~/.trainmaster/storage"
+    api_url: str | None = None  # how training code reaches the API (given to every job)
+    ray_address: str = "http://127.0.0.1:8265"  # the Ray dashboard, for the Jobs API
+    ray_gcs_address: str | None = None  # host:port of the GCS; default: the dashboard host, port 6379
+    dispatcher_id: str | None = None
+    poll_interval_s: float = 2.0
+    lease_s: float = 30.0
+    infeasible_timeout_s: float = 600.0
+    driver_cpus: float = 0.0
+    admit_batch: int = 50
     db_pool_size: int = 10
     db_connect_timeout_s: float = 5.0
     page_limit_default: int = 50

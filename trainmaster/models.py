@@ -205,6 +205,28 @@ class JobEvent(_Response):
     created_at: datetime
 
 
+class JobEventIn(_Request):
+    """A notable event reported from inside a job (runtime placement, topology, dropped points)."""
+
+    kind: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")
+    message: str | None = Field(default=None, max_length=4096)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("kind")
+    @classmethod
+    def _not_status(cls, value: str) -> str:
+        if value == "status":
+            raise ValueError("status events are written by the platform only")
+        return value
+
+    @field_validator("data")
+    @classmethod
+    def _data_size(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if len(json.dumps(value, default=str)) > 16 * 1024:
+            raise ValueError("data must be at most 16 KiB as JSON")
+        return value
+
+
 class EventList(_Response):
     items: list[JobEvent]
 

@@ -45,6 +45,7 @@ job_status_enum = Enum(
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    __mapper_args__ = {"eager_defaults": True}  # server defaults come back with RETURNING
 
 
 def _now() -> Any:
@@ -89,6 +90,8 @@ class Job(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSONB)
     labels: Mapped[dict[str, str]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
     priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+    gang_cpus: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    gang_gpus: Mapped[float] = mapped_column(Double, server_default=text("0"))
     idempotency_key: Mapped[str | None] = mapped_column(String(256))
     request_hash: Mapped[str | None] = mapped_column(String(64))
     pending_reason: Mapped[str | None] = mapped_column(Text)

@@ -6,12 +6,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 
-from api.auth.deps import ProjectPrincipal
+from api.auth.deps import AnyPrincipal, ProjectPrincipal
 from api.db.session import Session
 from api.errors import UnsupportedMediaType
 from api.jobs import service
 from api.settings import get_settings
-from trainmaster.models import EventList, Job, JobList, JobSpec, JobStatus
+from trainmaster.models import EventList, Job, JobEvent, JobEventIn, JobList, JobSpec, JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -69,3 +69,14 @@ async def cancel_job(job_id: str, session: Session, principal: ProjectPrincipal)
 @router.get("/{job_id}/events", response_model=EventList)
 async def job_events(job_id: str, session: Session, principal: ProjectPrincipal) -> EventList:
     return EventList(items=await service.events(session, principal, job_id))
+
+
+@router.post(
+    "/{job_id}/events",
+    response_model=JobEvent,
+    status_code=status.HTTP_201_CREATED,
+    dependencies=[Depends(require_json)],
+)
+async def add_job_event(job_id: str, event: JobEventIn, session: Session, principal: AnyPrincipal) -> JobEvent:
+    """Record a notable event from inside the job (job token or project token)."""
+    return await service.add_event(session, principal, job_id, event)

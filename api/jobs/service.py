@@ -16,8 +16,8 @@ from api.db.models import Job as JobRow
 from api.db.models import JobEvent as EventRow
 from api.errors import IdempotencyKeyReused, IllegalTransition, JobNotFound, ValidationError
 from api.jobs import repository
-from api.jobs.status import notify, transition
-from trainmaster.models import Attempt, Job, JobEvent, JobSpec, JobStatus
+from api.jobs.status import notify, record_event, transition
+from trainmaster.models import Attempt, Job, JobEvent, JobEventIn, JobSpec, JobStatus
 
 MAX_IDEMPOTENCY_KEY = 256
 
@@ -48,6 +48,8 @@ async def submit(
             "spec": spec.model_dump(mode="json"),
             "labels": spec.labels,
             "priority": spec.priority,
+            "gang_cpus": spec.scaling.worker_resources().get("CPU", 0.0) * spec.scaling.num_workers,
+            "gang_gpus": spec.scaling.worker_resources().get("GPU", 0.0) * spec.scaling.num_workers,
             "idempotency_key": idempotency_key,
             "request_hash": digest,
             "pending_reason": "waiting for the dispatcher",
@@ -99,6 +101,19 @@ async def cancel(session: AsyncSession, principal: Principal, raw_id: str) -> Jo
     else:
         await transition(session, job, JobStatus.cancelling, message="cancel requested")
     return job
+
+
+async def get_writable(session: AsyncSession, principal: Principal, raw_id: str) -> JobRow:
+    """The job a caller may write to: its project's, and for a job token only that one job."""
+    if principal.job_id is not None and str(principal.job_id) != raw_id:
+        raise JobNotFound(f"no job {raw_id!r} for this job token")
+    return await get_owned(session, principal, raw_id)
+
+
+async def add_event(session: AsyncSession, principal: Principal, raw_id: str, event: JobEventIn) -> JobEvent:
+    job = await get_writable(session, principal, raw_id)
+    row = await record_event(session, job, event.kind, event.message, event.data)
+    return _event_to_wire(row)
 
 
 def encode_cursor(job: JobRow) -> str:
@@ -156,18 +171,19 @@ async def describe(session: AsyncSession, principal: Principal, job: JobRow) -> 
 
 async def events(session: AsyncSession, principal: Principal, raw_id: str) -> list[JobEvent]:
     job = await get_owned(session, principal, raw_id)
-    return [
-        JobEvent(
-            id=row.id,
-            job_id=str(row.job_id),
-            kind=row.kind,
-            status=row.status,
-            message=row.message,
-            data=row.data,
-            created_at=row.created_at,
-        )
-        for row in await repository.list_events(session, job.id)
-    ]
+    return [_event_to_wire(row) for row in await repository.list_events(session, job.id)]
+
+
+def _event_to_wire(row: EventRow) -> JobEvent:
+    return JobEvent(
+        id=row.id,
+        job_id=str(row.job_id),
+        kind=row.kind,
+        status=row.status,
+        message=row.message,
+        data=row.data,
+        created_at=row.created_at,
+    )
 
 
 def to_wire(job: JobRow, project_name: str, queue_position: int | None = None) -> Job:

@@ -65,6 +65,8 @@ def upgrade() -> None:
             "labels", postgresql.JSONB(astext_type=sa.Text()), server_default=sa.text("'{}'::jsonb"), nullable=False
         ),
         sa.Column("priority", sa.SmallInteger(), server_default=sa.text("0"), nullable=False),
+        sa.Column("gang_cpus", sa.Double(), server_default=sa.text("0"), nullable=False),
+        sa.Column("gang_gpus", sa.Double(), server_default=sa.text("0"), nullable=False),
         sa.Column("idempotency_key", sa.String(length=256), nullable=True),
         sa.Column("request_hash", sa.String(length=64), nullable=True),
         sa.Column("pending_reason", sa.Text(), nullable=True),

@@ -75,6 +75,12 @@ def api(
     server_module("api.cli").serve(host, port, workers)
 
 
+@app.command()
+def dispatcher() -> None:
+    """Admit queued jobs to the Ray cluster (TRAINMASTER_RAY_ADDRESS) and follow them to the end."""
+    server_module("workers.dispatcher.main").main()
+
+
 @db_app.command("upgrade")
 def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
     """Migrate the database (TRAINMASTER_DATABASE_URL) to the latest schema."""

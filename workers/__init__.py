@@ -1,0 +1,1 @@
+"""What runs beside or inside Ray: the dispatcher, the driver, built-in training templates."""

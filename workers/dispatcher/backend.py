@@ -1,0 +1,60 @@
+"""What the dispatcher needs from Ray, behind a small interface (a fake stands in for unit tests)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from workers.dispatcher.admission import Cluster
+
+
+class RayJobState(str, enum.Enum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    STOPPED = "STOPPED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RayJobState.STOPPED, RayJobState.SUCCEEDED, RayJobState.FAILED)
+
+
+@dataclass(frozen=True)
+class RayJobInfo:
+    state: RayJobState
+    message: str = ""
+
+
+@dataclass
+class Launch:
+    """One attempt to start: everything the Jobs API needs, built by the platform."""
+
+    submission_id: str
+    entrypoint: str
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
+    entrypoint_num_cpus: float = 0.0
+
+
+class RayUnavailable(Exception):
+    """Ray's head could not be reached; try again later."""
+
+
+class RayBackend(Protocol):
+    def cluster(self) -> Cluster:
+        """Nodes with their total and free resources."""
+        ...
+
+    def submit(self, launch: Launch) -> bool:
+        """Submit; True if this call started it, False if Ray already knew the submission id."""
+        ...
+
+    def info(self, submission_id: str) -> RayJobInfo | None:
+        """The job's state, or None when Ray does not know the id (e.g. after a cluster restart)."""
+        ...
+
+    def stop(self, submission_id: str) -> None: ...
+
+    def logs_tail(self, submission_id: str, lines: int = 40) -> str: ...

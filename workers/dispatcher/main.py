@@ -1,0 +1,90 @@
+"""`trainmaster dispatcher`: wake on NOTIFY (poll as the fallback), admit, launch, reconcile."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import time
+
+import psycopg
+
+from api.db.session import create_engine, session_factory
+from api.jobs.status import JOB_CHANNEL
+from api.settings import Settings, get_settings, libpq_url
+from workers.dispatcher.backend import RayBackend
+from workers.dispatcher.ray_jobs import RayJobsBackend
+from workers.dispatcher.service import Dispatcher
+
+log = logging.getLogger("trainmaster.dispatcher")
+
+
+class Wakeup:
+    """Sleeps until a NOTIFY on the jobs channel or the poll interval, whichever comes first."""
+
+    def __init__(self, database_url: str):
+        self.database_url = libpq_url(database_url.replace("postgresql+psycopg://", "postgresql://"))
+        self.connection: psycopg.AsyncConnection | None = None
+
+    async def wait(self, timeout: float) -> bool:
+        try:
+            if self.connection is None or self.connection.closed:
+                self.connection = await psycopg.AsyncConnection.connect(self.database_url, autocommit=True)
+                await self.connection.execute(f"LISTEN {JOB_CHANNEL}")
+            async for _ in self.connection.notifies(timeout=timeout, stop_after=1):
+                return True
+            return False
+        except (psycopg.Error, OSError) as exc:
+            log.warning(json.dumps({"event": "listen_failed", "error": str(exc)[:200]}))
+            self.connection = None
+            await asyncio.sleep(timeout)  # fall back to polling until PostgreSQL answers again
+            return False
+
+    async def close(self) -> None:
+        if self.connection is not None:
+            await self.connection.close()
+
+
+async def run(settings: Settings | None = None, backend: RayBackend | None = None) -> None:
+    settings = settings or get_settings()
+    owner = settings.dispatcher_id or f"{socket.gethostname()}-{os.getpid()}"
+    engine = create_engine(settings)
+    dispatcher = Dispatcher(
+        settings=settings,
+        sessions=session_factory(engine),
+        ray=backend or RayJobsBackend(settings.ray_address),
+        owner=owner,
+    )
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    wakeup = Wakeup(settings.database_url)
+    log.info(json.dumps({"event": "dispatcher_started", "owner": owner, "ray": settings.ray_address}))
+    try:
+        while not stopping.is_set():
+            started = time.monotonic()
+            try:
+                await dispatcher.reconcile_round()
+                await dispatcher.admit_round()
+            except Exception as exc:  # one bad round must not end the dispatcher
+                log.exception(json.dumps({"event": "round_failed", "error": str(exc)[:300]}))
+            spent = time.monotonic() - started
+            waiter = asyncio.ensure_future(wakeup.wait(max(0.05, settings.poll_interval_s - spent)))
+            stop_waiter = asyncio.ensure_future(stopping.wait())
+            await asyncio.wait({waiter, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (waiter, stop_waiter):
+                task.cancel()
+    finally:
+        await wakeup.close()
+        await engine.dispose()
+        log.info(json.dumps({"event": "dispatcher_stopped", "owner": owner}))
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    asyncio.run(run())

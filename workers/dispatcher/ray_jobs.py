@@ -1,0 +1,132 @@
+"""The real RayBackend: the Ray Jobs API and the dashboard's cluster status, with token auth."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from workers.dispatcher.admission import Cluster, Node
+from workers.dispatcher.backend import Launch, RayJobInfo, RayJobState, RayUnavailable
+
+log = logging.getLogger("trainmaster.dispatcher.ray")
+
+_NOT_FOUND = re.compile(r"status code 404|does not exist", re.I)
+
+
+def read_token() -> str | None:
+    """Ray's cluster token: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token (Ray's order)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", "~/.ray/auth_token")).expanduser()
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _unmangle(name: str) -> str:
+    # The dashboard camel-cases resource names; the ones admission reads are restored here.
+    return {"objectStoreMemory": "object_store_memory"}.get(name, name)
+
+
+class RayJobsBackend:
+    def __init__(self, address: str, token: str | None = None, timeout_s: float = 10.0):
+        self.address = address.rstrip("/")
+        self.token = token if token is not None else read_token()
+        self.headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self.timeout_s = timeout_s
+        for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+            # Ray's client prefers these over the address it is given; ours must win.
+            if os.environ.pop(name, None):
+                log.warning("ignoring %s in the dispatcher's environment; using %s", name, self.address)
+        self._client: Any = None
+
+    def _jobs(self) -> Any:
+        if self._client is None:
+            from ray.job_submission import JobSubmissionClient
+
+            try:
+                self._client = JobSubmissionClient(self.address, headers=self.headers)
+            except Exception as exc:
+                raise RayUnavailable(f"Ray Jobs API at {self.address}: {_short(exc)}") from exc
+        return self._client
+
+    def _call(self, fn: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(self._jobs(), fn)(*args, **kwargs)
+        except RuntimeError:
+            raise
+        except Exception as exc:
+            self._client = None  # reconnect next time (the head may have restarted)
+            raise RayUnavailable(f"Ray Jobs API at {self.address}: {_short(exc)}") from exc
+
+    def cluster(self) -> Cluster:
+        try:
+            response = httpx.get(f"{self.address}/api/cluster_status", headers=self.headers, timeout=self.timeout_s)
+            response.raise_for_status()
+            report = response.json()["data"]["clusterStatus"]["loadMetricsReport"]
+        except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+            raise RayUnavailable(f"cluster status from {self.address}: {_short(exc)}") from exc
+        nodes = []
+        for node_id, usage in (report.get("usageByNode") or {}).items():
+            total = {_unmangle(name): float(pair[1]) for name, pair in usage.items()}
+            free = {_unmangle(name): float(pair[1]) - float(pair[0]) for name, pair in usage.items()}
+            nodes.append(Node(node_id=node_id, total=total, free=free))
+        return Cluster(nodes=nodes)
+
+    def submit(self, launch: Launch) -> bool:
+        try:
+            self._call(
+                "submit_job",
+                entrypoint=launch.entrypoint,
+                submission_id=launch.submission_id,
+                runtime_env=launch.runtime_env,
+                metadata=launch.metadata,
+                entrypoint_num_cpus=launch.entrypoint_num_cpus or None,
+            )
+        except RuntimeError as exc:
+            if "already exists" in str(exc):
+                return False
+            raise RayUnavailable(f"submit {launch.submission_id}: {_short(exc)}") from exc
+        return True
+
+    def info(self, submission_id: str) -> RayJobInfo | None:
+        try:
+            details = self._call("get_job_info", submission_id)
+        except RuntimeError as exc:
+            if _NOT_FOUND.search(str(exc)):
+                return None
+            raise RayUnavailable(f"status of {submission_id}: {_short(exc)}") from exc
+        status = getattr(details.status, "value", details.status)
+        return RayJobInfo(state=RayJobState(status), message=details.message or "")
+
+    def stop(self, submission_id: str) -> None:
+        try:
+            self._call("stop_job", submission_id)
+        except RuntimeError as exc:
+            if not _NOT_FOUND.search(str(exc)):
+                raise RayUnavailable(f"stop {submission_id}: {_short(exc)}") from exc
+
+    def logs_tail(self, submission_id: str, lines: int = 40) -> str:
+        try:
+            text = str(self._call("get_job_logs", submission_id))
+        except (RuntimeError, RayUnavailable):
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def job_ray_id(self, submission_id: str) -> str | None:
+        """Ray's own job id for a submission (for looking up its placement groups)."""
+        try:
+            return self._call("get_job_info", submission_id).job_id
+        except RuntimeError:
+            return None
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1] if text else ''}"[:300]

@@ -1,0 +1,109 @@
+"""Queries the dispatcher runs: claims in queue order, leases, attempts."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import func, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import selectinload
+
+from api.db.models import ApiToken, Job, JobAttempt
+from trainmaster.models import JobStatus
+
+ACTIVE = (JobStatus.starting, JobStatus.running, JobStatus.cancelling)
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+async def held_resources(session: AsyncSession) -> tuple[float, float]:
+    """CPUs and GPUs held by active trainmaster jobs (their placement may not show in Ray yet)."""
+    row = (
+        await session.execute(
+            select(func.coalesce(func.sum(Job.gang_cpus), 0), func.coalesce(func.sum(Job.gang_gpus), 0)).where(
+                Job.status.in_(ACTIVE)
+            )
+        )
+    ).one()
+    return float(row[0]), float(row[1])
+
+
+async def lock_queued(session: AsyncSession, limit: int) -> list[Job]:
+    """Queued jobs in admission order, locked; rows another dispatcher holds are skipped.
+
+    Order: priority (high first), then fair share (the project holding the fewest GPUs, then CPUs,
+    in active jobs first), then age.
+    """
+    usage = (
+        select(
+            Job.project_id.label("project_id"),
+            func.sum(Job.gang_gpus).label("gpus"),
+            func.sum(Job.gang_cpus).label("cpus"),
+        )
+        .where(Job.status.in_(ACTIVE))
+        .group_by(Job.project_id)
+        .subquery()
+    )
+    query = (
+        select(Job)
+        .outerjoin(usage, usage.c.project_id == Job.project_id)
+        .where(Job.status == JobStatus.queued)
+        .order_by(
+            Job.priority.desc(),
+            func.coalesce(usage.c.gpus, 0),
+            func.coalesce(usage.c.cpus, 0),
+            Job.created_at,
+            Job.id,
+        )
+        .limit(limit)
+        .with_for_update(of=Job, skip_locked=True)
+        .options(selectinload(Job.attempts))
+    )
+    return list((await session.execute(query)).scalars())
+
+
+async def claim_active(session: AsyncSession, owner: str, lease_s: float, limit: int = 200) -> list[uuid.UUID]:
+    """Take (or renew) the lease of active jobs that are ours or whose lease ran out."""
+    expires = now() + timedelta(seconds=lease_s)
+    candidates = (
+        select(Job.id)
+        .where(
+            Job.status.in_(ACTIVE),
+            or_(Job.lease_owner == owner, Job.lease_owner.is_(None), Job.lease_expires_at < func.now()),
+        )
+        .order_by(Job.created_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    result = await session.execute(
+        update(Job)
+        .where(Job.id.in_(candidates.scalar_subquery()))
+        .values(lease_owner=owner, lease_expires_at=expires)
+        .returning(Job.id)
+    )
+    return [row[0] for row in result.all()]
+
+
+async def lock_if_leased(session: AsyncSession, job_id: uuid.UUID, owner: str) -> Job | None:
+    """The fencing check: the job, locked, only while this dispatcher still holds its lease."""
+    query = (
+        select(Job)
+        .where(Job.id == job_id, Job.lease_owner == owner)
+        .with_for_update()
+        .options(selectinload(Job.attempts))
+        .execution_options(populate_existing=True)
+    )
+    return (await session.execute(query)).scalar_one_or_none()
+
+
+def latest_attempt(job: Job) -> JobAttempt | None:
+    return max(job.attempts, key=lambda a: a.n) if job.attempts else None
+
+
+async def revoke_job_tokens(session: AsyncSession, job_id: uuid.UUID) -> None:
+    await session.execute(
+        update(ApiToken).where(ApiToken.job_id == job_id, ApiToken.revoked_at.is_(None)).values(revoked_at=now())
+    )

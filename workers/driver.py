@@ -1,0 +1,126 @@
+"""The Ray job's entrypoint: `python -m workers.driver --job-id ID --attempt N`.
+
+Built by the dispatcher, never taken from the user. Reads the JobSpec from the environment, builds a
+`TorchTrainer` and runs it. A run with the same name and storage path resumes from its latest
+checkpoint, so a retry (a new attempt) continues where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from trainmaster.models import JobSpec
+from workers import entrypoints
+from workers.reporting import post_event
+from workers.runtime import ENV_JOB_SPEC, ENV_STORAGE_PATH
+
+DEFAULT_STORAGE = "~/.trainmaster/storage"
+
+
+def storage_path() -> str:
+    raw = os.environ.get(ENV_STORAGE_PATH, DEFAULT_STORAGE)
+    if "://" in raw:
+        return raw
+    path = Path(raw).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
+def train_worker(config: dict[str, Any]) -> Any:
+    """What every Ray Train worker runs: record where it runs, then the user's training code."""
+    import ray.train
+    import torch.distributed as dist
+
+    from workers.gpu import describe_device
+
+    tm = config.pop("_trainmaster")
+    device = describe_device()
+    context = ray.train.get_context()
+    if context.get_world_rank() == 0:
+        post_event(
+            "runtime",
+            f"training on {context.get_world_size()} worker(s), backend {dist.get_backend()}, {device['device']}",
+            {"backend": dist.get_backend(), "world_size": context.get_world_size(), **device},
+        )
+    if tm["mode"] == "script":
+        return entrypoints.run_script({"script": tm["script"], "args": tm["args"]})
+    return entrypoints.resolve(tm["entrypoint"])(config)
+
+
+def build_trainer(spec: JobSpec, job_id: str) -> Any:
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    if spec.entrypoint.startswith("script:"):
+        tm = {
+            "mode": "script",
+            "script": spec.entrypoint.removeprefix("script:"),
+            "args": list(spec.args),
+        }
+    else:
+        entrypoints.resolve(spec.entrypoint)  # fail here, with a clear message, not in every worker
+        tm = {"mode": "function", "entrypoint": spec.entrypoint}
+    resources = spec.scaling.worker_resources()
+    return TorchTrainer(
+        train_loop_per_worker=train_worker,
+        train_loop_config={**spec.config, "_trainmaster": tm},
+        scaling_config=ScalingConfig(
+            num_workers=spec.scaling.num_workers,
+            use_gpu=spec.uses_gpu,
+            resources_per_worker=resources,
+            placement_strategy=spec.scaling.placement_strategy.value,
+        ),
+        torch_config=TorchConfig(backend=spec.resolved_backend()),
+        run_config=RunConfig(
+            name=job_id,
+            storage_path=storage_path(),
+            failure_config=FailureConfig(max_failures=spec.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.num_to_keep),
+        ),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.driver")
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--attempt", type=int, required=True)
+    args = parser.parse_args(argv)
+    spec = JobSpec.model_validate_json(os.environ[ENV_JOB_SPEC])
+    print(f"[trainmaster] job {args.job_id} attempt {args.attempt}: {spec.entrypoint}", flush=True)
+    started = time.monotonic()
+    try:
+        result = build_trainer(spec, args.job_id).fit()
+    except entrypoints.EntrypointError as exc:
+        print(f"[trainmaster] error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except Exception as exc:
+        traceback.print_exc()
+        print(f"[trainmaster] error: training failed: {_root_cause(exc)}", file=sys.stderr, flush=True)
+        return 1
+    if result.error is not None:
+        print(f"[trainmaster] error: training failed: {_root_cause(result.error)}", file=sys.stderr, flush=True)
+        return 1
+    print(
+        f"[trainmaster] finished in {time.monotonic() - started:.1f} s; metrics {result.metrics}; "
+        f"checkpoint {result.checkpoint.path if result.checkpoint else None}",
+        flush=True,
+    )
+    return 0
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost error, the one a person can act on, in one line."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1] if text else ''}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Built-in training loops, runnable as `builtin:<name>`."""

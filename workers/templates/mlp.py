@@ -1,0 +1,85 @@
+"""builtin:mlp — a classifier on a synthetic dataset, data-parallel with DDP.
+
+`prepare_data_loader` shards the data across workers, `prepare_model` wraps the model in DDP; a
+checkpoint is reported every epoch and a rerun resumes after the last one.
+
+Config: epochs (5), samples (4096), features (32), classes (4), hidden (64), batch_size (64),
+lr (0.05), seed (0), epoch_sleep_s (0: stretch epochs for demos and tests), ledger_path,
+fail_at_epoch / fail_on_attempt (fault injection).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from workers.templates.common import append_ledger, load_latest, maybe_fail, report
+
+
+def synthetic_dataset(samples: int, features: int, classes: int, seed: int) -> TensorDataset:
+    """Points labelled by a fixed random linear teacher: learnable, identical on every worker."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(samples, features, generator=generator)
+    teacher = torch.randn(features, classes, generator=generator)
+    labels = (inputs @ teacher).argmax(dim=1)
+    return TensorDataset(inputs, labels)
+
+
+def make_model(features: int, hidden: int, classes: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, classes)
+    )
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    import ray.train
+    import ray.train.torch
+
+    epochs = int(config.get("epochs", 5))
+    features, classes = int(config.get("features", 32)), int(config.get("classes", 4))
+    dataset = synthetic_dataset(int(config.get("samples", 4096)), features, classes, int(config.get("seed", 0)))
+    loader = ray.train.torch.prepare_data_loader(
+        DataLoader(dataset, batch_size=int(config.get("batch_size", 64)), shuffle=True)
+    )
+    model = make_model(features, int(config.get("hidden", 64)), classes)
+    optimizer = torch.optim.SGD(model.parameters(), lr=float(config.get("lr", 0.05)), momentum=0.9)
+
+    start_epoch = 0
+    state = load_latest()
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start_epoch = int(state["epoch"]) + 1
+        print(f"resumed from the checkpoint of epoch {state['epoch']}", flush=True)
+    model = ray.train.torch.prepare_model(model)
+    rank = ray.train.get_context().get_world_rank()
+    if rank == 0:
+        append_ledger(config.get("ledger_path"), start_epoch=start_epoch)
+
+    loss_fn = nn.CrossEntropyLoss()
+    for epoch in range(start_epoch, epochs):
+        if ray.train.get_context().get_world_size() > 1:
+            loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
+        model.train()
+        total, correct, loss_sum, batches = 0, 0, 0.0, 0
+        for inputs, labels in loader:
+            optimizer.zero_grad()
+            logits = model(inputs)
+            loss = loss_fn(logits, labels)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.item()
+            batches += 1
+            correct += int((logits.argmax(dim=1) == labels).sum())
+            total += len(labels)
+        time.sleep(float(config.get("epoch_sleep_s", 0)))
+        maybe_fail(config, epoch)
+        metrics = {"epoch": epoch, "loss": loss_sum / max(batches, 1), "accuracy": correct / max(total, 1)}
+        inner: nn.Module = getattr(model, "module", model)
+        report(metrics, {"epoch": epoch, "model": inner.state_dict(), "optimizer": optimizer.state_dict()})
+        if rank == 0:
+            print(f"epoch {epoch}: loss {metrics['loss']:.4f} accuracy {metrics['accuracy']:.3f}", flush=True)
