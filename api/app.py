@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.code_packages.routes import router as code_router
 from api.db.session import create_engine, session_factory
 from api.errors import DatabaseUnavailable, DomainError
 from api.jobs.routes import router as jobs_router
@@ -43,6 +44,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.include_router(ops_router)
     app.include_router(jobs_router)
+    app.include_router(code_router)
 
     _install_error_handlers(app)
     app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)

@@ -16,6 +16,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = 1024 * 1024
     max_code_bytes: int = 100 * 1024 * 1024
     max_code_files: int = 5000
+    max_code_unpacked_bytes: int = 1024 * 1024 * 1024
+    code_cache_path: str = "~/.trainmaster/code"
     storage_path: str = "~/.trainmaster/storage"
     api_url: str | None = None  # how training code reaches the API (given to every job)
     ray_address: str = "http://127.0.0.1:8265"  # the Ray dashboard, for the Jobs API

@@ -468,8 +468,24 @@ def format_table(stats: dict[str, dict[str, Any]]) -> str:
 def format_ratios(table: dict[str, dict[str, float]]) -> str:
     lines = [f"{'API / peer':<56} {'p50':>7} {'p99':>7} {'req/s':>7}"]
     for pair, r in table.items():
-        lines.append(f"{pair:<56} {r['p50']:>6.1f}x {r['p99']:>6.1f}x {r['req_per_s']:>6.2f}x")
+        lines.append(f"{pair:<56} {r['p50']:>6.1f}x {r['p99']:>6.1f}x {r['req_per_s']:>6.3f}x")
     return "\n".join(lines)
+
+
+def git_revision() -> str:
+    """HEAD, with '+dirty' when the working tree differs from it (read-only git calls)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def error_lines(stats: dict[str, dict[str, Any]], warmup_errors: dict[str, dict[str, int]]) -> list[str]:
+    lines = [f"errors on {route}: {s['error_kinds']}" for route, s in stats.items() if s["errors"]]
+    lines += [f"errors in the {phase} warmup: {kinds}" for phase, kinds in warmup_errors.items() if kinds]
+    return lines
 
 
 def report(args: argparse.Namespace, api_raw: dict[str, Any], peer_raw: dict[str, Any]) -> dict[str, Any]:
@@ -480,6 +496,7 @@ def report(args: argparse.Namespace, api_raw: dict[str, Any], peer_raw: dict[str
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "git": git_revision(),
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "peer": "same N asyncio clients, psycopg autocommit connection each: INSERT a job-shaped row into a "
         "scratch table (primary key only) / SELECT it by primary key; no HTTP, auth, ORM or events",
@@ -492,6 +509,8 @@ def report(args: argparse.Namespace, api_raw: dict[str, Any], peer_raw: dict[str
     print(format_table({**api, **peer}))
     print()
     print(format_ratios(results["ratios"]))
+    for line in error_lines({**api, **peer}, results["warmup_errors"]):
+        print(f"WARNING {line}")
     for route, s in api.items():
         first, last = s["p50_first_5s_ms"], s["p50_last_5s_ms"]
         print(f"{route}: p50 in the first {TREND_WINDOW_S:g} s {first:.2f} ms, in the last {last:.2f} ms")
@@ -526,6 +545,8 @@ def run_benchmark(args: argparse.Namespace, database_url: str, log_path: Path) -
         wait_ready(api_url, api, log_path)
         print(f"api ready at {api_url}; {args.concurrency} clients for {args.warmup:g}+{args.duration:g} s", flush=True)
         api_raw = run_in_second_process("api", load_config(args, api_url, token, args.duration))
+        if api.poll() is not None:
+            raise RuntimeError(f"trainmaster api exited with {api.returncode} during the load; see {log_path}")
         print(f"peer: {args.concurrency} psycopg clients for {args.warmup:g}+{args.peer_duration:g} s", flush=True)
         peer_raw = run_in_second_process("peer", load_config(args, libpq_url(database_url), "", args.peer_duration))
     finally:
@@ -550,6 +571,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results written to {args.output}")
+    stats = {**results["api_routes"], **results["peer_routes"]}
+    if error_lines(stats, results["warmup_errors"]):
+        print("requests failed during the run: these figures are not valid", file=sys.stderr)
+        return 1
     return 0
 
 

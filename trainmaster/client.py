@@ -6,11 +6,13 @@ import builtins
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from trainmaster import config as client_config
+from trainmaster.archive import zip_directory
 from trainmaster.errors import (
     ConnectionFailed,
     JobFailed,
@@ -19,7 +21,7 @@ from trainmaster.errors import (
     WaitTimeout,
     error_from_response,
 )
-from trainmaster.models import EventList, Job, JobEvent, JobList, JobSpec, JobStatus, Scaling
+from trainmaster.models import CodeUpload, EventList, Job, JobEvent, JobList, JobSpec, JobStatus, Scaling
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 SUBMIT_ATTEMPTS = 4
@@ -65,10 +67,17 @@ class Client:
         name: str | None = None,
         entrypoint: str | None = None,
         scaling: Scaling | None = None,
+        working_dir: str | Path | None = None,
         idempotency_key: str | None = None,
         **fields: Any,
     ) -> JobHandle:
-        """Submit a job; safe to retry: one Idempotency-Key covers every try of this call."""
+        """Submit a job; safe to retry: one Idempotency-Key covers every try of this call.
+
+        `working_dir` is zipped and uploaded first; the workers run in it (script mode reads the
+        script from it, function mode imports from it).
+        """
+        if working_dir is not None:
+            fields["code"] = self.upload_code(working_dir).id
         if spec is None:
             given = {"name": name, "entrypoint": entrypoint, "scaling": scaling, **fields}
             spec = JobSpec.model_validate({k: v for k, v in given.items() if v is not None})
@@ -83,6 +92,12 @@ class Client:
                     raise
                 time.sleep(0.5 * 2**attempt)
         raise AssertionError("unreachable")
+
+    def upload_code(self, working_dir: str | Path) -> CodeUpload:
+        """Zip a working directory (skipping .git, virtualenvs and caches) and upload it."""
+        content = zip_directory(Path(working_dir))
+        data = self._request("POST", "/v1/code", content=content, headers={"Content-Type": "application/zip"})
+        return CodeUpload.model_validate(data)
 
     def get(self, job_id: str) -> JobHandle:
         return JobHandle(self, self._job(job_id))

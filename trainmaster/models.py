@@ -238,6 +238,12 @@ class MetricPoint(_Request):
     ts: datetime | None = None
 
 
+class CodeUpload(_Response):
+    id: str
+    size: int
+    file_count: int = 0
+
+
 class ErrorBody(_Response):
     error: str
     detail: Any = None

@@ -167,8 +167,10 @@ class LogLine(Base):
 class CodePackage(Base):
     __tablename__ = "code_packages"
 
+    """A zipped working directory, content-addressed (sha256 of the archive) within a project."""
+
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
     id: Mapped[str] = mapped_column(String(71), primary_key=True)
-    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
     size: Mapped[int] = mapped_column(BigInteger)
     file_count: Mapped[int] = mapped_column(Integer)
     content: Mapped[bytes | None] = mapped_column(LargeBinary)

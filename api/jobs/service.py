@@ -12,6 +12,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.service import Principal
+from api.code_packages import repository as code_repository
 from api.db.models import Job as JobRow
 from api.db.models import JobEvent as EventRow
 from api.errors import IdempotencyKeyReused, IllegalTransition, JobNotFound, ValidationError
@@ -37,6 +38,8 @@ async def submit(
     """
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
         raise ValidationError.field(["header", "Idempotency-Key"], f"must be 1-{MAX_IDEMPOTENCY_KEY} characters")
+    if spec.code is not None and not await code_repository.exists(session, principal.project_id, spec.code):
+        raise ValidationError.field(["body", "code"], f"no uploaded code {spec.code}; upload it with POST /v1/code")
     digest = spec_hash(spec)
     job_id = await repository.insert_job(
         session,

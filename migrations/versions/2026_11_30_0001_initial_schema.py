@@ -37,9 +37,8 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(
             ["project_id"], ["projects.id"], name=op.f("fk_code_packages_project_id_projects"), ondelete="CASCADE"
         ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_code_packages")),
+        sa.PrimaryKeyConstraint("project_id", "id", name=op.f("pk_code_packages")),
     )
-    op.create_index(op.f("ix_code_packages_project_id"), "code_packages", ["project_id"], unique=False)
     op.create_table(
         "jobs",
         sa.Column("id", sa.UUID(), nullable=False),
@@ -219,7 +218,6 @@ def downgrade() -> None:
     op.drop_index("ix_jobs_project_id_created_at_id", table_name="jobs")
     op.drop_index("ix_jobs_labels", table_name="jobs", postgresql_using="gin")
     op.drop_table("jobs")
-    op.drop_index(op.f("ix_code_packages_project_id"), table_name="code_packages")
     op.drop_table("code_packages")
     op.drop_table("projects")
     sa.Enum(name="job_status").drop(op.get_bind(), checkfirst=True)

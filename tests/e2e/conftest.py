@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -88,3 +89,58 @@ def api_process(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> 
     api = start_api(database_url, tmp_path_factory.mktemp("api") / "api.log")
     yield api
     stop(api.process)
+
+
+@dataclass
+class Stack:
+    api: ApiProcess
+    ray: Any
+    dispatchers: Any
+    work_dir: Path
+
+    def client(self) -> Any:
+        import trainmaster as tm
+
+        return tm.Client(self.api.url, self.api.token)
+
+
+@pytest.fixture(scope="session")
+def ray_head() -> Iterator[Any]:
+    import torch
+
+    from tests.e2e.ray_stack import start_ray_head, stop_ray_head
+
+    head = start_ray_head(num_cpus=4, num_gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    os.environ.update({k: head.env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")})
+    yield head
+    stop_ray_head(head)
+
+
+@pytest.fixture(scope="session")
+def stack(pg_server_url: str, ray_head: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """API and one dispatcher on their own database, over the session's Ray head."""
+    from api.db import migrate
+    from tests.conftest import create_database, drop_database
+    from tests.e2e.ray_stack import Dispatchers
+
+    database_url = create_database(pg_server_url, "tm_ray")
+    migrate.upgrade(database_url)
+    work_dir = tmp_path_factory.mktemp("stack")
+    api = start_api(database_url, work_dir / "api.log")
+    env = {
+        **ray_head.env,
+        "TRAINMASTER_DATABASE_URL": database_url,
+        "TRAINMASTER_RAY_ADDRESS": ray_head.dashboard,
+        "TRAINMASTER_API_URL": api.url,
+        "TRAINMASTER_STORAGE_PATH": str(work_dir / "storage"),
+        "TRAINMASTER_CODE_CACHE_PATH": str(work_dir / "code"),
+        "TRAINMASTER_POLL_INTERVAL_S": "1",
+        "TRAINMASTER_INFEASIBLE_TIMEOUT_S": "8",
+        "TRAINMASTER_LEASE_S": "15",
+    }
+    dispatchers = Dispatchers(env=env, log_dir=work_dir)
+    dispatchers.start("d1")
+    yield Stack(api=api, ray=ray_head, dispatchers=dispatchers, work_dir=work_dir)
+    dispatchers.stop_all()
+    stop(api.process)
+    drop_database(pg_server_url, database_url)

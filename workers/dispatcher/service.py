@@ -19,10 +19,13 @@ import sys
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.auth.service import create_job_token
+from api.code_packages import archive
+from api.code_packages import repository as code_repository
 from api.db.models import Job, JobAttempt
 from api.jobs.status import record_event, transition
 from api.settings import Settings
@@ -113,9 +116,27 @@ class Dispatcher:
         job.infeasible_since = None
         await transition(session, job, JobStatus.starting, message=f"admitted; attempt {n} ({sub_id})")
         token = await create_job_token(session, job.project_id, job.id)
-        return self._launch(job, spec, n, sub_id, token)
+        return self._launch(job, spec, n, sub_id, token, await self._working_dir(session, job, spec))
 
-    def _launch(self, job: Job, spec: JobSpec, n: int, sub_id: str, token: str) -> Launch:
+    async def _working_dir(self, session: AsyncSession, job: Job, spec: JobSpec) -> Path | None:
+        """The job's uploaded code, unpacked once per archive; Ray uploads it to the cluster."""
+        if spec.code is None:
+            return None
+        content = await code_repository.content(session, job.project_id, spec.code)
+        if content is None:
+            raise LookupError(f"code {spec.code} of job {job.id} is gone")
+        folder = Path(self.settings.code_cache_path).expanduser() / spec.code.removeprefix("sha256:")
+        return await asyncio.to_thread(
+            archive.extract,
+            content,
+            folder,
+            max_files=self.settings.max_code_files,
+            max_unpacked_bytes=self.settings.max_code_unpacked_bytes,
+        )
+
+    def _launch(
+        self, job: Job, spec: JobSpec, n: int, sub_id: str, token: str, working_dir: Path | None = None
+    ) -> Launch:
         env = {
             **spec.env,
             ENV_JOB_ID: str(job.id),
@@ -128,6 +149,8 @@ class Dispatcher:
         if self.settings.api_url:
             env[ENV_API_URL] = self.settings.api_url
         runtime_env: dict[str, object] = {"env_vars": env}
+        if working_dir is not None:
+            runtime_env["working_dir"] = str(working_dir)
         if spec.pip:
             runtime_env["pip"] = list(spec.pip)
         command = [sys.executable, "-m", "workers.driver", "--job-id", str(job.id), "--attempt", str(n)]
@@ -213,7 +236,8 @@ class Dispatcher:
                 if job is None:
                     return
                 token = await create_job_token(session, job.project_id, job.id)
-                launch = self._launch(job, spec, attempt.n, sub_id, token)
+                working_dir = await self._working_dir(session, job, spec)
+                launch = self._launch(job, spec, attempt.n, sub_id, token, working_dir)
             await self._submit(launch)  # never acknowledged by Ray: submitting the same id is safe
             return
         wants_stop = await self._stop_if_asked(job_id, sub_id, info)

@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.db.models import CodePackage
+
+
+async def store(session: AsyncSession, project_id: uuid.UUID, code_id: str, content: bytes, file_count: int) -> None:
+    await session.execute(
+        insert(CodePackage)
+        .values(project_id=project_id, id=code_id, size=len(content), file_count=file_count, content=content)
+        .on_conflict_do_nothing()
+    )
+
+
+async def exists(session: AsyncSession, project_id: uuid.UUID, code_id: str) -> bool:
+    query = select(CodePackage.id).where(CodePackage.project_id == project_id, CodePackage.id == code_id)
+    return (await session.execute(query)).scalar_one_or_none() is not None
+
+
+async def content(session: AsyncSession, project_id: uuid.UUID, code_id: str) -> bytes | None:
+    query = select(CodePackage.content).where(CodePackage.project_id == project_id, CodePackage.id == code_id)
+    return (await session.execute(query)).scalar_one_or_none()

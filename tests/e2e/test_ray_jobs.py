@@ -1,0 +1,216 @@
+"""Jobs through the whole stack on a real Ray head: API process, dispatcher process(es), TorchTrainer.
+
+A real 2-worker TorchTrainer run takes 20-40 s on a 2-core machine, so each test runs few jobs and
+they share one Ray head. Launches are counted from a ledger the training code appends to.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import trainmaster as tm
+from tests.e2e.conftest import Stack, wait_until
+
+pytestmark = pytest.mark.ray
+
+TERMINAL = {"succeeded", "failed", "cancelled", "timed_out"}
+
+
+def wait_for(client: tm.Client, job_id: str, statuses: set[str], timeout: float = 240) -> tm.Job:
+    def reached() -> tm.Job | None:
+        job = client.get(job_id).info
+        if job.status.value in statuses:
+            return job
+        if job.status.value in TERMINAL:
+            raise AssertionError(f"job ended {job.status.value} ({job.error}) while waiting for {statuses}")
+        return None
+
+    return wait_until(reached, timeout, interval=0.5, what=f"job {job_id} to become {statuses}")  # type: ignore[no-any-return]
+
+
+def small_mlp(**config: Any) -> dict[str, Any]:
+    return {"epochs": 2, "samples": 256, "batch_size": 64, **config}
+
+
+def ledger_lines(path: Path) -> list[list[str]]:
+    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_two_worker_gloo_job_succeeds_and_records_backend(stack: Stack) -> None:
+    with stack.client() as client:
+        job = client.submit(
+            name="gloo-2", entrypoint="builtin:mlp", scaling=tm.Scaling(num_workers=2), config=small_mlp()
+        )
+        done = wait_for(client, job.id, TERMINAL)
+        assert done.status is tm.JobStatus.succeeded, done.error
+        assert [a.ray_submission_id for a in done.attempts] == [f"tm-{job.id}-1"]
+        runtime = [e for e in client.events(job.id) if e.kind == "runtime"]
+        assert runtime, "no runtime event"
+        assert runtime[0].data["backend"] == "gloo"
+        assert runtime[0].data["world_size"] == 2
+        assert runtime[0].data["device"] == "cpu"
+        statuses = [e.status.value for e in client.events(job.id) if e.status]
+        assert statuses == ["queued", "starting", "running", "succeeded"]
+
+
+UNMODIFIED_SCRIPT = textwrap.dedent(
+    """
+    import argparse, json, os
+    import torch
+    import torch.distributed as dist
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    value = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(value)
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    record = {"sum": value.item(), "env": {k: os.environ.get(k) for k in names}}
+    with open(os.path.join(args.out, f"rank{dist.get_rank()}.json"), "w") as f:
+        json.dump(record, f)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_script_mode_runs_an_unmodified_torchrun_script(stack: Stack, tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(UNMODIFIED_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    with stack.client() as client:
+        job = client.submit(
+            name="script",
+            entrypoint="script:train.py",
+            args=["--out", str(out)],
+            working_dir=code,
+            scaling=tm.Scaling(num_workers=2),
+        )
+        done = wait_for(client, job.id, TERMINAL)
+        assert done.status is tm.JobStatus.succeeded, done.error
+    records = {p.name: json.loads(p.read_text()) for p in out.glob("rank*.json")}
+    assert set(records) == {"rank0.json", "rank1.json"}
+    for rank, record in enumerate([records["rank0.json"], records["rank1.json"]]):
+        assert record["sum"] == 3.0  # 1 + 2: the two ranks really talked
+        assert record["env"]["RANK"] == str(rank)
+        assert record["env"]["WORLD_SIZE"] == "2" and record["env"]["LOCAL_WORLD_SIZE"] == "2"
+        assert record["env"]["MASTER_ADDR"] and record["env"]["MASTER_PORT"]
+
+
+def test_cancel_running_job_frees_its_resources(stack: Stack) -> None:
+    with stack.client() as client:
+        job = client.submit(
+            name="to-cancel",
+            entrypoint="builtin:mlp",
+            scaling=tm.Scaling(num_workers=2),
+            config=small_mlp(epochs=200, epoch_sleep_s=1),
+        )
+        wait_for(client, job.id, {"running"})
+        wait_until(
+            lambda: any(e.kind == "runtime" for e in client.events(job.id)),
+            120,
+            what="training to start (placement group created)",
+        )
+        assert stack.ray.free_cpus() <= stack.ray.num_cpus - 2
+        assert client.cancel(job.id).status is tm.JobStatus.cancelling
+        done = wait_for(client, job.id, TERMINAL, timeout=90)
+        assert done.status is tm.JobStatus.cancelled
+        assert done.attempts[-1].status == "stopped"
+    wait_until(
+        lambda: stack.ray.free_cpus() == stack.ray.num_cpus, 60, interval=0.5, what="Ray to report every CPU free again"
+    )
+    from ray.util.state import list_placement_groups
+
+    groups = list_placement_groups(address=stack.ray.dashboard, detail=True)
+    assert groups and all(group.state == "REMOVED" for group in groups)
+
+
+def test_infeasible_job_says_why_and_fails(stack: Stack) -> None:
+    with stack.client() as client:
+        job = client.submit(
+            name="needs-gpus", entrypoint="builtin:mlp", scaling=tm.Scaling(num_workers=2, use_gpu=True)
+        )
+        reason = wait_until(
+            lambda: (
+                client.get(job.id).info.pending_reason
+                if "never fit" in (client.get(job.id).info.pending_reason or "")
+                else None
+            ),
+            30,
+            what="an infeasible reason",
+        )
+        assert "2 GPU" in reason and "Fails in" in reason
+        done = wait_for(client, job.id, TERMINAL, timeout=60)
+        assert done.status is tm.JobStatus.failed
+        assert "can never fit" in (done.error or "")
+        assert done.attempts == []  # never launched
+
+
+def test_timeout_ends_in_timed_out(stack: Stack) -> None:
+    with stack.client() as client:
+        job = client.submit(
+            name="too-slow",
+            entrypoint="builtin:mlp",
+            scaling=tm.Scaling(num_workers=1),
+            config=small_mlp(epochs=500, epoch_sleep_s=1),
+            timeout_s=10,
+        )
+        done = wait_for(client, job.id, TERMINAL, timeout=180)
+        assert done.status is tm.JobStatus.timed_out
+        assert "timeout_s=10" in (done.error or "")
+        assert done.attempts[-1].status == "timed_out"
+    wait_until(lambda: stack.ray.free_cpus() == stack.ray.num_cpus, 60, interval=0.5, what="CPUs to be free")
+
+
+def test_failure_with_a_retry_resumes_from_the_checkpoint(stack: Stack, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.txt"
+    with stack.client() as client:
+        job = client.submit(
+            name="retry",
+            entrypoint="builtin:mlp",
+            scaling=tm.Scaling(num_workers=2),
+            config=small_mlp(epochs=3, fail_at_epoch=1, ledger_path=str(ledger)),
+            max_retries=1,
+        )
+        done = wait_for(client, job.id, TERMINAL, timeout=360)
+        assert done.status is tm.JobStatus.succeeded, done.error
+        assert [a.status for a in done.attempts] == ["failed", "succeeded"]
+        assert "injected failure at epoch 1" in (done.attempts[0].error or "")
+        assert done.attempts[1].ray_submission_id == f"tm-{job.id}-2"
+    lines = ledger_lines(ledger)
+    assert [(line[1], line[3]) for line in lines] == [("1", "start_epoch=0"), ("2", "start_epoch=1")]
+
+
+def test_two_dispatchers_launch_each_job_exactly_once(stack: Stack, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.txt"
+    stack.dispatchers.start("d2")
+    try:
+        with stack.client() as client:
+            ids = [
+                client.submit(
+                    name=f"many-{i}",
+                    entrypoint="builtin:mlp",
+                    scaling=tm.Scaling(num_workers=1),
+                    config=small_mlp(epochs=1, samples=64, ledger_path=str(ledger)),
+                ).id
+                for i in range(20)
+            ]
+            deadline = time.monotonic() + 900
+            for job_id in ids:
+                done = wait_for(client, job_id, TERMINAL, timeout=max(1, deadline - time.monotonic()))
+                assert done.status is tm.JobStatus.succeeded, done.error
+                assert len(done.attempts) == 1
+    finally:
+        stack.dispatchers.processes[-1].terminate()
+    launches = Counter(line[0] for line in ledger_lines(ledger))
+    assert sorted(launches) == sorted(ids)
+    assert set(launches.values()) == {1}

@@ -1,0 +1,58 @@
+"""An in-memory stand-in for Ray's Jobs API, for dispatcher tests that need exact control."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from workers.dispatcher.admission import Cluster, Node
+from workers.dispatcher.backend import Launch, RayJobInfo, RayJobState, RayUnavailable
+
+
+@dataclass
+class FakeRay:
+    cpus: float = 4.0
+    gpus: float = 0.0
+    used_cpus: float = 0.0
+    jobs: dict[str, RayJobState] = field(default_factory=dict)
+    launches: dict[str, Launch] = field(default_factory=dict)
+    submit_calls: Counter[str] = field(default_factory=Counter)
+    stopped: list[str] = field(default_factory=list)
+    logs: dict[str, str] = field(default_factory=dict)
+    down: bool = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise RayUnavailable("connection refused")
+
+    def cluster(self) -> Cluster:
+        self._check()
+        total = {"CPU": self.cpus, "GPU": self.gpus}
+        return Cluster([Node("head", total, {"CPU": self.cpus - self.used_cpus, "GPU": self.gpus})])
+
+    def submit(self, launch: Launch) -> bool:
+        self._check()
+        self.submit_calls[launch.submission_id] += 1
+        if launch.submission_id in self.jobs:
+            return False
+        self.jobs[launch.submission_id] = RayJobState.PENDING
+        self.launches[launch.submission_id] = launch
+        return True
+
+    def info(self, submission_id: str) -> RayJobInfo | None:
+        self._check()
+        state = self.jobs.get(submission_id)
+        return None if state is None else RayJobInfo(state, f"job is {state.value}")
+
+    def stop(self, submission_id: str) -> None:
+        self._check()
+        self.stopped.append(submission_id)
+        if submission_id in self.jobs and not self.jobs[submission_id].terminal:
+            self.jobs[submission_id] = RayJobState.STOPPED
+
+    def logs_tail(self, submission_id: str, lines: int = 40) -> str:
+        return self.logs.get(submission_id, "")
+
+    def restart(self) -> None:
+        """A new head: every submission forgotten."""
+        self.jobs.clear()

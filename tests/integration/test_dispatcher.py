@@ -1,0 +1,242 @@
+"""The dispatcher's decisions on a real PostgreSQL, with Ray replaced by an exact in-memory fake.
+
+The same behaviours run against a real Ray head in tests/e2e/test_ray_jobs.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+from sqlalchemy import select, update
+
+from api.auth.repository import get_or_create_project
+from api.auth.service import Principal
+from api.db.models import Job, JobAttempt
+from api.db.session import create_engine, session_factory
+from api.jobs import service as jobs
+from api.settings import Settings
+from tests.factories.ray import FakeRay
+from trainmaster.models import JobSpec, JobStatus
+from workers.dispatcher.backend import RayJobState
+from workers.dispatcher.service import Dispatcher
+
+T = TypeVar("T")
+
+
+def run(coro: Awaitable[T]) -> T:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+class World:
+    """A database, a fake Ray, and as many dispatchers as a test wants."""
+
+    def __init__(self, database_url: str, **settings: Any):
+        self.settings = Settings(
+            **{"database_url": database_url, "lease_s": 30, "infeasible_timeout_s": 600, **settings}
+        )
+        self.ray = FakeRay()
+
+    async def __aenter__(self) -> World:
+        self.engine = create_engine(self.settings)
+        self.sessions = session_factory(self.engine)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.engine.dispose()
+
+    def dispatcher(self, owner: str = "d1") -> Dispatcher:
+        return Dispatcher(settings=self.settings, sessions=self.sessions, ray=self.ray, owner=owner)
+
+    async def submit(self, project: str = "alpha", **fields: Any) -> uuid.UUID:
+        body = {"name": "j", "entrypoint": "builtin:mlp", **fields}
+        async with self.sessions() as session, session.begin():
+            row = await get_or_create_project(session, project)
+            principal = Principal(project_id=row.id, project_name=project)
+            job, _ = await jobs.submit(session, principal, JobSpec.model_validate(body), None)
+            return job.id
+
+    async def job(self, job_id: uuid.UUID) -> Job:
+        from sqlalchemy.orm import selectinload
+
+        async with self.sessions() as session:
+            query = select(Job).where(Job.id == job_id).options(selectinload(Job.attempts))
+            return (await session.execute(query)).scalar_one()
+
+    async def attempts(self, job_id: uuid.UUID) -> list[JobAttempt]:
+        return sorted((await self.job(job_id)).attempts, key=lambda a: a.n)
+
+    async def execute(self, fn: Callable[[Any], Awaitable[Any]]) -> None:
+        async with self.sessions() as session, session.begin():
+            await fn(session)
+
+
+def one_worker(cpus: float = 1) -> dict[str, Any]:
+    return {"scaling": {"num_workers": 1, "resources_per_worker": {"CPU": cpus}}}
+
+
+def test_admission_order_priority_then_fair_share_then_age(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            world.ray.cpus, world.ray.used_cpus = 3, 1
+            busy = await world.submit("alpha", **one_worker())
+            await world.execute(lambda s: s.execute(update(Job).where(Job.id == busy).values(status="running")))
+            alpha_old = await world.submit("alpha", **one_worker())
+            beta_new = await world.submit("beta", **one_worker())
+            alpha_urgent = await world.submit("alpha", priority=5, **one_worker())
+
+            assert await world.dispatcher().admit_round() == 2
+            assert (await world.job(alpha_urgent)).status is JobStatus.starting
+            assert (await world.job(beta_new)).status is JobStatus.starting  # beta holds nothing yet
+            waiting = await world.job(alpha_old)
+            assert waiting.status is JobStatus.queued
+            assert "waiting for resources" in (waiting.pending_reason or "")
+
+    run(scenario())
+
+
+def test_attempt_is_recorded_before_submit_and_submitted_once(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            job_id = await world.submit(**one_worker())
+            world.ray.down = True  # the head is unreachable at submit time
+            world.ray.cluster = lambda: FakeRay().cluster()  # type: ignore[method-assign]
+            await world.dispatcher().admit_round()
+            [attempt] = await world.attempts(job_id)
+            assert attempt.status == "pending" and attempt.ray_submission_id == f"tm-{job_id}-1"
+            assert world.ray.submit_calls == {}
+
+            world.ray.down = False
+            await world.dispatcher().reconcile_round()  # never acknowledged: submitted now, same id
+            await world.dispatcher().reconcile_round()
+            assert world.ray.submit_calls == {f"tm-{job_id}-1": 1}
+            assert [a.status for a in await world.attempts(job_id)] == ["submitted"]
+
+    run(scenario())
+
+
+def test_crash_after_submit_before_marking_does_not_resubmit(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            job_id = await world.submit(**one_worker())
+            await world.dispatcher().admit_round()
+            sub_id = f"tm-{job_id}-1"
+            # As if the dispatcher died after Ray accepted the job but before marking the attempt.
+            await world.execute(lambda s: s.execute(update(JobAttempt).values(status="pending")))
+            world.ray.jobs[sub_id] = RayJobState.RUNNING
+            await world.dispatcher().reconcile_round()
+            assert world.ray.submit_calls[sub_id] == 1
+            assert (await world.job(job_id)).status is JobStatus.running
+
+    run(scenario())
+
+
+def test_lease_fences_other_dispatchers_until_it_expires(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            job_id = await world.submit(**one_worker())
+            await world.dispatcher("d1").admit_round()
+            world.ray.jobs[f"tm-{job_id}-1"] = RayJobState.RUNNING
+            await world.dispatcher("d2").reconcile_round()
+            assert (await world.job(job_id)).status is JobStatus.starting  # d2 holds no lease
+            await world.execute(
+                lambda s: s.execute(update(Job).values(lease_expires_at=Job.created_at))  # d1 went silent
+            )
+            await world.dispatcher("d2").reconcile_round()
+            job = await world.job(job_id)
+            assert job.status is JobStatus.running and job.lease_owner == "d2"
+
+    run(scenario())
+
+
+def test_lost_attempt_is_retried_under_a_new_id_never_the_old_one(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            job_id = await world.submit(max_retries=1, **one_worker())
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+            world.ray.jobs[f"tm-{job_id}-1"] = RayJobState.RUNNING
+            await dispatcher.reconcile_round()
+            world.ray.restart()
+            await dispatcher.reconcile_round()
+            job = await world.job(job_id)
+            assert job.status is JobStatus.queued
+            await dispatcher.admit_round()
+            attempts = await world.attempts(job_id)
+            assert [(a.n, a.status) for a in attempts] == [(1, "lost"), (2, "submitted")]
+            assert "Ray no longer knows" in (attempts[0].error or "")
+            assert world.ray.submit_calls == {f"tm-{job_id}-1": 1, f"tm-{job_id}-2": 1}
+
+            world.ray.restart()  # lost again, no retries left
+            await dispatcher.reconcile_round()
+            job = await world.job(job_id)
+            assert job.status is JobStatus.failed and "Ray no longer knows" in (job.error or "")
+
+    run(scenario())
+
+
+def test_failure_error_comes_from_the_driver_log(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            job_id = await world.submit(**one_worker())
+            await world.dispatcher().admit_round()
+            sub_id = f"tm-{job_id}-1"
+            world.ray.jobs[sub_id] = RayJobState.FAILED
+            world.ray.logs[sub_id] = "epoch 0 ok\n[trainmaster] error: training failed: ValueError: bad lr -1\n"
+            await world.dispatcher().reconcile_round()
+            job = await world.job(job_id)
+            assert job.status is JobStatus.failed
+            assert job.error == "training failed: ValueError: bad lr -1"
+
+    run(scenario())
+
+
+def test_cancel_stops_the_ray_job_then_ends_cancelled(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            job_id = await world.submit(**one_worker())
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+            sub_id = f"tm-{job_id}-1"
+            world.ray.jobs[sub_id] = RayJobState.RUNNING
+            await dispatcher.reconcile_round()
+            await world.execute(lambda s: s.execute(update(Job).values(status="cancelling", cancel_requested=True)))
+            await dispatcher.reconcile_round()
+            assert world.ray.stopped == [sub_id]
+            await dispatcher.reconcile_round()
+            job = await world.job(job_id)
+            assert job.status is JobStatus.cancelled and job.attempts[0].status == "stopped"
+
+    run(scenario())
+
+
+def test_infeasible_job_fails_after_the_timeout(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url, infeasible_timeout_s=0) as world:
+            job_id = await world.submit(scaling={"num_workers": 2, "use_gpu": True})
+            await world.dispatcher().admit_round()  # first sighting: reason and event
+            await world.dispatcher().admit_round()
+            job = await world.job(job_id)
+            assert job.status is JobStatus.failed and "can never fit" in (job.error or "")
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("owners", [["d1", "d2", "d3"]])
+def test_concurrent_dispatchers_submit_each_attempt_once(database_url: str, owners: list[str]) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            world.ray.cpus = 1000
+            ids = [await world.submit(**one_worker()) for _ in range(30)]
+            dispatchers = [world.dispatcher(owner) for owner in owners]
+            for _ in range(3):
+                await asyncio.gather(
+                    *(d.admit_round() for d in dispatchers), *(d.reconcile_round() for d in dispatchers)
+                )
+            assert sorted(world.ray.submit_calls) == sorted(f"tm-{job_id}-1" for job_id in ids)
+            assert set(world.ray.submit_calls.values()) == {1}
+
+    run(scenario())
