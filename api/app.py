@@ -13,14 +13,19 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.checkpoints.routes import router as checkpoints_router
 from api.code_packages.routes import router as code_router
 from api.db.session import create_engine, session_factory
 from api.errors import DatabaseUnavailable, DomainError
 from api.jobs.routes import router as jobs_router
+from api.logs.routes import router as logs_router
+from api.metrics.routes import router as metrics_router
 from api.ops.body_limit import BodyLimitMiddleware
 from api.ops.prometheus import RequestMetricsMiddleware, ServiceMetrics
 from api.ops.routes import router as ops_router
 from api.settings import Settings, get_settings
+from api.streaming.broker import Broker
+from api.streaming.limits import StreamLimiter
 
 log = logging.getLogger("trainmaster.api")
 
@@ -33,9 +38,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = create_engine(settings)
         app.state.engine = engine
         app.state.sessions = session_factory(engine)
+        app.state.broker = Broker(settings.database_url)
+        app.state.stream_limiter = StreamLimiter(settings.max_streams_per_token)
         try:
             yield
         finally:
+            await app.state.broker.stop()
             await engine.dispose()
 
     app = FastAPI(title="trainmaster", version="0.1.0", lifespan=lifespan)
@@ -45,6 +53,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ops_router)
     app.include_router(jobs_router)
     app.include_router(code_router)
+    app.include_router(metrics_router)
+    app.include_router(logs_router)
+    app.include_router(checkpoints_router)
 
     _install_error_handlers(app)
     app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)

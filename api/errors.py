@@ -67,6 +67,10 @@ class IdempotencyKeyReused(ValidationError):
     pass
 
 
+class TooManyStreams(DomainError):
+    status_code = 429
+
+
 class DatabaseUnavailable(DomainError):
     status_code = 503
 

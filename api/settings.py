@@ -28,6 +28,9 @@ class Settings(BaseSettings):
     infeasible_timeout_s: float = 600.0
     driver_cpus: float = 0.0
     admit_batch: int = 50
+    sse_heartbeat_s: float = 15.0
+    sse_send_timeout_s: float = 30.0
+    max_streams_per_token: int = 16
     db_pool_size: int = 10
     db_connect_timeout_s: float = 5.0
     page_limit_default: int = 50

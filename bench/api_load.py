@@ -14,6 +14,9 @@ The peer
     like a job (uuid, name, status, JSONB spec and labels, hash) into a scratch table with a primary key
     only, and `SELECT * ... WHERE id = %s` of a row it inserted. That is the floor the API's own
     database work sits on: no HTTP, no auth lookup, no ORM, no events, no queue position.
+    The two phases run one after the other (API, then peer), each after `--warmup` unmeasured seconds;
+    the 1-minute load average around them goes into the results, because on a shared machine a ratio
+    is only as good as the quiet it was measured in. The API listens on 127.0.0.1 only.
 
 Run it from the repository root (results also go to bench/results/api_load.json):
 
@@ -488,7 +491,10 @@ def error_lines(stats: dict[str, dict[str, Any]], warmup_errors: dict[str, dict[
     return lines
 
 
-def report(args: argparse.Namespace, api_raw: dict[str, Any], peer_raw: dict[str, Any]) -> dict[str, Any]:
+def report(
+    args: argparse.Namespace, api_raw: dict[str, Any], peer_raw: dict[str, Any], loadavg: dict[str, float]
+) -> dict[str, Any]:
+    """Print the tables and return the JSON results; `loadavg` is the 1-minute load around each phase."""
     api = phase_stats(api_raw, args.duration)
     peer = phase_stats(peer_raw, args.peer_duration)
     results = {
@@ -497,6 +503,7 @@ def report(args: argparse.Namespace, api_raw: dict[str, Any], peer_raw: dict[str
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "git": git_revision(),
+        "loadavg_1m": loadavg,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "peer": "same N asyncio clients, psycopg autocommit connection each: INSERT a job-shaped row into a "
         "scratch table (primary key only) / SELECT it by primary key; no HTTP, auth, ORM or events",
@@ -509,6 +516,7 @@ def report(args: argparse.Namespace, api_raw: dict[str, Any], peer_raw: dict[str
     print(format_table({**api, **peer}))
     print()
     print(format_ratios(results["ratios"]))
+    print(f"1-minute load average on {os.cpu_count()} CPUs: " + ", ".join(f"{k} {v:.1f}" for k, v in loadavg.items()))
     for line in error_lines({**api, **peer}, results["warmup_errors"]):
         print(f"WARNING {line}")
     for route, s in api.items():
@@ -544,14 +552,17 @@ def run_benchmark(args: argparse.Namespace, database_url: str, log_path: Path) -
     try:
         wait_ready(api_url, api, log_path)
         print(f"api ready at {api_url}; {args.concurrency} clients for {args.warmup:g}+{args.duration:g} s", flush=True)
+        loadavg = {"api_start": os.getloadavg()[0]}
         api_raw = run_in_second_process("api", load_config(args, api_url, token, args.duration))
+        loadavg["api_end"] = os.getloadavg()[0]
         if api.poll() is not None:
             raise RuntimeError(f"trainmaster api exited with {api.returncode} during the load; see {log_path}")
         print(f"peer: {args.concurrency} psycopg clients for {args.warmup:g}+{args.peer_duration:g} s", flush=True)
         peer_raw = run_in_second_process("peer", load_config(args, libpq_url(database_url), "", args.peer_duration))
+        loadavg["peer_end"] = os.getloadavg()[0]
     finally:
         stop_api(api)
-    return report(args, api_raw, peer_raw)
+    return report(args, api_raw, peer_raw, loadavg)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -579,4 +590,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted: the API process was stopped and the database dropped", file=sys.stderr)
+        sys.exit(130)

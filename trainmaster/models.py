@@ -10,6 +10,7 @@ import enum
 import json
 import math
 import re
+import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -232,10 +233,72 @@ class EventList(_Response):
 
 
 class MetricPoint(_Request):
+    """One logged step: several named values. NaN and infinities are kept (a diverging loss is news)."""
+
     step: int | None = Field(default=None, ge=0)
-    values: dict[str, Annotated[float, Field(allow_inf_nan=True)]]
+    values: dict[Annotated[str, Field(min_length=1, max_length=256)], Annotated[float, Field(allow_inf_nan=True)]]
     rank: int = Field(default=0, ge=0)
     ts: datetime | None = None
+
+
+MAX_POINTS_PER_BATCH = 20_000
+
+
+class MetricBatchIn(_Request):
+    """`batch_id` makes a retried send idempotent: a batch already stored is not stored again."""
+
+    batch_id: uuid.UUID | None = None
+    attempt: int | None = Field(default=None, ge=1)
+    points: list[MetricPoint] = Field(max_length=MAX_POINTS_PER_BATCH)
+
+
+class MetricBatchAck(_Response):
+    stored: int
+    duplicate: bool = False
+
+
+class MetricValue(_Response):
+    seq: int
+    step: int | None = None
+    rank: int = 0
+    name: str
+    value: float | None  # null for NaN and infinities, which JSON cannot carry
+    ts: datetime
+
+
+class MetricList(_Response):
+    items: list[MetricValue]
+
+
+class LogLine(_Response):
+    seq: int
+    attempt: int | None = None
+    source: str
+    line: str
+    ts: datetime
+
+
+class LogList(_Response):
+    items: list[LogLine]
+
+
+class CheckpointIn(_Request):
+    path: str = Field(min_length=1, max_length=4096)
+    step: int | None = Field(default=None, ge=0)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+
+class CheckpointInfo(_Response):
+    id: int
+    attempt: int | None = None
+    path: str
+    step: int | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime
+
+
+class CheckpointList(_Response):
+    items: list[CheckpointInfo]
 
 
 class CodeUpload(_Response):

@@ -22,6 +22,7 @@ class Principal:
     project_id: uuid.UUID
     project_name: str
     job_id: uuid.UUID | None = None
+    token_id: uuid.UUID | None = None
 
     @property
     def is_job_token(self) -> bool:
@@ -61,4 +62,4 @@ async def authenticate(session: AsyncSession, authorization: str | None) -> Prin
     if found is None:
         raise Unauthorized("unknown or revoked token: create one with `trainmaster token create`")
     row, project = found
-    return Principal(project_id=project.id, project_name=project.name, job_id=row.job_id)
+    return Principal(project_id=project.id, project_name=project.name, job_id=row.job_id, token_id=row.id)

@@ -41,8 +41,8 @@ def inspect(content: bytes, *, max_files: int, max_unpacked_bytes: int) -> Archi
         total = 0
         for entry in entries:
             _check_name(entry.filename)
-            mode = entry.external_attr >> 16
-            if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            kind = stat.S_IFMT(entry.external_attr >> 16)  # 0 when the archiver recorded no type
+            if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
                 raise _refuse(f"{entry.filename!r} is a link or special file; only files and folders are accepted")
             total += entry.file_size
             if total > max_unpacked_bytes:

@@ -119,6 +119,7 @@ class JobAttempt(Base):
     ray_submission_id: Mapped[str] = mapped_column(String(128), unique=True)
     status: Mapped[str] = mapped_column(String(32))
     error: Mapped[str | None] = mapped_column(Text)
+    log_offset: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     created_at: Mapped[datetime] = _now()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -150,6 +151,17 @@ class MetricPoint(Base):
     name: Mapped[str] = mapped_column(String(256))
     value: Mapped[float] = mapped_column(Double)
     ts: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class MetricBatch(Base):
+    """Batches already stored, so a sender's retry after a lost answer stores nothing twice."""
+
+    __tablename__ = "metric_batches"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    batch_id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True)
+    points: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = _now()
 
 
 class LogLine(Base):

@@ -38,4 +38,6 @@ async def db_session(request: Request) -> AsyncIterator[AsyncSession]:
             raise
 
 
-Session = Annotated[AsyncSession, Depends(db_session)]
+# scope="function": the session commits before the response is sent, so a 2xx means committed,
+# and streaming responses do not hold a connection for their whole life.
+Session = Annotated[AsyncSession, Depends(db_session, scope="function")]

@@ -136,6 +136,7 @@ def upgrade() -> None:
         sa.Column("ray_submission_id", sa.String(length=128), nullable=False),
         sa.Column("status", sa.String(length=32), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
+        sa.Column("log_offset", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
@@ -174,6 +175,17 @@ def upgrade() -> None:
     )
     op.create_index(op.f("ix_job_events_job_id"), "job_events", ["job_id"], unique=False)
     op.create_table(
+        "metric_batches",
+        sa.Column("job_id", sa.UUID(), nullable=False),
+        sa.Column("batch_id", sa.UUID(), nullable=False),
+        sa.Column("points", sa.Integer(), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["job_id"], ["jobs.id"], name=op.f("fk_metric_batches_job_id_jobs"), ondelete="CASCADE"
+        ),
+        sa.PrimaryKeyConstraint("job_id", "batch_id", name=op.f("pk_metric_batches")),
+    )
+    op.create_table(
         "log_lines",
         sa.Column("seq", sa.BigInteger(), sa.Identity(always=False), nullable=False),
         sa.Column("job_id", sa.UUID(), nullable=False),
@@ -204,6 +216,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_metric_points_job_id_seq", table_name="metric_points")
     op.drop_table("metric_points")
+    op.drop_table("metric_batches")
     op.drop_index("ix_log_lines_job_id_seq", table_name="log_lines")
     op.drop_table("log_lines")
     op.drop_index(op.f("ix_job_events_job_id"), table_name="job_events")

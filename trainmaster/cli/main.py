@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -96,6 +97,62 @@ def token_create(
     """Print a new API token for PROJECT (stored hashed; shown only this once)."""
     token = server_module("api.cli").token_create(project, description)
     print(token)
+
+
+# -- local stack ----------------------------------------------------------------------------------
+
+
+@app.command()
+def up(
+    num_cpus: Annotated[int | None, typer.Option(help="CPUs for the Ray head (default: detected)")] = None,
+    num_gpus: Annotated[int | None, typer.Option(help="GPUs for the Ray head (default: detected)")] = None,
+    api_port: Annotated[int, typer.Option(help="API port (the next free one if taken)")] = 8000,
+) -> None:
+    """Start the whole platform locally: PostgreSQL, a Ray head, the API and a dispatcher."""
+    from trainmaster import stack
+
+    try:
+        state, started = stack.up(
+            num_cpus=num_cpus, num_gpus=num_gpus, api_port=api_port, say=lambda msg: console.print(f"[dim]•[/] {msg}")
+        )
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        fail(f"{exc}\n(`trainmaster down` cleans up a half-started stack)")
+    console.print(
+        ("[green]trainmaster is up[/]" if started else "trainmaster is already running") + f": {state.api_url}"
+    )
+    console.print(f"config written to {stack.client_config.config_path()}; logs in {stack.home() / 'logs'}")
+    console.print("next: [bold]trainmaster submit builtin:mlp --workers 2 --follow[/]")
+
+
+@app.command()
+def status() -> None:
+    """Health of each local component started by `trainmaster up`."""
+    from rich.table import Table
+
+    from trainmaster import stack
+
+    components = stack.status()
+    if not components:
+        fail("nothing is running here: start it with `trainmaster up`")
+    table = Table(show_edge=False, header_style="bold")
+    for column in ("COMPONENT", "HEALTH", "DETAIL"):
+        table.add_column(column)
+    for name, info in components.items():
+        table.add_row(name, "[green]ok[/]" if info["healthy"] else "[red]down[/]", str(info["detail"]))
+    console.print(table)
+    if not all(info["healthy"] for info in components.values()):
+        raise typer.Exit(1)
+
+
+@app.command()
+def down() -> None:
+    """Stop everything `trainmaster up` started (job history stays in PostgreSQL)."""
+    from trainmaster import stack
+
+    if not stack.down(say=lambda msg: console.print(f"[dim]•[/] {msg}")):
+        console.print("nothing was running")
+        return
+    console.print("[green]stopped[/]")
 
 
 # -- job commands ---------------------------------------------------------------------------------

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Response, status
+
+from api.auth.deps import AnyPrincipal, ProjectPrincipal
+from api.checkpoints import service
+from api.db.session import Session
+from api.jobs.routes import require_json
+from trainmaster.models import CheckpointIn, CheckpointList
+
+router = APIRouter(prefix="/v1/jobs/{job_id}/checkpoints", tags=["checkpoints"])
+
+
+@router.get("", response_model=CheckpointList)
+async def list_checkpoints(job_id: str, session: Session, principal: ProjectPrincipal) -> CheckpointList:
+    """Checkpoints the job reported, oldest first: path, step and the metrics reported with each."""
+    return CheckpointList(items=await service.list_for_job(session, principal, job_id))
+
+
+@router.post("", status_code=status.HTTP_204_NO_CONTENT, dependencies=[Depends(require_json)])
+async def record_checkpoint(
+    job_id: str,
+    checkpoint: CheckpointIn,
+    session: Session,
+    principal: AnyPrincipal,
+    attempt: Annotated[int | None, Query(ge=1)] = None,
+) -> Response:
+    """Recorded by the job itself (job token) when Ray Train reports a checkpoint."""
+    await service.record(session, principal, job_id, checkpoint, attempt)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import select, text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.db.models import LogLine
+from api.streaming.broker import LOGS_CHANNEL
+
+
+async def append(
+    session: AsyncSession, job_id: uuid.UUID, attempt: int | None, source: str, lines: Sequence[str]
+) -> None:
+    """Store lines in order (one writer per job at a time, so sequence numbers commit in order)."""
+    if not lines:
+        return
+    await session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"), {"key": f"l:{job_id}"})
+    session.add_all(LogLine(job_id=job_id, attempt=attempt, source=source, line=line) for line in lines)
+    await session.flush()
+    await session.execute(text("SELECT pg_notify(:channel, :job)"), {"channel": LOGS_CHANNEL, "job": str(job_id)})
+
+
+async def read_after(session: AsyncSession, job_id: uuid.UUID, after_seq: int, limit: int) -> list[Any]:
+    query = select(LogLine).where(LogLine.job_id == job_id, LogLine.seq > after_seq).order_by(LogLine.seq).limit(limit)
+    return list((await session.execute(query)).scalars())

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+
+from api.auth.deps import ProjectPrincipal
+from api.db.session import Session
+from api.jobs import service as jobs
+from api.logs import service
+from api.streaming.follow import follow, last_event_id
+from api.streaming.sse import EventStream
+from trainmaster.models import LogList
+
+router = APIRouter(prefix="/v1/jobs/{job_id}/logs", tags=["logs"])
+
+
+@router.get("", response_model=LogList)
+async def read_logs(
+    job_id: str,
+    session: Session,
+    principal: ProjectPrincipal,
+    after_seq: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+) -> LogList:
+    """Stored output of the job's driver and workers, oldest first; readable after the cluster is gone."""
+    return LogList(items=await service.read(session, principal, job_id, after_seq, limit))
+
+
+@router.get("/stream", response_class=EventStream, responses={200: {"content": {"text/event-stream": {}}}})
+async def stream_logs(
+    job_id: str,
+    request: Request,
+    session: Session,
+    principal: ProjectPrincipal,
+    last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    after_seq: Annotated[int | None, Query(ge=0)] = None,
+) -> EventStream:
+    """SSE: `logs` events (id = sequence), `status` on transitions, `end` when the job is over."""
+    job = await jobs.get_owned(session, principal, job_id)
+    state = request.app.state
+    release = state.stream_limiter.acquire(principal)
+    messages = follow(
+        job_id=job.id,
+        after_seq=last_event_id(last_event_id_header, after_seq),
+        read_after=service.read_for_stream,
+        event_name="logs",
+        sessions=state.sessions,
+        broker=state.broker,
+        heartbeat_s=state.settings.sse_heartbeat_s,
+    )
+    return EventStream(messages, send_timeout_s=state.settings.sse_send_timeout_s, on_close=release)

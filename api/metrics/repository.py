@@ -1,0 +1,132 @@
+"""Metric points: COPY in, ordered reads out, downsampled reads for charts."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from trainmaster.models import MetricPoint
+
+COPY_POINTS = "COPY metric_points (job_id, attempt, rank, step, name, value, ts) FROM STDIN"
+
+
+async def raw_connection(session: AsyncSession) -> Any:
+    """The psycopg AsyncConnection under the session's transaction (for COPY)."""
+    connection = await session.connection()
+    raw = await connection.get_raw_connection()
+    return raw.driver_connection
+
+
+async def lock_job_stream(session: AsyncSession, job_id: uuid.UUID) -> None:
+    """Serialize writers of one job so sequence numbers commit in order (readers resume by seq)."""
+    await session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"), {"key": f"m:{job_id}"})
+
+
+async def claim_batch(session: AsyncSession, job_id: uuid.UUID, batch_id: uuid.UUID, points: int) -> bool:
+    """Record a batch id; False when it was stored before (a retry whose first answer was lost)."""
+    result = await session.execute(
+        text(
+            "INSERT INTO metric_batches (job_id, batch_id, points) VALUES (:job, :batch, :points) "
+            "ON CONFLICT DO NOTHING RETURNING batch_id"
+        ),
+        {"job": job_id, "batch": batch_id, "points": points},
+    )
+    return result.first() is not None
+
+
+async def copy_points(
+    session: AsyncSession, job_id: uuid.UUID, attempt: int | None, points: Sequence[MetricPoint]
+) -> int:
+    now = datetime.now(timezone.utc)
+    rows = 0
+    connection = await raw_connection(session)
+    async with connection.cursor() as cursor, cursor.copy(COPY_POINTS) as copy:
+        for point in points:
+            ts = point.ts or now
+            for name, value in point.values.items():
+                await copy.write_row((job_id, attempt, point.rank, point.step, name, value, ts))
+                rows += 1
+    return rows
+
+
+async def merge_latest(session: AsyncSession, job_id: uuid.UUID, latest: dict[str, Any]) -> None:
+    await session.execute(
+        text(
+            "UPDATE jobs SET latest_metrics = coalesce(latest_metrics, '{}'::jsonb) || CAST(:latest AS jsonb) "
+            "WHERE id = :job"
+        ),
+        {"latest": _json(latest), "job": job_id},
+    )
+
+
+async def read_after(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    after_seq: int,
+    limit: int,
+    names: Sequence[str] = (),
+    since_step: int | None = None,
+) -> list[Any]:
+    clauses = ["job_id = :job", "seq > :after"]
+    params: dict[str, Any] = {"job": job_id, "after": after_seq, "limit": limit}
+    if names:
+        clauses.append("name = ANY(:names)")
+        params["names"] = list(names)
+    if since_step is not None:
+        clauses.append("step >= :since_step")
+        params["since_step"] = since_step
+    query = (
+        "SELECT seq, step, rank, name, value, ts FROM metric_points WHERE "
+        + " AND ".join(clauses)
+        + " ORDER BY seq LIMIT :limit"
+    )
+    return list((await session.execute(text(query), params)).all())
+
+
+async def read_downsampled(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    max_points: int,
+    names: Sequence[str] = (),
+    since_step: int | None = None,
+) -> list[Any]:
+    """At most about `max_points` per name: each of max_points/2 buckets keeps its min and max."""
+    buckets = max(1, max_points // 2)
+    clauses = ["job_id = :job"]
+    params: dict[str, Any] = {"job": job_id, "buckets": buckets}
+    if names:
+        clauses.append("name = ANY(:names)")
+        params["names"] = list(names)
+    if since_step is not None:
+        clauses.append("step >= :since_step")
+        params["since_step"] = since_step
+    where = " AND ".join(clauses)
+    query = f"""
+        WITH ranked AS (
+            SELECT seq, step, rank, name, value, ts,
+                   ntile(:buckets) OVER (PARTITION BY name ORDER BY seq) AS bucket
+            FROM metric_points WHERE {where}
+        ),
+        extremes AS (
+            (SELECT DISTINCT ON (name, bucket) * FROM ranked ORDER BY name, bucket, value ASC NULLS LAST, seq)
+            UNION
+            (SELECT DISTINCT ON (name, bucket) * FROM ranked ORDER BY name, bucket, value DESC NULLS LAST, seq)
+        )
+        SELECT seq, step, rank, name, value, ts FROM extremes ORDER BY seq
+    """
+    return list((await session.execute(text(query), params)).all())
+
+
+def _json(value: Any) -> str:
+    import json
+    import math
+
+    def clean(v: Any) -> Any:
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+
+    return json.dumps({k: clean(v) for k, v in value.items()})

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Query, Request, status
+
+from api.auth.deps import AnyPrincipal, ProjectPrincipal
+from api.db.session import Session
+from api.jobs import service as jobs
+from api.jobs.routes import require_json
+from api.metrics import service
+from api.streaming.follow import follow, last_event_id
+from api.streaming.sse import EventStream
+from trainmaster.models import MetricBatchAck, MetricBatchIn, MetricList
+
+router = APIRouter(prefix="/v1/jobs/{job_id}/metrics", tags=["metrics"])
+
+
+@router.post(
+    "", response_model=MetricBatchAck, status_code=status.HTTP_201_CREATED, dependencies=[Depends(require_json)]
+)
+async def ingest_metrics(
+    job_id: str, batch: MetricBatchIn, session: Session, principal: AnyPrincipal
+) -> MetricBatchAck:
+    """Store a batch of points (job token or project token); retries with the same batch_id store nothing twice."""
+    return await service.ingest(session, principal, job_id, batch)
+
+
+@router.get("", response_model=MetricList)
+async def read_metrics(
+    job_id: str,
+    session: Session,
+    principal: ProjectPrincipal,
+    name: Annotated[list[str], Query(description="metric names, repeatable")] = [],  # noqa: B006
+    since_step: Annotated[int | None, Query(ge=0)] = None,
+    max_points: Annotated[
+        int | None, Query(ge=2, le=100_000, description="downsample, keeping minima and maxima")
+    ] = None,
+    after_seq: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+) -> MetricList:
+    items = await service.read(
+        session,
+        principal,
+        job_id,
+        names=name,
+        since_step=since_step,
+        max_points=max_points,
+        after_seq=after_seq,
+        limit=limit,
+    )
+    return MetricList(items=items)
+
+
+@router.get("/stream", response_class=EventStream, responses={200: {"content": {"text/event-stream": {}}}})
+async def stream_metrics(
+    job_id: str,
+    request: Request,
+    session: Session,
+    principal: ProjectPrincipal,
+    last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    after_seq: Annotated[int | None, Query(ge=0, description="like Last-Event-ID")] = None,
+) -> EventStream:
+    """SSE: `metrics` events (id = sequence), `status` on transitions, `end` when the job is over."""
+    job = await jobs.get_owned(session, principal, job_id)
+    state = request.app.state
+    release = state.stream_limiter.acquire(principal)
+    messages = follow(
+        job_id=job.id,
+        after_seq=last_event_id(last_event_id_header, after_seq),
+        read_after=service.read_for_stream,
+        event_name="metrics",
+        sessions=state.sessions,
+        broker=state.broker,
+        heartbeat_s=state.settings.sse_heartbeat_s,
+    )
+    return EventStream(messages, send_timeout_s=state.settings.sse_send_timeout_s, on_close=release)

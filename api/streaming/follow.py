@@ -1,0 +1,63 @@
+"""The shared loop behind every job stream: send what is new by sequence, then wait for news."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from api.db.models import Job
+from api.streaming import sse
+from api.streaming.broker import Broker
+from trainmaster.models import JobStatus
+
+ReadAfter = Callable[[AsyncSession, uuid.UUID, int], Awaitable[tuple[list[dict[str, Any]], int]]]
+
+
+async def follow(
+    *,
+    job_id: uuid.UUID,
+    after_seq: int,
+    read_after: ReadAfter,
+    event_name: str,
+    sessions: async_sessionmaker[AsyncSession],
+    broker: Broker,
+    heartbeat_s: float,
+) -> AsyncIterator[bytes]:
+    """Yield `event_name` events (id = last sequence in the event) as rows arrive, `status` events
+    on transitions, and `end` once the job is terminal and everything before that was sent."""
+    last = after_seq
+    sent_status: JobStatus | None = None
+    async with broker.subscribe(str(job_id)) as news:
+        while True:
+            news.clear()
+            async with sessions() as session:
+                items, newest = await read_after(session, job_id, last)
+                status = (await session.execute(select(Job.status).where(Job.id == job_id))).scalar_one()
+            if items:
+                last = newest
+                yield sse.event(event_name, {"items": items}, event_id=newest)
+                continue  # more may be waiting; read again before sleeping
+            if status is not sent_status:
+                sent_status = status
+                yield sse.event("status", {"status": status.value})
+            if status.terminal:
+                yield sse.event("end", {"status": status.value}, event_id=last)
+                return
+            try:
+                await asyncio.wait_for(news.wait(), heartbeat_s)
+            except asyncio.TimeoutError:
+                yield sse.comment("keepalive")
+
+
+def last_event_id(header: str | None, query: int | None) -> int:
+    if query is not None:
+        return max(0, query)
+    try:
+        return max(0, int(header)) if header else 0
+    except ValueError:
+        return 0
