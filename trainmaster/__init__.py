@@ -15,6 +15,7 @@ from trainmaster.errors import (
     ValidationFailed,
     WaitTimeout,
 )
+from trainmaster.metrics import flush, log
 from trainmaster.models import (
     Attempt,
     CheckpointPolicy,
@@ -51,4 +52,6 @@ __all__ = [
     "Unauthorized",
     "ValidationFailed",
     "WaitTimeout",
+    "flush",
+    "log",
 ]

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from trainmaster import config as client_config
+from trainmaster import sse
 from trainmaster.archive import zip_directory
 from trainmaster.errors import (
     ConnectionFailed,
@@ -21,7 +22,22 @@ from trainmaster.errors import (
     WaitTimeout,
     error_from_response,
 )
-from trainmaster.models import CodeUpload, EventList, Job, JobEvent, JobList, JobSpec, JobStatus, Scaling
+from trainmaster.models import (
+    CheckpointInfo,
+    CheckpointList,
+    CodeUpload,
+    EventList,
+    Job,
+    JobEvent,
+    JobList,
+    JobSpec,
+    JobStatus,
+    LogLine,
+    LogList,
+    MetricList,
+    MetricValue,
+    Scaling,
+)
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 SUBMIT_ATTEMPTS = 4
@@ -148,6 +164,43 @@ class Client:
                 raise WaitTimeout(f"job {job_id} still {job.status.value} after {timeout} s")
             time.sleep(poll_interval)
 
+    # -- metrics, logs, checkpoints -------------------------------------------------------------
+
+    def metrics(
+        self,
+        job_id: str,
+        *,
+        names: builtins.list[str] | None = None,
+        since_step: int | None = None,
+        max_points: int | None = None,
+    ) -> builtins.list[MetricValue]:
+        params: dict[str, Any] = {"name": names or []}
+        if since_step is not None:
+            params["since_step"] = since_step
+        if max_points is not None:
+            params["max_points"] = max_points
+        return MetricList.model_validate(self._request("GET", f"/v1/jobs/{job_id}/metrics", params=params)).items
+
+    def stream_metrics(self, job_id: str, *, after_seq: int | None = None) -> Iterator[MetricValue]:
+        """Every metric value as it arrives; reconnects by itself; ends when the job ends."""
+        for event in sse.follow(
+            self._http, f"/v1/jobs/{job_id}/metrics/stream", last_event_id=str(after_seq) if after_seq else None
+        ):
+            if event.event == "metrics":
+                yield from (MetricValue.model_validate(item) for item in event.data["items"])
+
+    def logs(self, job_id: str, *, follow: bool = False) -> Iterator[LogLine]:
+        """Stored log lines; with follow=True, new ones as they come until the job ends."""
+        if not follow:
+            yield from LogList.model_validate(self._request("GET", f"/v1/jobs/{job_id}/logs")).items
+            return
+        for event in sse.follow(self._http, f"/v1/jobs/{job_id}/logs/stream"):
+            if event.event == "logs":
+                yield from (LogLine.model_validate(item) for item in event.data["items"])
+
+    def checkpoints(self, job_id: str) -> builtins.list[CheckpointInfo]:
+        return CheckpointList.model_validate(self._request("GET", f"/v1/jobs/{job_id}/checkpoints")).items
+
     # -- plumbing ---------------------------------------------------------------------------------
 
     def _job(self, job_id: str) -> Job:
@@ -206,6 +259,18 @@ class JobHandle:
 
     def events(self) -> list[JobEvent]:
         return self._client.events(self.id)
+
+    def metrics(self, **kwargs: Any) -> list[MetricValue]:
+        return self._client.metrics(self.id, **kwargs)
+
+    def stream_metrics(self, *, after_seq: int | None = None) -> Iterator[MetricValue]:
+        return self._client.stream_metrics(self.id, after_seq=after_seq)
+
+    def logs(self, *, follow: bool = False) -> Iterator[LogLine]:
+        return self._client.logs(self.id, follow=follow)
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        return self._client.checkpoints(self.id)
 
 
 __all__ = ["Client", "JobHandle", "TrainmasterError"]

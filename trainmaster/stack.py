@@ -115,6 +115,7 @@ def start_embedded_postgres(data_dir: Path) -> str:
     import psycopg
 
     data_dir.parent.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())  # where embedded-postgres puts its lock
     server = get_server(data_dir, cleanup_mode=None)  # keeps running after this process exits
     admin_url = server.get_uri()
     with psycopg.connect(admin_url, autocommit=True) as conn:

@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import trainmaster
 from trainmaster.models import JobSpec
 from workers import entrypoints
 from workers.reporting import post_event
@@ -48,14 +49,19 @@ def train_worker(config: dict[str, Any]) -> Any:
             f"training on {context.get_world_size()} worker(s), backend {dist.get_backend()}, {device['device']}",
             {"backend": dist.get_backend(), "world_size": context.get_world_size(), **device},
         )
-    if tm["mode"] == "script":
-        return entrypoints.run_script({"script": tm["script"], "args": tm["args"]})
-    return entrypoints.resolve(tm["entrypoint"])(config)
+    try:
+        if tm["mode"] == "script":
+            return entrypoints.run_script({"script": tm["script"], "args": tm["args"]})
+        return entrypoints.resolve(tm["entrypoint"])(config)
+    finally:
+        trainmaster.flush()
 
 
 def build_trainer(spec: JobSpec, job_id: str) -> Any:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
+
+    from workers.callbacks import TrainmasterCallback
 
     if spec.entrypoint.startswith("script:"):
         tm = {
@@ -82,6 +88,7 @@ def build_trainer(spec: JobSpec, job_id: str) -> Any:
             storage_path=storage_path(),
             failure_config=FailureConfig(max_failures=spec.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.num_to_keep),
+            callbacks=[TrainmasterCallback()],  # type: ignore[list-item]
         ),
     )
 

@@ -30,8 +30,8 @@ async def ingest(session: AsyncSession, principal: Principal, raw_id: str, batch
     for point in batch.points:
         if point.rank == 0:
             latest.update(point.values)
-            if point.step is not None:
-                latest["step"] = point.step
+            if point.step is not None and not all(name.startswith("report/") for name in point.values):
+                latest["step"] = point.step  # the training step, not the epoch of a ray.train.report
     if latest:
         await repository.merge_latest(session, job.id, latest)
     await session.execute(text("SELECT pg_notify(:channel, :job)"), {"channel": METRICS_CHANNEL, "job": str(job.id)})

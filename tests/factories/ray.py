@@ -18,7 +18,7 @@ class FakeRay:
     launches: dict[str, Launch] = field(default_factory=dict)
     submit_calls: Counter[str] = field(default_factory=Counter)
     stopped: list[str] = field(default_factory=list)
-    logs: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
     down: bool = False
 
     def _check(self) -> None:
@@ -50,8 +50,8 @@ class FakeRay:
         if submission_id in self.jobs and not self.jobs[submission_id].terminal:
             self.jobs[submission_id] = RayJobState.STOPPED
 
-    def logs_tail(self, submission_id: str, lines: int = 40) -> str:
-        return self.logs.get(submission_id, "")
+    def logs(self, submission_id: str) -> str:
+        return self.outputs.get(submission_id, "")
 
     def restart(self) -> None:
         """A new head: every submission forgotten."""

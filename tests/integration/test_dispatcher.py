@@ -185,7 +185,7 @@ def test_failure_error_comes_from_the_driver_log(database_url: str) -> None:
             await world.dispatcher().admit_round()
             sub_id = f"tm-{job_id}-1"
             world.ray.jobs[sub_id] = RayJobState.FAILED
-            world.ray.logs[sub_id] = "epoch 0 ok\n[trainmaster] error: training failed: ValueError: bad lr -1\n"
+            world.ray.outputs[sub_id] = "epoch 0 ok\n[trainmaster] error: training failed: ValueError: bad lr -1\n"
             await world.dispatcher().reconcile_round()
             job = await world.job(job_id)
             assert job.status is JobStatus.failed

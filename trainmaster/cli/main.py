@@ -6,6 +6,7 @@ import importlib
 import json
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -14,6 +15,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 from pydantic import ValidationError
 
+from trainmaster.cli.follow import follow_logs, follow_metrics, metrics_table
 from trainmaster.cli.output import console, err_console, job_detail, jobs_table, styled_status
 from trainmaster.client import Client
 from trainmaster.errors import JobFailed, TrainmasterError
@@ -185,6 +187,7 @@ def submit(
     max_retries: Annotated[int | None, typer.Option(help="whole-job retries")] = None,
     timeout: Annotated[float | None, typer.Option(help="wall-clock limit in seconds")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="wait for the job to end")] = False,
+    follow: Annotated[bool, typer.Option("--follow", help="stream the job's metrics live until it ends")] = False,
     output_json: Annotated[bool, typer.Option("--json", help="print the job as JSON")] = False,
     api_url: ApiUrl = None,
     token: Token = None,
@@ -228,8 +231,11 @@ def submit(
             print(job.info.model_dump_json(indent=2))
         else:
             console.print(f"submitted [bold]{job.id}[/] ({job.name}): {styled_status(job.status)}")
-        if wait:
-            with console.status(f"waiting for {job.id}…"):
+        if follow:
+            follow_metrics(client, job.id)
+            console.print()
+        if wait or follow:
+            with console.status(f"waiting for {job.id} to finish…"):
                 final = job.wait()
             console.print(f"{job.id} {styled_status(final.status)}")
 
@@ -279,6 +285,57 @@ def cancel(job_id: str, api_url: ApiUrl = None, token: Token = None) -> None:
     with Client(api_url, token) as client:
         job = client.cancel(job_id)
     console.print(f"{job.id}: {styled_status(job.status)}")
+
+
+@app.command()
+@client_errors
+def metrics(
+    job_id: str,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="live view until the job ends")] = False,
+    name: Annotated[list[str], typer.Option(help="only these metrics, repeatable")] = [],  # noqa: B006
+    max_points: Annotated[int | None, typer.Option(help="downsample to about this many points per metric")] = None,
+    output_json: Annotated[bool, typer.Option("--json")] = False,
+    api_url: ApiUrl = None,
+    token: Token = None,
+) -> None:
+    """Show a job's metrics; -f follows them live with a trend per metric."""
+    with Client(api_url, token) as client:
+        if follow:
+            follow_metrics(client, job_id)
+            return
+        points = client.metrics(job_id, names=name or None, max_points=max_points)
+    if output_json:
+        print(json.dumps([p.model_dump(mode="json") for p in points]))
+        return
+    latest: dict[str, Any] = {}
+    history: dict[str, Any] = {}
+    for point in points:
+        if point.rank == 0:
+            latest[point.name] = point
+            if point.value is not None:
+                history.setdefault(point.name, deque(maxlen=40)).append(point.value)
+            history.setdefault(point.name, deque(maxlen=40))
+    if not latest:
+        console.print("no metrics yet")
+        return
+    console.print(metrics_table(latest, history))
+
+
+@app.command()
+@client_errors
+def logs(
+    job_id: str,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
+    api_url: ApiUrl = None,
+    token: Token = None,
+) -> None:
+    """Print a job's driver and worker output (stored: readable after the cluster is gone)."""
+    with Client(api_url, token) as client:
+        if follow:
+            follow_logs(client, job_id)
+            return
+        for line in client.logs(job_id):
+            console.print(line.line, markup=False, highlight=False, soft_wrap=True)
 
 
 def main() -> None:

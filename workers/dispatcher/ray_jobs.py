@@ -112,12 +112,11 @@ class RayJobsBackend:
             if not _NOT_FOUND.search(str(exc)):
                 raise RayUnavailable(f"stop {submission_id}: {_short(exc)}") from exc
 
-    def logs_tail(self, submission_id: str, lines: int = 40) -> str:
+    def logs(self, submission_id: str) -> str:
         try:
-            text = str(self._call("get_job_logs", submission_id))
+            return str(self._call("get_job_logs", submission_id))
         except (RuntimeError, RayUnavailable):
             return ""
-        return "\n".join(text.splitlines()[-lines:])
 
     def job_ray_id(self, submission_id: str) -> str | None:
         """Ray's own job id for a submission (for looking up its placement groups)."""

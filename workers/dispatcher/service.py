@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import shlex
 import sys
 import uuid
@@ -28,6 +29,7 @@ from api.code_packages import archive
 from api.code_packages import repository as code_repository
 from api.db.models import Job, JobAttempt
 from api.jobs.status import record_event, transition
+from api.logs import repository as logs_repository
 from api.settings import Settings
 from trainmaster.models import JobSpec, JobStatus
 from workers.dispatcher import repository as repo
@@ -241,15 +243,24 @@ class Dispatcher:
             await self._submit(launch)  # never acknowledged by Ray: submitting the same id is safe
             return
         wants_stop = await self._stop_if_asked(job_id, sub_id, info)
-        logs = ""
-        if info is not None and info.state is RayJobState.FAILED:
-            logs = await asyncio.to_thread(self.ray.logs_tail, sub_id)
+        logs = await asyncio.to_thread(self.ray.logs, sub_id) if info is not None else ""
         async with self.sessions() as session, session.begin():
             job = await repo.lock_if_leased(session, job_id, self.owner)
             attempt = repo.latest_attempt(job) if job else None
             if job is None or attempt is None or attempt.ray_submission_id != sub_id:
                 return
+            await self._copy_logs(session, job, attempt, logs, final=info is not None and info.state.terminal)
             await self._apply(session, job, attempt, info, logs, wants_stop)
+
+    async def _copy_logs(self, session: AsyncSession, job: Job, attempt: JobAttempt, text: str, final: bool) -> None:
+        """Store the Ray job's new output lines, so logs outlive the cluster."""
+        new = text[attempt.log_offset :]
+        if not final:
+            new = new[: new.rfind("\n") + 1]  # complete lines only; the rest comes next round
+        if not new:
+            return
+        await logs_repository.append(session, job.id, attempt.n, "ray", [_clean(line) for line in new.splitlines()])
+        attempt.log_offset += len(new)
 
     async def _stop_if_asked(self, job_id: uuid.UUID, sub_id: str, info: RayJobInfo | None) -> str | None:
         """Stop the Ray job for a cancel or a timeout; returns why it was stopped, if it was."""
@@ -349,6 +360,13 @@ def _timed_out(job: Job, attempt: JobAttempt) -> bool:
     if not limit or started is None:
         return False
     return (repo.now() - started).total_seconds() > float(limit)
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _clean(line: str) -> str:
+    return ANSI_ESCAPE.sub("", line).replace("\x00", "")[:8192]
 
 
 def error_text(info: RayJobInfo, logs: str) -> str:

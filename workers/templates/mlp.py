@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import trainmaster
 from workers.templates.common import append_ledger, load_latest, maybe_fail, report
 
 
@@ -61,6 +62,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         append_ledger(config.get("ledger_path"), start_epoch=start_epoch)
 
     loss_fn = nn.CrossEntropyLoss()
+    step = start_epoch * len(loader)
     for epoch in range(start_epoch, epochs):
         if ray.train.get_context().get_world_size() > 1:
             loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
@@ -72,8 +74,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             loss = loss_fn(logits, labels)
             loss.backward()
             optimizer.step()
-            loss_sum += loss.item()
+            loss_value = loss.item()
+            loss_sum += loss_value
             batches += 1
+            step += 1
+            trainmaster.log({"loss": loss_value, "epoch": epoch}, step=step)
             correct += int((logits.argmax(dim=1) == labels).sum())
             total += len(labels)
         time.sleep(float(config.get("epoch_sleep_s", 0)))

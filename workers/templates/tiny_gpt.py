@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+import trainmaster
 from workers.templates.common import append_ledger, load_latest, report
 
 TEXT = Path(__file__).with_name("data") / "tiny.txt"
@@ -82,7 +83,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        running = 0.9 * running + 0.1 * loss.item()
+        loss_value = loss.item()
+        running = 0.9 * running + 0.1 * loss_value
+        trainmaster.log({"loss": loss_value, "loss_smooth": running}, step=step)
         if step % eval_every == 0 or step == steps:
             inner: nn.Module = getattr(model, "module", model)
             report(

@@ -1,0 +1,69 @@
+"""Live views for the CLI: metrics with a progress bar or table, and logs as they come."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from trainmaster.cli.output import console
+from trainmaster.client import Client
+from trainmaster.models import MetricValue
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: deque[float]) -> str:
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    span = (high - low) or 1.0
+    return "".join(SPARK[int((v - low) / span * (len(SPARK) - 1))] for v in values)
+
+
+def metrics_table(latest: dict[str, MetricValue], history: dict[str, deque[float]]) -> Table:
+    table = Table(show_edge=False, header_style="bold")
+    for column in ("METRIC", "STEP", "VALUE", "TREND"):
+        table.add_column(column)
+    for name in sorted(latest):
+        point = latest[name]
+        value = "nan" if point.value is None else f"{point.value:.5g}"
+        table.add_row(name, str(point.step if point.step is not None else "-"), value, sparkline(history[name]))
+    return table
+
+
+def follow_metrics(client: Client, job_id: str, *, total_steps: int | None = None) -> None:
+    """A live table of the latest value and trend of each metric (rank 0), until the job ends."""
+    latest: dict[str, MetricValue] = {}
+    history: dict[str, deque[float]] = {}
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task("training", total=total_steps)
+    group = Table.grid()
+    with Live(group, console=console, refresh_per_second=4) as live:
+        for point in client.stream_metrics(job_id):
+            if point.rank != 0:
+                continue
+            latest[point.name] = point
+            if point.value is not None:
+                history.setdefault(point.name, deque(maxlen=40)).append(point.value)
+            history.setdefault(point.name, deque(maxlen=40))
+            if point.step is not None:
+                progress.update(task, completed=point.step)
+            grid = Table.grid()
+            if total_steps:
+                grid.add_row(progress)
+            grid.add_row(metrics_table(latest, history))
+            live.update(grid)
+
+
+def follow_logs(client: Client, job_id: str) -> None:
+    for line in client.logs(job_id, follow=True):
+        console.print(line.line, markup=False, highlight=False, soft_wrap=True)

@@ -1,0 +1,178 @@
+"""`trainmaster.log()`: per-step metrics from training code that never slow the step.
+
+`log` appends to a bounded in-process buffer and returns; a daemon thread sends batches (every
+200 ms or 1,000 points) to `POST /v1/jobs/{id}/metrics` with the job's token, retrying with backoff
+through API or database outages. Each batch carries an id, so a retry after a lost answer stores
+nothing twice. If the buffer overflows during a long outage the newest points are dropped and the
+count is reported as a job event once the API answers again; training never blocks or fails for it.
+Outside a trainmaster job (no TRAINMASTER_JOB_ID) `log` does nothing, so scripts run anywhere.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+
+FLUSH_INTERVAL_S = 0.2
+BATCH_POINTS = 1000
+BUFFER_POINTS = 100_000
+MAX_BACKOFF_S = 5.0
+
+
+class MetricsSender:
+    def __init__(
+        self,
+        api_url: str,
+        token: str,
+        job_id: str,
+        attempt: int | None,
+        rank: int,
+        *,
+        buffer_points: int = BUFFER_POINTS,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        self.url = f"{api_url.rstrip('/')}/v1/jobs/{job_id}/metrics"
+        self.events_url = f"{api_url.rstrip('/')}/v1/jobs/{job_id}/events"
+        self.attempt = attempt
+        self.rank = rank
+        self.capacity = buffer_points
+        self.buffer: collections.deque[dict[str, Any]] = collections.deque()
+        self.dropped = 0
+        self.reported_dropped = 0
+        self.sent_points = 0
+        self.wake = threading.Event()
+        self.idle = threading.Event()
+        self.idle.set()
+        self.stopping = False
+        self.http = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=10, transport=transport)
+        self.thread = threading.Thread(target=self._run, name="trainmaster-metrics", daemon=True)
+        self.thread.start()
+
+    def log(self, values: dict[str, float], step: int | None) -> None:
+        if len(self.buffer) >= self.capacity:
+            self.dropped += 1
+            return
+        self.idle.clear()
+        self.buffer.append(
+            {"step": step, "values": values, "rank": self.rank, "ts": datetime.now(timezone.utc).isoformat()}
+        )
+        if len(self.buffer) >= BATCH_POINTS:
+            self.wake.set()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Send everything buffered; True when the buffer emptied within `timeout`."""
+        self.wake.set()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.buffer and self.idle.is_set():
+                return True
+            self.wake.set()
+            time.sleep(0.01)
+        return False
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.flush(timeout)
+        self.stopping = True
+        self.wake.set()
+        self.thread.join(timeout=1)
+
+    def _run(self) -> None:
+        backoff = 0.1
+        pending: dict[str, Any] | None = None
+        while True:
+            self.wake.wait(FLUSH_INTERVAL_S)
+            self.wake.clear()
+            while True:
+                if pending is None:
+                    points = [self.buffer.popleft() for _ in range(min(BATCH_POINTS, len(self.buffer)))]
+                    if not points:
+                        break
+                    pending = {"batch_id": str(uuid.uuid4()), "attempt": self.attempt, "points": points}
+                if not self._send(pending):
+                    time.sleep(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF_S)
+                    if self.stopping:
+                        return
+                    continue
+                backoff = 0.1
+                self.sent_points += len(pending["points"])
+                pending = None
+                self._report_dropped()
+            if pending is None and not self.buffer:
+                self.idle.set()
+            if self.stopping:
+                return
+
+    def _send(self, batch: dict[str, Any]) -> bool:
+        try:
+            response = self.http.post(self.url, json=batch)
+        except httpx.HTTPError:
+            return False
+        # Retry 5xx and 429; a 2xx is done, and a 4xx is a batch no retry can fix (dropped).
+        return not (response.status_code >= 500 or response.status_code == 429)
+
+    def _report_dropped(self) -> None:
+        dropped = self.dropped
+        if dropped <= self.reported_dropped:
+            return
+        body = {
+            "kind": "metrics_dropped",
+            "message": f"{dropped} metric points dropped on rank {self.rank} (buffer full during an outage)",
+            "data": {"dropped": dropped, "rank": self.rank},
+        }
+        try:
+            if self.http.post(self.events_url, json=body).status_code < 300:
+                self.reported_dropped = dropped
+        except httpx.HTTPError:
+            pass
+
+
+_sender: MetricsSender | None = None
+_sender_pid: int | None = None
+_lock = threading.Lock()
+
+
+def _current() -> MetricsSender | None:
+    global _sender, _sender_pid
+    if _sender is not None and _sender_pid == os.getpid():
+        return _sender
+    job_id, api_url, token = (
+        os.environ.get(k) for k in ("TRAINMASTER_JOB_ID", "TRAINMASTER_API_URL", "TRAINMASTER_JOB_TOKEN")
+    )
+    if not (job_id and api_url and token):
+        return None
+    with _lock:
+        if _sender is None or _sender_pid != os.getpid():  # a forked child gets its own thread
+            attempt = int(os.environ["TRAINMASTER_ATTEMPT"]) if os.environ.get("TRAINMASTER_ATTEMPT") else None
+            _sender = MetricsSender(api_url, token, job_id, attempt, _rank())
+            _sender_pid = os.getpid()
+            atexit.register(_sender.close)
+    return _sender
+
+
+def _rank() -> int:
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def log(values: dict[str, float], step: int | None = None) -> None:
+    """Record metrics for this step. Never blocks; a no-op outside a trainmaster job."""
+    sender = _current()
+    if sender is not None:
+        sender.log({k: float(v) for k, v in values.items()}, step)
+
+
+def flush(timeout: float = 10.0) -> bool:
+    """Send everything logged so far (called for you when the training function returns and at exit)."""
+    sender = _sender if _sender_pid == os.getpid() else None
+    return True if sender is None else sender.flush(timeout)
