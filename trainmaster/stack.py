@@ -9,9 +9,11 @@ Server components are started as commands, so this module imports nothing from `
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -172,6 +174,48 @@ def start_ray_head(token_path: Path, num_cpus: int | None, num_gpus: int | None)
     return dashboard, f"127.0.0.1:{gcs_port}"
 
 
+def stop_ray_head(temp_dir: Path, gcs_address: str | None = None, timeout: float = 5.0) -> None:
+    """Stop the processes of the Ray head started with `temp_dir`, and nothing else.
+
+    `ray stop` would stop every Ray cluster of this user on the machine. The processes of one head
+    are those whose command line names its temp dir or GCS address, and their descendants.
+    """
+    markers = [re.escape(str(temp_dir))]
+    if gcs_address:  # e.g. Ray's client server, started with --address=<node ip>:<gcs port>
+        markers.append(r"--address=[^\x00]*:" + re.escape(gcs_address.rsplit(":", 1)[1]) + r"(\x00|$)")
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        for pid in _ray_processes(markers):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while _ray_processes(markers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _ray_processes(markers: list[str]) -> set[int]:
+    parents: dict[int, int] = {}
+    marked: set[int] = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            pid = int(proc.name)
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] == "Z" or pid == os.getpid():
+                continue
+            parents[pid] = int(fields[1])
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if any(re.search(marker, cmdline) for marker in markers):
+            marked.add(pid)
+    grew = True
+    while grew:  # add descendants: workers and agents rename themselves (ray::IDLE, ray::DashboardAgent)
+        found = {pid for pid, parent in parents.items() if parent in marked} - marked
+        marked |= found
+        grew = bool(found)
+    return marked
+
+
 def ray_cpus(dashboard: str, token_path: Path) -> float | None:
     try:
         headers = {"Authorization": f"Bearer {token_path.read_text().strip()}"}
@@ -302,14 +346,7 @@ def down(say: Any = print) -> bool:
         say("stopping the API and the dispatcher")
         _kill_group(state.supervisor_pid)
     say("stopping the Ray head")
-    subprocess.run(
-        [bin_path("ray"), "stop", "--force"],
-        env=ray_env(home() / "ray_auth_token"),
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
-    shutil.rmtree(ray_temp_dir(), ignore_errors=True)
+    stop_ray_head(ray_temp_dir(), state.ray_gcs)
     if state.embedded_postgres:
         say("stopping embedded PostgreSQL")
         stop_embedded_postgres(home() / "pgdata")

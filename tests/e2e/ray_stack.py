@@ -22,6 +22,7 @@ class RayHead:
     gcs_address: str
     env: dict[str, str]
     num_cpus: int
+    folder: Path
 
     def free_cpus(self) -> float:
         report = httpx.get(f"{self.dashboard}/api/cluster_status", headers=self.headers(), timeout=10).json()
@@ -61,7 +62,7 @@ def start_ray_head(num_cpus: int = 4, num_gpus: int = 0) -> RayHead:
         capture_output=True,
         timeout=120,
     )
-    head = RayHead(f"http://127.0.0.1:{dashboard_port}", f"127.0.0.1:{port}", env, num_cpus)
+    head = RayHead(f"http://127.0.0.1:{dashboard_port}", f"127.0.0.1:{port}", env, num_cpus, folder)
 
     def ready() -> bool:
         try:
@@ -74,7 +75,10 @@ def start_ray_head(num_cpus: int = 4, num_gpus: int = 0) -> RayHead:
 
 
 def stop_ray_head(head: RayHead) -> None:
-    subprocess.run([RAY, "stop", "--force"], env=head.env, capture_output=True, timeout=120, check=False)
+    """Stops this head only (`ray stop` would take every Ray cluster on the machine with it)."""
+    from trainmaster.stack import stop_ray_head as stop_processes_under
+
+    stop_processes_under(head.folder, head.gcs_address)
 
 
 @dataclass
