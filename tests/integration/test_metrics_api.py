@@ -1,0 +1,198 @@
+"""Metrics, logs and checkpoints through the real app on a real PostgreSQL, SSE included."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from typing import Any
+
+import psycopg
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.settings import Settings
+from tests.conftest import libpq
+from tests.factories.auth import job_token
+from tests.factories.jobs import spec
+from trainmaster.sse import parse
+
+
+def new_job(http: TestClient, auth: dict[str, str]) -> str:
+    response = http.post("/v1/jobs", json=spec(), headers=auth)
+    assert response.status_code == 201
+    return str(response.json()["id"])
+
+
+def points(start: int, count: int, rank: int = 0) -> list[dict[str, Any]]:
+    return [
+        {"step": s, "values": {"loss": 1.0 / (s + 1), "lr": 0.1}, "rank": rank} for s in range(start, start + count)
+    ]
+
+
+def post(http: TestClient, job_id: str, headers: dict[str, str], body: dict[str, Any]) -> Any:
+    return http.post(f"/v1/jobs/{job_id}/metrics", json=body, headers=headers)
+
+
+def stored_rows(database_url: str, job_id: str) -> int:
+    with psycopg.connect(libpq(database_url)) as conn:
+        row = conn.execute("SELECT count(*) FROM metric_points WHERE job_id = %s", (job_id,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def test_ingest_read_and_latest_metrics(http: TestClient, auth: dict[str, str], database_url: str) -> None:
+    job_id = new_job(http, auth)
+    response = post(http, job_id, auth, {"points": points(0, 10)})
+    assert response.status_code == 201 and response.json()["stored"] == 20
+    items = http.get(f"/v1/jobs/{job_id}/metrics", params={"name": "loss"}, headers=auth).json()["items"]
+    assert [i["step"] for i in items] == list(range(10))
+    assert items[-1]["value"] == 0.1
+    assert [i["seq"] for i in items] == sorted(i["seq"] for i in items)
+    job = http.get(f"/v1/jobs/{job_id}", headers=auth).json()
+    assert job["latest_metrics"] == {"loss": 0.1, "lr": 0.1, "step": 9}
+    since = http.get(f"/v1/jobs/{job_id}/metrics", params={"name": "loss", "since_step": 7}, headers=auth).json()
+    assert [i["step"] for i in since["items"]] == [7, 8, 9]
+
+
+def test_retried_batch_is_stored_once(http: TestClient, auth: dict[str, str], database_url: str) -> None:
+    job_id = new_job(http, auth)
+    body = {"batch_id": str(uuid.uuid4()), "points": points(0, 5)}
+    assert post(http, job_id, auth, body).json() == {"stored": 10, "duplicate": False}
+    assert post(http, job_id, auth, body).json() == {"stored": 0, "duplicate": True}
+    assert stored_rows(database_url, job_id) == 10
+
+
+def test_nan_is_kept_and_served_as_null(http: TestClient, auth: dict[str, str]) -> None:
+    job_id = new_job(http, auth)
+    raw = '{"points": [{"step": 1, "values": {"loss": NaN}}, {"step": 2, "values": {"loss": Infinity}}]}'
+    response = http.post(
+        f"/v1/jobs/{job_id}/metrics", content=raw, headers={**auth, "Content-Type": "application/json"}
+    )
+    assert response.status_code == 201
+    items = http.get(f"/v1/jobs/{job_id}/metrics", headers=auth).json()["items"]
+    assert [i["value"] for i in items] == [None, None]
+
+
+def test_downsampling_keeps_minima_and_maxima(http: TestClient, auth: dict[str, str]) -> None:
+    job_id = new_job(http, auth)
+    values = [math.sin(i / 10) for i in range(1000)]
+    values[500] = -50.0  # a spike a chart must not lose
+    values[700] = 80.0
+    body = {"points": [{"step": i, "values": {"x": v}} for i, v in enumerate(values)]}
+    assert post(http, job_id, auth, body).status_code == 201
+    items = http.get(f"/v1/jobs/{job_id}/metrics", params={"max_points": 100}, headers=auth).json()["items"]
+    assert 50 <= len(items) <= 100
+    kept = [i["value"] for i in items]
+    assert -50.0 in kept and 80.0 in kept
+    assert [i["step"] for i in items] == sorted(i["step"] for i in items)
+
+
+def test_job_token_writes_only_its_own_job_and_reads_nothing(
+    http: TestClient, auth: dict[str, str], database_url: str
+) -> None:
+    job_a, job_b = new_job(http, auth), new_job(http, auth)
+    token_a = {"Authorization": f"Bearer {job_token(database_url, job_a)}"}
+    assert post(http, job_a, token_a, {"points": points(0, 1)}).status_code == 201
+    assert post(http, job_b, token_a, {"points": points(0, 1)}).status_code == 404
+    assert stored_rows(database_url, job_b) == 0
+    for path in (f"/v1/jobs/{job_a}", f"/v1/jobs/{job_a}/metrics", "/v1/jobs", f"/v1/jobs/{job_a}/logs"):
+        assert http.get(path, headers=token_a).status_code == 401, path
+    event = {"kind": "runtime", "message": "m", "data": {"backend": "gloo"}}
+    assert http.post(f"/v1/jobs/{job_a}/events", json=event, headers=token_a).status_code == 201
+    assert http.post(f"/v1/jobs/{job_b}/events", json=event, headers=token_a).status_code == 404
+    status_event = {"kind": "status", "message": "forged"}
+    assert http.post(f"/v1/jobs/{job_a}/events", json=status_event, headers=token_a).status_code == 422
+
+
+def test_other_project_cannot_read_or_write(http: TestClient, auth: dict[str, str], other_token: str) -> None:
+    job_id = new_job(http, auth)
+    other = {"Authorization": f"Bearer {other_token}"}
+    assert post(http, job_id, other, {"points": points(0, 1)}).status_code == 404
+    for path in ("metrics", "metrics/stream", "logs", "logs/stream", "checkpoints"):
+        assert http.get(f"/v1/jobs/{job_id}/{path}", headers=other).status_code == 404, path
+
+
+def read_stream(http: TestClient, job_id: str, headers: dict[str, str], stop_after: int) -> list[Any]:
+    events = []
+    with http.stream("GET", f"/v1/jobs/{job_id}/metrics/stream", headers=headers) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for event in parse(response.iter_lines()):
+            events.append(event)
+            if len(events) >= stop_after or event.event == "end":
+                break
+    return events
+
+
+def finish(database_url: str, job_id: str) -> None:
+    with psycopg.connect(libpq(database_url)) as conn:
+        conn.execute("UPDATE jobs SET status = 'succeeded' WHERE id = %s", (job_id,))
+        conn.execute("SELECT pg_notify('tm_jobs', %s)", (json.dumps({"job_id": job_id}),))
+
+
+def test_stream_resumes_with_last_event_id_without_gap_or_duplicate(
+    http: TestClient, auth: dict[str, str], database_url: str
+) -> None:
+    job_id = new_job(http, auth)
+    for batch in range(3):
+        assert post(http, job_id, auth, {"points": points(batch * 10, 10)}).status_code == 201
+    first = read_stream(http, job_id, auth, stop_after=1)
+    assert first[0].event == "metrics"
+    seen = [item["seq"] for item in first[0].data["items"]]
+    assert len(seen) == 60
+
+    for batch in range(3, 5):
+        post(http, job_id, auth, {"points": points(batch * 10, 10)})
+    finish(database_url, job_id)
+    rest = []
+    with http.stream(
+        "GET", f"/v1/jobs/{job_id}/metrics/stream", headers={**auth, "Last-Event-ID": first[0].id}
+    ) as response:
+        for event in parse(response.iter_lines()):
+            rest.append(event)
+            if event.event == "end":
+                break
+    resumed = [item["seq"] for e in rest if e.event == "metrics" for item in e.data["items"]]
+    assert len(resumed) == 40
+    assert not set(resumed) & set(seen)
+    assert min(resumed) > max(seen)
+    assert [e.event for e in rest][-2:] == ["status", "end"]
+    assert rest[-2].data == {"status": "succeeded"}
+
+
+def test_stream_delivers_points_as_they_arrive(http: TestClient, auth: dict[str, str], database_url: str) -> None:
+    job_id = new_job(http, auth)
+    received: list[int] = []
+    with http.stream("GET", f"/v1/jobs/{job_id}/metrics/stream", headers=auth) as response:
+        events = parse(response.iter_lines())
+        assert next(events).data == {"status": "queued"}
+        for step in range(3):  # each point is sent only after the previous one was received
+            post(http, job_id, auth, {"points": points(step, 1)})
+            event = next(events)
+            assert event.event == "metrics"
+            received += [item["step"] for item in event.data["items"] if item["name"] == "loss"]
+    assert received == [0, 1, 2]
+
+
+def test_stream_cap_per_token_is_429(settings: Settings, auth: dict[str, str]) -> None:
+    capped = settings.model_copy(update={"max_streams_per_token": 1})
+    with TestClient(create_app(capped)) as http:
+        job_id = new_job(http, auth)
+        with http.stream("GET", f"/v1/jobs/{job_id}/metrics/stream", headers=auth) as first:
+            next(parse(first.iter_lines()))
+            second = http.get(f"/v1/jobs/{job_id}/logs/stream", headers=auth)
+            assert second.status_code == 429 and second.json()["error"] == "TooManyStreams"
+        third = http.get(f"/v1/jobs/{job_id}/metrics", headers=auth)
+        assert third.status_code == 200
+
+
+def test_checkpoints_recorded_by_the_job_are_listed(http: TestClient, auth: dict[str, str], database_url: str) -> None:
+    job_id = new_job(http, auth)
+    token = {"Authorization": f"Bearer {job_token(database_url, job_id)}"}
+    for step in (0, 1):
+        body = {"path": f"/storage/{job_id}/checkpoint_{step}", "step": step, "metrics": {"loss": 1.0 - step / 2}}
+        response = http.post(f"/v1/jobs/{job_id}/checkpoints", params={"attempt": 1}, json=body, headers=token)
+        assert response.status_code == 204
+    items = http.get(f"/v1/jobs/{job_id}/checkpoints", headers=auth).json()["items"]
+    assert [(i["step"], i["attempt"], i["metrics"]["loss"]) for i in items] == [(0, 1, 1.0), (1, 1, 0.5)]
