@@ -26,6 +26,7 @@ class Settings(BaseSettings):
     poll_interval_s: float = 2.0
     lease_s: float = 30.0
     infeasible_timeout_s: float = 600.0
+    launch_timeout_s: float = 300.0
     driver_cpus: float = 0.0
     admit_batch: int = 50
     sse_heartbeat_s: float = 15.0

@@ -89,6 +89,37 @@ def alive(pid: int | None) -> bool:
         return True
 
 
+RAY_SIDE_PORTS = (
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--metrics-export-port",
+    "--runtime-env-agent-port",
+    "--ray-client-server-port",
+    "--node-manager-port",
+    "--object-manager-port",
+)
+
+
+def ray_port_flags() -> list[str]:
+    """Free ports for every fixed-port side process of a Ray head.
+
+    Ray's defaults (52365 for the dashboard agent, 10001 for the client server, ...) collide when a
+    second head runs on the machine, and the collision surfaces only later as "No available agent
+    to submit job".
+    """
+    flags, taken = [], []
+    sockets = []
+    for flag in RAY_SIDE_PORTS:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sockets.append(sock)
+        taken.append(sock.getsockname()[1])
+        flags.append(f"{flag}={taken[-1]}")
+    for sock in sockets:
+        sock.close()
+    return flags
+
+
 def ray_env(token_path: Path) -> dict[str, str]:
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
     env.pop("RAY_ADDRESS", None)
@@ -159,6 +190,7 @@ def start_ray_head(token_path: Path, num_cpus: int | None, num_gpus: int | None)
         "--include-dashboard=true",
         "--disable-usage-stats",
         f"--temp-dir={ray_temp_dir()}",
+        *ray_port_flags(),
     ]
     if num_cpus is not None:
         command.append(f"--num-cpus={num_cpus}")

@@ -47,10 +47,12 @@ class ApiProcess:
     log_path: Path
 
 
-def start_api(database_url: str, log_path: Path, extra_env: dict[str, str] | None = None) -> ApiProcess:
-    port = free_port()
+def start_api(
+    database_url: str, log_path: Path, extra_env: dict[str, str] | None = None, port: int | None = None
+) -> ApiProcess:
+    port = port or free_port()
     env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url, **(extra_env or {})}
-    log = log_path.open("wb")
+    log = log_path.open("ab")
     process = subprocess.Popen(
         [TRAINMASTER, "api", "--host", "127.0.0.1", "--port", str(port)],
         env=env,

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 
 from tests.e2e.conftest import REPO, TRAINMASTER, free_port, stop, wait_until
+from trainmaster.stack import ray_port_flags
 
 RAY = str(Path(TRAINMASTER).with_name("ray"))
 
@@ -56,6 +57,7 @@ def start_ray_head(num_cpus: int = 4, num_gpus: int = 0) -> RayHead:
             "--include-dashboard=true",
             "--disable-usage-stats",
             f"--temp-dir={folder / 'ray'}",
+            *ray_port_flags(),
         ],
         env=env,
         check=True,

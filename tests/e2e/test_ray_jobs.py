@@ -214,3 +214,20 @@ def test_two_dispatchers_launch_each_job_exactly_once(stack: Stack, tmp_path: Pa
     launches = Counter(line[0] for line in ledger_lines(ledger))
     assert sorted(launches) == sorted(ids)
     assert set(launches.values()) == {1}
+
+
+def test_logs_stay_readable_after_the_ray_cluster_is_gone(stack: Stack) -> None:
+    """Runs last in this module: it stops the session's Ray head."""
+    from tests.e2e.ray_stack import stop_ray_head
+
+    with stack.client() as client:
+        job = client.submit(
+            name="logs", entrypoint="builtin:mlp", scaling=tm.Scaling(num_workers=1), config=small_mlp(epochs=1)
+        )
+        assert wait_for(client, job.id, TERMINAL).status is tm.JobStatus.succeeded
+        before = [line.line for line in client.logs(job.id)]
+        stop_ray_head(stack.ray)
+        after = [line.line for line in client.logs(job.id)]
+    assert after == before
+    assert any(f"[trainmaster] job {job.id} attempt 1" in line for line in after)
+    assert any("epoch 0: loss" in line for line in after)

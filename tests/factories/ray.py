@@ -20,6 +20,7 @@ class FakeRay:
     stopped: list[str] = field(default_factory=list)
     outputs: dict[str, str] = field(default_factory=dict)
     down: bool = False
+    refuse_submit: bool = False
 
     def _check(self) -> None:
         if self.down:
@@ -32,6 +33,8 @@ class FakeRay:
 
     def submit(self, launch: Launch) -> bool:
         self._check()
+        if self.refuse_submit:
+            raise RayUnavailable("No available agent to submit job, please try again later.")
         self.submit_calls[launch.submission_id] += 1
         if launch.submission_id in self.jobs:
             return False

@@ -66,6 +66,13 @@ class World:
             query = select(Job).where(Job.id == job_id).options(selectinload(Job.attempts))
             return (await session.execute(query)).scalar_one()
 
+    async def events(self, job_id: uuid.UUID) -> list[Any]:
+        from api.db.models import JobEvent
+
+        async with self.sessions() as session:
+            query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            return list((await session.execute(query)).scalars())
+
     async def attempts(self, job_id: uuid.UUID) -> list[JobAttempt]:
         return sorted((await self.job(job_id)).attempts, key=lambda a: a.n)
 
@@ -238,5 +245,35 @@ def test_concurrent_dispatchers_submit_each_attempt_once(database_url: str, owne
                 )
             assert sorted(world.ray.submit_calls) == sorted(f"tm-{job_id}-1" for job_id in ids)
             assert set(world.ray.submit_calls.values()) == {1}
+
+    run(scenario())
+
+
+def test_a_launch_ray_keeps_refusing_fails_the_attempt_with_the_reason(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url, launch_timeout_s=0) as world:
+            job_id = await world.submit(**one_worker())
+            world.ray.refuse_submit = True
+            await world.dispatcher().admit_round()
+            events = [e.kind for e in await world.events(job_id)]
+            assert "launch_retry" in events
+            await world.dispatcher().reconcile_round()
+            job = await world.job(job_id)
+            assert job.status is JobStatus.failed
+            assert "No available agent" in (job.error or "") and "not launched" in (job.error or "")
+
+    run(scenario())
+
+
+def test_cancel_before_launch_ends_cancelled_without_touching_ray(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            job_id = await world.submit(**one_worker())
+            world.ray.refuse_submit = True
+            await world.dispatcher().admit_round()
+            await world.execute(lambda s: s.execute(update(Job).values(status="cancelling", cancel_requested=True)))
+            await world.dispatcher().reconcile_round()
+            job = await world.job(job_id)
+            assert job.status is JobStatus.cancelled and world.ray.stopped == []
 
     run(scenario())

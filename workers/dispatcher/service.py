@@ -165,20 +165,28 @@ class Dispatcher:
         )
 
     async def _submit(self, launch: Launch) -> None:
+        job_id = uuid.UUID(launch.metadata["trainmaster_job_id"])
         try:
             started = await asyncio.to_thread(self.ray.submit, launch)
         except RayUnavailable as exc:
             log.warning(
                 json.dumps({"event": "submit_deferred", "submission_id": launch.submission_id, "error": str(exc)})
             )
-            return  # the attempt stays pending; reconcile submits it (same id) once Ray answers
+            # The attempt stays pending; reconcile submits it again (same id) until launch_timeout_s.
+            async with self.sessions() as session, session.begin():
+                job = await repo.lock_if_leased(session, job_id, self.owner)
+                attempt = repo.latest_attempt(job) if job else None
+                if job is not None and attempt is not None and attempt.status == PENDING:
+                    if attempt.error is None:
+                        await record_event(session, job, "launch_retry", f"Ray refused the launch, retrying: {exc}")
+                    attempt.error = f"Ray refused the launch: {exc}"
+            return
         log.info(
             json.dumps(
                 {"event": "submitted" if started else "already_submitted", "submission_id": launch.submission_id}
             )
         )
         async with self.sessions() as session, session.begin():
-            job_id = uuid.UUID(launch.submission_id[3 : -len(launch.submission_id.rsplit("-", 1)[1]) - 1])
             job = await repo.lock_if_leased(session, job_id, self.owner)
             attempt = repo.latest_attempt(job) if job else None
             if attempt is not None and attempt.ray_submission_id == launch.submission_id and attempt.status == PENDING:
@@ -235,7 +243,18 @@ class Dispatcher:
             spec = JobSpec.model_validate(job.spec)
             async with self.sessions() as session, session.begin():
                 job = await repo.lock_if_leased(session, job_id, self.owner)
-                if job is None:
+                attempt = repo.latest_attempt(job) if job else None
+                if job is None or attempt is None or attempt.ray_submission_id != sub_id:
+                    return
+                if job.status is JobStatus.cancelling:  # never launched: nothing to stop
+                    attempt.status, attempt.finished_at = STOPPED, repo.now()
+                    await self._finish(session, job, JobStatus.cancelled, None, "cancelled before launch")
+                    return
+                waited = (repo.now() - attempt.created_at).total_seconds()
+                if waited > self.settings.launch_timeout_s:
+                    attempt.status, attempt.finished_at = FAILED, repo.now()
+                    attempt.error = f"not launched within {waited:.0f} s: {attempt.error or 'Ray did not accept it'}"
+                    await self._after_failure(session, job, attempt.error)
                     return
                 token = await create_job_token(session, job.project_id, job.id)
                 working_dir = await self._working_dir(session, job, spec)

@@ -1,0 +1,613 @@
+"""Time from submit to the first training step on a warm cluster, against a direct `TorchTrainer.fit()`.
+
+What it measures
+    The script starts its own local platform (`trainmaster up --api-port 0` in a fresh temporary
+    TRAINMASTER_HOME: embedded PostgreSQL, a Ray head with token auth, the API and a dispatcher) and
+    runs the same 2-worker function, `bench/first_step_job.py:train_loop_per_worker`, two ways:
+
+    platform  `client.submit(entrypoint="first_step_job:train_loop_per_worker", working_dir=<a folder
+              holding only first_step_job.py>, scaling=Scaling(num_workers=2), config={"stamp_path"})`;
+              t0 is taken just before `submit` (so the code upload and the POST are included), then
+              the job is awaited until it succeeds.
+    direct    in this process: `ray.init(address=<the stack's GCS>, runtime_env={"working_dir": <the
+              same folder>})` with the Ray token, then t0, `TorchTrainer(...)` (ScalingConfig(2),
+              RunConfig(storage_path=<temp dir>)) and `fit()`, then `ray.shutdown()`. Connecting is
+              timed apart and not counted: a new Ray job per run, like the platform's, but the
+              driver (this process) is already up with torch and Ray imported.
+
+    The figure is "first step" minus t0, where "first step" is the wall-clock time rank 0 appends to
+    `stamp_path` just before its first training step. One warm-up run of each path, then `--runs`
+    measured runs of each, interleaved (platform, direct, platform, ...). Before each run the script
+    waits until the Ray cluster has no CPU in use (the previous run's gang is gone); before the
+    measured runs it waits up to 5 minutes for the 1-minute load average to drop below 1.5.
+    For the platform it also reads the job's events (queued, admitted = starting, seen running by the
+    dispatcher, rank 0's `runtime` event posted just before the user function, succeeded) and, from
+    the Ray dashboard, when the Ray Jobs API accepted the submission and when the job's driver
+    process (`python -m workers.driver`) connected to Ray; all relative to t0.
+
+Run it from the repository root (the stack is stopped at the end, on errors and Ctrl-C too):
+
+    .venv/bin/python bench/submit_latency.py [--runs 5] [--warmup 1]
+
+Results go to bench/results/submit_latency.json and a README section to bench/results/submit_latency.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+TRAINMASTER = Path(sys.executable).with_name("trainmaster")
+JOB_FILE = REPO / "bench" / "first_step_job.py"
+ENTRYPOINT = "first_step_job:train_loop_per_worker"
+NAME = "submit_latency"
+PLATFORM, DIRECT = "platform", "direct"
+EVENT_MARKS = ("queued", "starting", "running", "runtime", "succeeded")  # status values, or event kinds
+
+# --------------------------------------------------------------------------- configuration
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=5, help="measured runs of each path (default 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured runs of each path first (default 1)")
+    parser.add_argument("--workers", type=int, default=2, help="Ray Train workers (default 2)")
+    parser.add_argument("--job-timeout", type=float, default=300.0, help="seconds one run may take")
+    parser.add_argument("--quiet-load", type=float, default=1.5, help="1-minute load to wait for before measuring")
+    parser.add_argument("--quiet-wait", type=float, default=300.0, help="longest wait for that load, seconds")
+    parser.add_argument("--output", type=Path, default=RESULTS / f"{NAME}.json", help="JSON results file")
+    parser.add_argument("--markdown", type=Path, default=RESULTS / f"{NAME}.md", help="README section file")
+    parser.add_argument("--keep-home", action="store_true", help="keep the temporary TRAINMASTER_HOME (logs)")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.warmup < 0 or args.workers < 1:
+        parser.error("--runs and --workers must be >= 1, --warmup >= 0")
+    return args
+
+
+# --------------------------------------------------------------------------- the local stack
+
+
+@dataclass(frozen=True)
+class Stack:
+    home: Path
+    api_url: str
+    token: str
+    ray_gcs: str
+    ray_dashboard: str
+
+    @property
+    def ray_token_path(self) -> Path:
+        return self.home / "ray_auth_token"
+
+
+def stack_env(home: Path) -> dict[str, str]:
+    """This process's environment for `trainmaster up/down`, with nothing pointing at another stack."""
+    env = {**os.environ, "TRAINMASTER_HOME": str(home)}
+    for name in ("TRAINMASTER_DATABASE_URL", "TRAINMASTER_API_URL", "TRAINMASTER_TOKEN", "RAY_ADDRESS"):
+        env.pop(name, None)
+    return env
+
+
+def start_stack(home: Path) -> Stack:
+    result = subprocess.run(
+        [str(TRAINMASTER), "up", "--api-port", "0"],
+        env=stack_env(home),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"trainmaster up failed ({result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+        )
+    config = json.loads((home / "config").read_text())
+    state = json.loads((home / "stack.json").read_text())
+    return Stack(home, config["api_url"], config["token"], state["ray_gcs"], state["ray_dashboard"])
+
+
+def stop_stack(home: Path) -> None:
+    """`trainmaster down` for this home only (never `ray stop`: other clusters share the machine)."""
+    if not (home / "stack.json").exists():
+        return
+    result = subprocess.run(
+        [str(TRAINMASTER), "down"], env=stack_env(home), capture_output=True, text=True, timeout=300, check=False
+    )
+    if result.returncode != 0:
+        print(f"WARNING trainmaster down failed: {result.stdout[-1000:]}{result.stderr[-1000:]}", file=sys.stderr)
+
+
+def ray_cpus_in_use(stack: Stack) -> float | None:
+    headers = {"Authorization": f"Bearer {stack.ray_token_path.read_text().strip()}"}
+    try:
+        body = httpx.get(f"{stack.ray_dashboard}/api/cluster_status", headers=headers, timeout=5).json()
+        return float(body["data"]["clusterStatus"]["loadMetricsReport"]["usage"]["CPU"][0])
+    except (httpx.HTTPError, KeyError, TypeError, ValueError):
+        return None
+
+
+def wait_cluster_idle(stack: Stack, timeout_s: float = 120.0) -> float:
+    """Wait until no Ray CPU is in use (the previous run's gang is released); returns seconds waited."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout_s:
+        if ray_cpus_in_use(stack) == 0:
+            return time.monotonic() - began
+        time.sleep(0.5)
+    raise TimeoutError(f"the Ray cluster still had CPUs in use after {timeout_s:.0f} s")
+
+
+# --------------------------------------------------------------------------- load average
+
+
+def load_1m() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def wait_for_quiet(threshold: float, max_wait_s: float, poll_s: float = 10.0) -> dict[str, Any]:
+    """Poll the 1-minute load average until it is below `threshold`, for at most `max_wait_s`."""
+    began, first = time.monotonic(), load_1m()
+    load = first
+    while load >= threshold and time.monotonic() - began < max_wait_s:
+        print(f"  load {load:.2f} >= {threshold}; waiting ({time.monotonic() - began:.0f} s so far)", flush=True)
+        time.sleep(poll_s)
+        load = load_1m()
+    quiet = load < threshold
+    if not quiet:
+        print(f"  load still {load:.2f} after {max_wait_s:.0f} s; measuring anyway", flush=True)
+    return {
+        "threshold": threshold,
+        "load_first": first,
+        "load_last": load,
+        "waited_s": time.monotonic() - began,
+        "quiet": quiet,
+    }
+
+
+# --------------------------------------------------------------------------- the two paths
+
+
+def read_stamp(path: Path) -> float:
+    lines = path.read_text().split() if path.exists() else []
+    if len(lines) != 1:
+        raise RuntimeError(f"{path}: expected one first-step stamp, found {len(lines)}")
+    return float(lines[0])
+
+
+def event_offsets(events: Sequence[Any], t0: float) -> dict[str, float]:
+    """Seconds from t0 to the first event of each mark: a status value, or the event kind `runtime`."""
+    offsets: dict[str, float] = {}
+    for event in events:
+        mark = event.status.value if event.kind == "status" and event.status is not None else event.kind
+        if mark in EVENT_MARKS and mark not in offsets:
+            offsets[mark] = event.created_at.timestamp() - t0
+    return offsets
+
+
+def ray_get(stack: Stack, path: str, **params: Any) -> Any:
+    headers = {"Authorization": f"Bearer {stack.ray_token_path.read_text().strip()}"}
+    response = httpx.get(f"{stack.ray_dashboard}{path}", params=params, headers=headers, timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def ray_offsets(stack: Stack, submission_id: str, t0: float) -> dict[str, float]:
+    """From Ray's side, seconds from t0 to: the Jobs API accepting the submission (`ray_accepted`) and
+    the job's driver process (`python -m workers.driver`) connecting to Ray (`driver_connected`).
+    Best effort: empty where the dashboard does not say."""
+    try:
+        job = ray_get(stack, f"/api/jobs/{submission_id}")
+        out = {"ray_accepted": job["start_time"] / 1000 - t0}
+        pid = (job.get("driver_info") or {}).get("pid")
+        if pid:
+            listing = ray_get(
+                stack, "/api/v0/workers", detail="true", filter_keys="pid", filter_predicates="=", filter_values=pid
+            )
+            drivers = [w for w in listing["data"]["result"]["result"] if w["worker_type"] == "DRIVER"]
+            if drivers and drivers[0].get("start_time_ms"):
+                out["driver_connected"] = drivers[0]["start_time_ms"] / 1000 - t0
+        return out
+    except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+        print(f"  (no Ray timeline for {submission_id}: {exc})", flush=True)
+        return {}
+
+
+def platform_run(
+    client: Any, stack: Stack, workdir: Path, stamp: Path, label: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    import trainmaster as tm
+    from trainmaster.errors import WaitTimeout
+
+    t0 = time.time()
+    job = client.submit(
+        name=f"bench-first-step-{label}",
+        entrypoint=ENTRYPOINT,
+        working_dir=workdir,
+        scaling=tm.Scaling(num_workers=args.workers),
+        config={"stamp_path": str(stamp)},
+    )
+    submitted = time.time()
+    try:
+        info = job.wait(timeout=args.job_timeout, poll_interval=0.25)
+    except WaitTimeout:
+        client.cancel(job.id)
+        raise
+    done = time.time()
+    first = read_stamp(stamp)
+    events = event_offsets(client.events(job.id), t0)
+    events.update(ray_offsets(stack, info.attempts[-1].ray_submission_id, t0))
+    return {
+        "job_id": job.id,
+        "first_step_s": first - t0,
+        "submit_call_s": submitted - t0,
+        "observed_done_s": done - t0,
+        "events_s": events,
+    }
+
+
+def direct_run(stack: Stack, workdir: Path, storage: Path, stamp: Path, label: str, workers: int) -> dict[str, Any]:
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    job_module = importlib.import_module("first_step_job")  # from `workdir`, which use_stack put on sys.path
+
+    began = time.time()
+    ray.init(
+        address=stack.ray_gcs,
+        runtime_env={"working_dir": str(workdir)},
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+    )
+    connected = time.time()
+    try:
+        t0 = time.time()
+        trainer = TorchTrainer(
+            train_loop_per_worker=job_module.train_loop_per_worker,
+            train_loop_config={"stamp_path": str(stamp)},
+            scaling_config=ScalingConfig(num_workers=workers),
+            run_config=RunConfig(name=f"bench-first-step-{label}-{uuid.uuid4().hex[:8]}", storage_path=str(storage)),
+        )
+        result = trainer.fit()
+        done = time.time()
+    finally:
+        ray.shutdown()
+    if result.error is not None:
+        raise RuntimeError(f"direct run {label} failed: {result.error}")
+    return {"first_step_s": read_stamp(stamp) - t0, "connect_s": connected - began, "fit_returned_s": done - t0}
+
+
+# --------------------------------------------------------------------------- the schedule
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    stack: Stack
+    client: Any
+    workdir: Path
+    storage: Path
+    stamps: Path
+
+    def run(self, path: str, label: str) -> dict[str, Any]:
+        idle_wait = wait_cluster_idle(self.stack)
+        load = load_1m()
+        stamp = self.stamps / f"{path}-{label}.txt"
+        if path == PLATFORM:
+            record = platform_run(self.client, self.stack, self.workdir, stamp, label, self.args)
+        else:
+            record = direct_run(self.stack, self.workdir, self.storage, stamp, label, self.args.workers)
+        record.update({"label": label, "load_1m_at_start": load, "idle_wait_s": idle_wait})
+        print(
+            f"  {path:<8} {label:<9} first step after {record['first_step_s']:6.2f} s   (load {load:.2f})", flush=True
+        )
+        return record
+
+    def schedule(self) -> dict[str, Any]:
+        warmup: dict[str, list[dict[str, Any]]] = {PLATFORM: [], DIRECT: []}
+        runs: dict[str, list[dict[str, Any]]] = {PLATFORM: [], DIRECT: []}
+        print(f"warm-up: {self.args.warmup} run(s) of each path", flush=True)
+        for n in range(self.args.warmup):
+            for path in (PLATFORM, DIRECT):
+                warmup[path].append(self.run(path, f"warmup-{n + 1}"))
+        print("waiting for a quiet machine before the measured runs", flush=True)
+        quiet = wait_for_quiet(self.args.quiet_load, self.args.quiet_wait)
+        print(f"measured: {self.args.runs} run(s) of each path, interleaved", flush=True)
+        for n in range(self.args.runs):
+            for path in (PLATFORM, DIRECT):
+                runs[path].append(self.run(path, f"run-{n + 1}"))
+        return {"warmup": warmup, "runs": runs, "quiet_wait": quiet}
+
+
+# --------------------------------------------------------------------------- statistics and report
+
+
+def summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path, records in runs.items():
+        values = [r["first_step_s"] for r in records]
+        out[path] = {"median_s": statistics.median(values), "min_s": min(values), "max_s": max(values)}
+    out["ratio_platform_over_direct"] = out[PLATFORM]["median_s"] / out[DIRECT]["median_s"]
+    marks: dict[str, list[float]] = {}
+    for record in runs[PLATFORM]:
+        for mark, offset in record["events_s"].items():
+            marks.setdefault(mark, []).append(offset)
+    marks["first_step"] = [r["first_step_s"] for r in runs[PLATFORM]]
+    marks["submit_call"] = [r["submit_call_s"] for r in runs[PLATFORM]]
+    out["platform_marks_median_s"] = {mark: statistics.median(v) for mark, v in marks.items()}
+    out["direct_connect_median_s"] = statistics.median(r["connect_s"] for r in runs[DIRECT])
+    return out
+
+
+PHASES = (
+    ("submit_call", "t0 → submit returned (code upload + POST /v1/jobs)"),
+    ("starting", "→ admitted by the dispatcher (event `starting`)"),
+    ("ray_accepted", "→ accepted by the Ray Jobs API (job start_time)"),
+    ("driver_connected", "→ job driver process connected to Ray (DRIVER worker start)"),
+    ("runtime", "→ rank 0 up, process group ready (event `runtime`)"),
+    ("first_step", "→ first step"),
+)
+
+
+def phases(marks: dict[str, float]) -> list[tuple[str, float]]:
+    """Median offsets from t0 turned into consecutive phases of the platform path. The `running`
+    event is left out: the dispatcher notices it on its next reconcile poll, not when it happens."""
+    out, previous = [], 0.0
+    for mark, text in PHASES:
+        if mark in marks:
+            out.append((text, marks[mark] - previous))
+            previous = marks[mark]
+    return out
+
+
+def runs_table(runs: dict[str, list[dict[str, Any]]]) -> list[list[str]]:
+    nan = float("nan")
+    rows = []
+    for n, (p, d) in enumerate(zip(runs[PLATFORM], runs[DIRECT], strict=True), start=1):
+        ev = p["events_s"]
+        rows.append(
+            [
+                str(n),
+                f"{p['first_step_s']:.2f}",
+                f"{d['first_step_s']:.2f}",
+                f"{ev.get('starting', nan) - ev.get('queued', 0.0):.2f}",
+                f"{ev.get('driver_connected', nan) - ev.get('starting', nan):.2f}",
+                f"{p['first_step_s'] - ev.get('driver_connected', nan):.2f}",
+                f"{p['load_1m_at_start']:.2f} / {d['load_1m_at_start']:.2f}",
+            ]
+        )
+    return rows
+
+
+RUN_HEADER = [
+    "run",
+    "platform s",
+    "direct s",
+    "p: queued→admitted s",
+    "p: admitted→driver connected s",
+    "p: driver connected→first step s",
+    "load 1m (p / d)",
+]
+
+
+def text_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
+    lines.append("-" * len(lines[0]))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(lines)
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def summary_rows(s: dict[str, Any]) -> list[list[str]]:
+    return [
+        [path, f"{s[path]['median_s']:.2f}", f"{s[path]['min_s']:.2f}", f"{s[path]['max_s']:.2f}"]
+        for path in (PLATFORM, DIRECT)
+    ]
+
+
+def interpretation(s: dict[str, Any]) -> str:
+    p, d = s[PLATFORM]["median_s"], s[DIRECT]["median_s"]
+    text = (
+        f"On a warm cluster the platform reaches the first step {p - d:.1f} s later than a direct "
+        f"`TorchTrainer.fit()` ({p:.1f} s vs {d:.1f} s median, {p / d:.2f}x)"
+    )
+    driver = s["platform_marks_median_s"].get("driver_connected")
+    if driver is None:
+        return text + "."
+    return (
+        f"{text}; {driver:.1f} s (median) pass before the job's Ray driver process is connected (submit, "
+        f"admission, Ray Jobs API, driver start), then {p - driver:.1f} s to the first step (direct: {d:.1f} s)."
+    )
+
+
+def git_revision() -> str:
+    """HEAD, with '+dirty' when the working tree differs from it (read-only git calls)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def markdown(results: dict[str, Any]) -> str:
+    s, load, quiet = results["summary"], results["loadavg_1m"], results["quiet_wait"]
+    phase_rows = [[text, f"{seconds:.2f}"] for text, seconds in phases(s["platform_marks_median_s"])]
+    return "\n".join(
+        [
+            "## Submit to first training step (platform vs direct `TorchTrainer.fit()`)",
+            "",
+            "```",
+            ".venv/bin/python bench/submit_latency.py          # defaults: --runs 5 --warmup 1 --workers 2",
+            "```",
+            "",
+            "Same 2-worker gloo function (`bench/first_step_job.py`) on the script's own `trainmaster up` stack: "
+            "through `client.submit(working_dir=...)` (t0 before submit) and as `TorchTrainer.fit()` in an "
+            "already-connected driver (t0 before constructing the trainer; `ray.init` not counted, "
+            f"{s['direct_connect_median_s']:.2f} s median). First step = rank 0's wall clock just before its "
+            "first step. One warm-up each, then runs interleaved; before each run the cluster's CPUs are idle.",
+            "",
+            f"**Machine.** {results['machine']['cpus']} shared cores (another engineer's tests ran concurrently); "
+            f"Python {results['machine']['python']}; git `{results['git']}`; {results['measured_at']}. "
+            f"1-minute load average: {load['start']:.2f} at the start, {load['before_measured']:.2f} before the "
+            f"measured runs (waited {quiet['waited_s']:.0f} s for < {quiet['threshold']}"
+            f"{'' if quiet['quiet'] else ', not reached'}), {load['end']:.2f} at the end.",
+            "",
+            md_table(RUN_HEADER, runs_table(results["runs"])),
+            "",
+            md_table(["path", "median s", "min s", "max s"], summary_rows(s)),
+            "",
+            f"Ratio platform / direct of the medians: **{s['ratio_platform_over_direct']:.2f}x**.",
+            "",
+            "Platform phases (medians of the event offsets from t0):",
+            "",
+            md_table(["phase", "s"], phase_rows),
+            "",
+            interpretation(s),
+            "",
+        ]
+    )
+
+
+def report(args: argparse.Namespace, measured: dict[str, Any], loadavg: dict[str, float]) -> dict[str, Any]:
+    s = summary(measured["runs"])
+    results = {
+        "benchmark": NAME,
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "git": git_revision(),
+        "loadavg_1m": loadavg,
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **measured,
+        "summary": s,
+    }
+    print()
+    print(text_table(RUN_HEADER, runs_table(measured["runs"])))
+    print()
+    print(text_table(["path", "median s", "min s", "max s"], summary_rows(s)))
+    print(f"ratio platform / direct of the medians: {s['ratio_platform_over_direct']:.2f}x")
+    print()
+    print(
+        text_table(
+            ["platform phase (medians)", "s"], [[t, f"{v:.2f}"] for t, v in phases(s["platform_marks_median_s"])]
+        )
+    )
+    print("1-minute load average: " + ", ".join(f"{k} {v:.2f}" for k, v in loadavg.items()))
+    print(interpretation(s))
+    return results
+
+
+# --------------------------------------------------------------------------- main
+
+
+def raise_on_sigterm() -> None:
+    def handler(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def prepare(home: Path) -> tuple[Path, Path, Path]:
+    """The job's working dir (first_step_job.py only), the direct path's storage and the stamp folder."""
+    workdir, storage, stamps = home / "job-code", home / "direct-storage", home / "stamps"
+    for folder in (workdir, storage, stamps):
+        folder.mkdir(parents=True)
+    shutil.copy2(JOB_FILE, workdir / JOB_FILE.name)
+    return workdir, storage, stamps
+
+
+def use_stack(stack: Stack, workdir: Path) -> Callable[[], None]:
+    """Point this process at the stack (Ray token, no RAY_ADDRESS); returns the undo."""
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")}
+    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(stack.ray_token_path)})
+    os.environ.pop("RAY_ADDRESS", None)
+    sys.path.insert(0, str(workdir))
+
+    def undo() -> None:
+        sys.path.remove(str(workdir))
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    return undo
+
+
+def run_benchmark(args: argparse.Namespace, home: Path) -> dict[str, Any]:
+    import trainmaster as tm
+
+    loadavg = {"start": load_1m()}
+    workdir, storage, stamps = prepare(home)
+    print(f"starting a stack in {home}", flush=True)
+    try:
+        stack = start_stack(home)
+        print(f"stack up: api {stack.api_url}, ray {stack.ray_gcs}", flush=True)
+        undo = use_stack(stack, workdir)
+        try:
+            with tm.Client(api_url=stack.api_url, token=stack.token) as client:
+                bench = Bench(args, stack, client, workdir, storage, stamps)
+                measured = bench.schedule()
+        finally:
+            undo()
+        loadavg["before_measured"] = measured["quiet_wait"]["load_last"]
+        loadavg["end"] = load_1m()
+    finally:
+        print("stopping the stack", flush=True)
+        stop_stack(home)
+    return report(args, measured, loadavg)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    raise_on_sigterm()
+    home = Path(tempfile.mkdtemp(prefix="tm-bench-submit-"))
+    try:
+        results = run_benchmark(args, home)
+    except BaseException:
+        print(f"failed: the stack's logs are kept in {home / 'logs'}", file=sys.stderr)
+        raise
+    if not args.keep_home:
+        shutil.rmtree(home, ignore_errors=True)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    args.markdown.write_text(markdown(results))
+    print(f"results written to {args.output} and {args.markdown}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted: the stack was stopped", file=sys.stderr)
+        sys.exit(130)

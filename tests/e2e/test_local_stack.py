@@ -1,0 +1,71 @@
+"""`trainmaster up`, a demo job with metrics, `trainmaster down`: the README's main path, for real.
+
+Uses the embedded PostgreSQL (as a newcomer would), its own TRAINMASTER_HOME and its own Ray head.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import TRAINMASTER, wait_until
+
+pytestmark = pytest.mark.ray
+
+
+def processes_mentioning(*needles: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if int(proc.name) != os.getpid() and any(needle in cmdline for needle in needles):
+            found.append(f"{proc.name}: {cmdline[:150]}")
+    return found
+
+
+def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINMASTER_", "RAY_"))}
+    env.update({"TRAINMASTER_HOME": str(home), "COLUMNS": "120"})
+
+    def tm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([TRAINMASTER, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+    up = tm("up", "--num-cpus", "2", "--api-port", "0")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "trainmaster is up" in up.stdout
+        config = json.loads((home / "config").read_text())
+        assert config["api_url"].startswith("http://127.0.0.1:") and config["token"].startswith("tm_")
+        again = tm("up")
+        assert again.returncode == 0 and "already running" in again.stdout
+        status = tm("status")
+        assert status.returncode == 0, status.stdout
+        for component in ("postgres", "ray", "api", "dispatcher"):
+            assert component in status.stdout
+
+        submitted = tm(
+            "submit", "builtin:mlp", "--workers", "2", "--config", '{"epochs": 2, "samples": 512}', "--follow"
+        )
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        assert "succeeded" in submitted.stdout and "loss" in submitted.stdout
+        job = json.loads(tm("ls", "--json").stdout)[0]
+        assert job["status"] == "succeeded"
+        metrics = json.loads(tm("metrics", job["id"], "--json").stdout)
+        assert any(point["name"] == "loss" for point in metrics)
+        assert (home / "logs" / "api.log").exists() and (home / "logs" / "dispatcher.log").exists()
+    finally:
+        down = tm("down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    ray_dir = "/tmp/tm-ray-" + hashlib.sha256(str(home).encode()).hexdigest()[:8]  # as trainmaster.stack names it
+    wait_until(lambda: not processes_mentioning(str(home), ray_dir), 30, what="every process of the stack to exit")
+    assert tm("status").returncode == 1

@@ -1,0 +1,59 @@
+"""Live metrics from a real job: over SSE while it runs, and none lost when the API restarts."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+import trainmaster as tm
+from tests.e2e.conftest import Stack, start_api, wait_until
+from tests.e2e.test_ray_jobs import TERMINAL, small_mlp, wait_for
+
+pytestmark = pytest.mark.ray
+
+
+def test_metrics_arrive_over_sse_before_the_job_ends(stack: Stack) -> None:
+    with stack.client() as client:
+        job = client.submit(
+            name="live",
+            entrypoint="builtin:mlp",
+            scaling=tm.Scaling(num_workers=2),
+            config=small_mlp(epochs=6, epoch_sleep_s=1),
+        )
+        first = next(iter(client.stream_metrics(job.id)))
+        status_when_first_seen = client.get(job.id).status
+        assert status_when_first_seen is tm.JobStatus.running
+        assert first.name in {"loss", "epoch"} and first.step is not None
+        values = list(client.stream_metrics(job.id))  # from the start again, to the end event
+        done = wait_for(client, job.id, TERMINAL)
+        assert done.status is tm.JobStatus.succeeded
+        losses = [v for v in values if v.name == "loss"]
+        assert {v.rank for v in losses} == {0, 1}
+        assert len({v.seq for v in values}) == len(values)
+        assert done.latest_metrics and "loss" in done.latest_metrics
+
+
+def test_api_killed_and_restarted_mid_job_loses_no_point(stack: Stack) -> None:
+    epochs, steps_per_epoch, workers = 8, 4, 2  # 512 samples / 2 workers / batch 64
+    with stack.client() as client:
+        job = client.submit(
+            name="api-restart",
+            entrypoint="builtin:mlp",
+            scaling=tm.Scaling(num_workers=workers),
+            config=small_mlp(epochs=epochs, samples=512, batch_size=64, epoch_sleep_s=1),
+        )
+        wait_until(lambda: client.metrics(job.id, names=["loss"]), 180, what="the first points")
+        port = int(stack.api.url.rsplit(":", 1)[1])
+        stack.api.process.send_signal(signal.SIGKILL)
+        stack.api.process.wait()
+        with pytest.raises(tm.ConnectionFailed):
+            client.get(job.id)
+        # Restarting takes the API a few seconds; meanwhile the senders buffer and retry.
+        restarted = start_api(stack.api.env["TRAINMASTER_DATABASE_URL"], stack.api.log_path, port=port)
+        stack.api.process = restarted.process
+        done = wait_for(client, job.id, TERMINAL, timeout=300)
+        assert done.status is tm.JobStatus.succeeded, done.error
+        losses = client.metrics(job.id, names=["loss"])
+        assert len(losses) == epochs * steps_per_epoch * workers
+        assert len({(v.rank, v.step) for v in losses}) == len(losses)  # and no duplicate
