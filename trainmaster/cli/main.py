@@ -73,9 +73,13 @@ def api(
     host: Annotated[str | None, typer.Option(help="bind address (TRAINMASTER_API_HOST)")] = None,
     port: Annotated[int | None, typer.Option(help="port (TRAINMASTER_API_PORT)")] = None,
     workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes")] = 1,
+    migrate: Annotated[bool, typer.Option("--migrate", help="migrate the database first (under a lock)")] = False,
 ) -> None:
     """Serve the REST API."""
-    server_module("api.cli").serve(host, port, workers)
+    server = server_module("api.cli")
+    if migrate:
+        server.db_upgrade("head")
+    server.serve(host, port, workers)
 
 
 @app.command()
