@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 import trainmaster
 from trainmaster.models import JobSpec
-from workers import entrypoints
+from workers import entrypoints, system_metrics
 from workers.reporting import post_event
 from workers.runtime import ENV_JOB_SPEC, ENV_STORAGE_PATH
 
@@ -49,11 +50,14 @@ def train_worker(config: dict[str, Any]) -> Any:
             f"training on {context.get_world_size()} worker(s), backend {dist.get_backend()}, {device['device']}",
             {"backend": dist.get_backend(), "world_size": context.get_world_size(), **device},
         )
+    stop_sampling = threading.Event()
+    system_metrics.start(stop_sampling)
     try:
         if tm["mode"] == "script":
             return entrypoints.run_script({"script": tm["script"], "args": tm["args"]})
         return entrypoints.resolve(tm["entrypoint"])(config)
     finally:
+        stop_sampling.set()
         trainmaster.flush()
 
 
