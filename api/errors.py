@@ -76,3 +76,25 @@ class DatabaseUnavailable(DomainError):
 
     def __init__(self, detail: Any = "the database is unreachable; retry shortly"):
         super().__init__(detail, headers={"Retry-After": "1"})
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:
+    """OpenAPI entries for the errors a router answers with, all shaped {"error", "detail"}."""
+    from trainmaster.models import ErrorBody
+
+    described = {
+        400: "Malformed request",
+        401: "Missing or invalid bearer token",
+        404: "No such job in the caller's project",
+        409: "Illegal status transition",
+        413: "Body over the size limit",
+        415: "Wrong content type",
+        422: "Invalid field (detail names it)",
+        429: "Too many open streams for this token",
+        503: "Database unavailable; retry",
+    }
+    # Errors are JSON even on routes whose success is a stream of server-sent events.
+    return {
+        code: {"model": ErrorBody, "description": described[code], "content": {"application/json": {}}}
+        for code in codes
+    }

@@ -14,17 +14,39 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictStr,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 MAX_CONFIG_BYTES = 64 * 1024
 MAX_NUM_WORKERS = 1024
 
 _ENTRYPOINT = re.compile(
     r"^(?:builtin:[a-z0-9][a-z0-9_-]*"
-    r"|script:[^\0]+"
+    r"|script:.+"
     r"|[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)$"
 )
 _CODE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def _not_text(value: Any) -> Any:
+    # JSON 2.0 is an integer to JSON Schema, so whole floats pass; strings and booleans do not.
+    if isinstance(value, str | bool):
+        raise ValueError("must be a number, not a string or a boolean")
+    return value
+
+
+WholeNumber = Annotated[int, BeforeValidator(_not_text)]
+LabelKey = Annotated[StrictStr, StringConstraints(min_length=1, max_length=63)]
+LabelValue = Annotated[StrictStr, StringConstraints(max_length=256)]
+ResourceName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
 
 class JobStatus(str, enum.Enum):
@@ -56,8 +78,33 @@ class PlacementStrategy(str, enum.Enum):
     STRICT_SPREAD = "STRICT_SPREAD"
 
 
+def _nul_path(value: Any, path: str = "") -> str | None:
+    """Where a NUL character hides in a JSON value (PostgreSQL text and JSONB cannot store it)."""
+    if isinstance(value, str):
+        return path or "value" if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and "\x00" in key:
+                return where
+            if (found := _nul_path(item, where)) is not None:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            if (found := _nul_path(item, f"{path}[{index}]")) is not None:
+                return found
+    return None
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul_characters(cls, data: Any) -> Any:
+        if (where := _nul_path(data)) is not None:
+            raise ValueError(f"{where} contains a NUL character (\\u0000), which cannot be stored")
+        return data
 
 
 class _Response(BaseModel):
@@ -65,9 +112,9 @@ class _Response(BaseModel):
 
 
 class Scaling(_Request):
-    num_workers: int = Field(default=1, ge=1, le=MAX_NUM_WORKERS, strict=True)
+    num_workers: WholeNumber = Field(default=1, ge=1, le=MAX_NUM_WORKERS)
     use_gpu: bool = Field(default=False, strict=True)
-    resources_per_worker: dict[str, float] | None = None
+    resources_per_worker: dict[ResourceName, float] | None = None
     placement_strategy: PlacementStrategy = PlacementStrategy.PACK
 
     @field_validator("resources_per_worker")
@@ -76,8 +123,6 @@ class Scaling(_Request):
         if value is None:
             return None
         for name, amount in value.items():
-            if not name or len(name) > 64:
-                raise ValueError(f"resource name {name!r} must be 1-64 characters")
             if not math.isfinite(amount):
                 raise ValueError(f"{name} must be a finite number")
             if name == "GPU":
@@ -97,24 +142,24 @@ class Scaling(_Request):
 
 
 class CheckpointPolicy(_Request):
-    num_to_keep: int | None = Field(default=None, ge=1, strict=True)
+    num_to_keep: WholeNumber | None = Field(default=None, ge=1)
 
 
 class JobSpec(_Request):
     name: str = Field(min_length=1, max_length=128)
-    entrypoint: str = Field(min_length=1, max_length=512)
+    entrypoint: str = Field(min_length=1, max_length=512, json_schema_extra={"pattern": _ENTRYPOINT.pattern})
     args: list[StrictStr] = Field(default_factory=list, max_length=1024)
     config: dict[str, Any] = Field(default_factory=dict)
-    code: str | None = None
+    code: Annotated[str, StringConstraints(pattern=_CODE_ID.pattern)] | None = None
     scaling: Scaling = Field(default_factory=Scaling)
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     pip: list[StrictStr] = Field(default_factory=list, max_length=256)
-    max_retries: int = Field(default=0, ge=0, le=10, strict=True)
-    max_failures: int = Field(default=0, ge=0, le=100, strict=True)
+    max_retries: WholeNumber = Field(default=0, ge=0, le=10)
+    max_failures: WholeNumber = Field(default=0, ge=0, le=100)
     timeout_s: float | None = Field(default=None, gt=0)
-    priority: int = Field(default=0, ge=-100, le=100, strict=True)
-    labels: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    priority: WholeNumber = Field(default=0, ge=-100, le=100)
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
 
     @field_validator("entrypoint")
@@ -122,13 +167,6 @@ class JobSpec(_Request):
     def _entrypoint_form(cls, value: str) -> str:
         if not _ENTRYPOINT.match(value):
             raise ValueError("entrypoint must be 'pkg.module:function', 'script:path/train.py' or 'builtin:<name>'")
-        return value
-
-    @field_validator("code")
-    @classmethod
-    def _code_id_form(cls, value: str | None) -> str | None:
-        if value is not None and not _CODE_ID.match(value):
-            raise ValueError("code must be 'sha256:<64 hex digits>' as returned by POST /v1/code")
         return value
 
     @field_validator("config")
@@ -140,14 +178,6 @@ class JobSpec(_Request):
             raise ValueError("config must be JSON without NaN or infinity") from exc
         if len(encoded.encode()) > MAX_CONFIG_BYTES:
             raise ValueError(f"config is {len(encoded.encode())} bytes encoded; the limit is {MAX_CONFIG_BYTES}")
-        return value
-
-    @field_validator("labels")
-    @classmethod
-    def _label_sizes(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, item in value.items():
-            if not 1 <= len(key) <= 63 or len(item) > 256:
-                raise ValueError("label keys are 1-63 characters and values at most 256")
         return value
 
     @model_validator(mode="after")

@@ -7,10 +7,15 @@ from fastapi import APIRouter, Depends, Query, Response, status
 from api.auth.deps import AnyPrincipal, ProjectPrincipal
 from api.checkpoints import service
 from api.db.session import Session
+from api.errors import error_responses
 from api.jobs.routes import require_json
 from trainmaster.models import CheckpointIn, CheckpointList
 
-router = APIRouter(prefix="/v1/jobs/{job_id}/checkpoints", tags=["checkpoints"])
+router = APIRouter(
+    prefix="/v1/jobs/{job_id}/checkpoints",
+    tags=["checkpoints"],
+    responses=error_responses(400, 401, 404, 413, 415, 422, 503),
+)
 
 
 @router.get("", response_model=CheckpointList)

@@ -5,10 +5,10 @@ from fastapi import APIRouter, Request, status
 from api.auth.deps import ProjectPrincipal
 from api.code_packages import service
 from api.db.session import Session
-from api.errors import UnsupportedMediaType
+from api.errors import UnsupportedMediaType, error_responses
 from trainmaster.models import CodeUpload
 
-router = APIRouter(prefix="/v1/code", tags=["code"])
+router = APIRouter(prefix="/v1/code", tags=["code"], responses=error_responses(400, 401, 413, 415, 422, 503))
 
 ZIP_TYPES = {"application/zip", "application/x-zip-compressed", "application/octet-stream"}
 

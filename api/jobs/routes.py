@@ -8,12 +8,12 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 
 from api.auth.deps import AnyPrincipal, ProjectPrincipal
 from api.db.session import Session
-from api.errors import UnsupportedMediaType
+from api.errors import UnsupportedMediaType, error_responses
 from api.jobs import service
 from api.settings import get_settings
 from trainmaster.models import EventList, Job, JobEvent, JobEventIn, JobList, JobSpec, JobStatus
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(400, 401, 404, 409, 413, 415, 422, 503))
 
 
 def require_json(request: Request) -> None:

@@ -6,13 +6,16 @@ from fastapi import APIRouter, Header, Query, Request
 
 from api.auth.deps import ProjectPrincipal
 from api.db.session import Session
+from api.errors import error_responses
 from api.jobs import service as jobs
 from api.logs import service
 from api.streaming.follow import follow, last_event_id
 from api.streaming.sse import EventStream
 from trainmaster.models import LogList
 
-router = APIRouter(prefix="/v1/jobs/{job_id}/logs", tags=["logs"])
+router = APIRouter(
+    prefix="/v1/jobs/{job_id}/logs", tags=["logs"], responses=error_responses(400, 401, 404, 413, 422, 429, 503)
+)
 
 
 @router.get("", response_model=LogList)
@@ -27,7 +30,9 @@ async def read_logs(
     return LogList(items=await service.read(session, principal, job_id, after_seq, limit))
 
 
-@router.get("/stream", response_class=EventStream, responses={200: {"content": {"text/event-stream": {}}}})
+@router.get(
+    "/stream", status_code=200, response_class=EventStream, responses={200: {"content": {"text/event-stream": {}}}}
+)
 async def stream_logs(
     job_id: str,
     request: Request,

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, status
 
 from api.auth.deps import AnyPrincipal, ProjectPrincipal
 from api.db.session import Session
+from api.errors import error_responses
 from api.jobs import service as jobs
 from api.jobs.routes import require_json
 from api.metrics import service
@@ -13,7 +14,11 @@ from api.streaming.follow import follow, last_event_id
 from api.streaming.sse import EventStream
 from trainmaster.models import MetricBatchAck, MetricBatchIn, MetricList
 
-router = APIRouter(prefix="/v1/jobs/{job_id}/metrics", tags=["metrics"])
+router = APIRouter(
+    prefix="/v1/jobs/{job_id}/metrics",
+    tags=["metrics"],
+    responses=error_responses(400, 401, 404, 413, 415, 422, 429, 503),
+)
 
 
 @router.post(
@@ -52,7 +57,9 @@ async def read_metrics(
     return MetricList(items=items)
 
 
-@router.get("/stream", response_class=EventStream, responses={200: {"content": {"text/event-stream": {}}}})
+@router.get(
+    "/stream", status_code=200, response_class=EventStream, responses={200: {"content": {"text/event-stream": {}}}}
+)
 async def stream_metrics(
     job_id: str,
     request: Request,

@@ -7,9 +7,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from api.db.session import Session
+from api.errors import error_responses
 from api.jobs import repository as jobs_repository
 
-router = APIRouter(tags=["ops"])
+router = APIRouter(
+    tags=["ops"],
+    responses=error_responses(
+        503,
+    ),
+)
 
 
 @router.get("/healthz")

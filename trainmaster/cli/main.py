@@ -15,6 +15,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 from pydantic import ValidationError
 
+from trainmaster.cli.bench import bench_app
 from trainmaster.cli.follow import follow_logs, follow_metrics, metrics_table
 from trainmaster.cli.output import console, err_console, job_detail, jobs_table, styled_status
 from trainmaster.client import Client
@@ -26,6 +27,7 @@ db_app = typer.Typer(help="Database administration.", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
+app.add_typer(bench_app, name="bench")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
