@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -55,8 +56,19 @@ class EventStream(Response):
                     ],
                 }
             )
-            async for message in self.messages:
+            gone = asyncio.create_task(disconnected.wait())
+            while True:
+                # Wait for the next message or the client leaving, whichever is first, so a closed
+                # stream frees its slot at once rather than at the next heartbeat.
+                upcoming = asyncio.ensure_future(anext(self.messages))
+                await asyncio.wait({upcoming, gone}, return_when=asyncio.FIRST_COMPLETED)
                 if disconnected.is_set():
+                    upcoming.cancel()
+                    break
+                try:
+                    message = upcoming.result()
+                except StopAsyncIteration:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
                     break
                 try:
                     await asyncio.wait_for(
@@ -64,10 +76,10 @@ class EventStream(Response):
                     )
                 except (asyncio.TimeoutError, OSError):
                     break  # a reader that stopped reading: drop it
-            else:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            gone.cancel()
         finally:
             watcher.cancel()
-            await self.messages.aclose()  # type: ignore[attr-defined]
+            with contextlib.suppress(RuntimeError):  # a generator cancelled mid-step may refuse aclose
+                await self.messages.aclose()  # type: ignore[attr-defined]
             if self.on_close is not None:
                 self.on_close()

@@ -1,0 +1,114 @@
+"""Case 8: every endpoint, SSE, logs, cancel and ingest included, against every kind of caller.
+
+No token or a bad one: 401. Another project's token: 404 (never revealing the job exists).
+A job token: writes only its own job (metrics, events, checkpoints) and reads nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.factories.auth import job_token
+from tests.factories.jobs import spec
+from tests.reliability.conftest import bearer
+
+JOB_WRITES = {
+    ("POST", "/v1/jobs/{job_id}/metrics"),
+    ("POST", "/v1/jobs/{job_id}/events"),
+    ("POST", "/v1/jobs/{job_id}/checkpoints"),
+}
+PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+
+BODIES: dict[tuple[str, str], Any] = {
+    ("POST", "/v1/jobs"): spec(),
+    ("POST", "/v1/jobs/{job_id}/metrics"): {"points": [{"step": 1, "values": {"loss": 1.0}}]},
+    ("POST", "/v1/jobs/{job_id}/events"): {"kind": "note", "message": "hello"},
+    ("POST", "/v1/jobs/{job_id}/checkpoints"): {"path": "/ckpt/1", "step": 1},
+}
+
+
+def endpoints(client: TestClient) -> list[tuple[str, str]]:
+    """Every operation the API documents (the OpenAPI schema is generated from the routes)."""
+    paths = client.get("/openapi.json").json()["paths"]
+    return [(method.upper(), path) for path, ops in paths.items() if path not in PUBLIC for method in sorted(ops)]
+
+
+def call(client: TestClient, method: str, path: str, job_id: str, headers: dict[str, str]) -> int:
+    url = path.replace("{job_id}", job_id)
+    body = BODIES.get((method, path))
+    if path == "/v1/code":
+        return client.post(
+            url, content=b"PK\x05\x06" + b"\0" * 18, headers={**headers, "Content-Type": "application/zip"}
+        ).status_code
+    if body is not None:
+        return client.request(method, url, json=body, headers=headers).status_code
+    if path.endswith("/stream"):
+        with client.stream(method, url, headers=headers) as response:
+            return response.status_code  # only the status is read: the stream is closed at once
+    return client.request(method, url, headers=headers).status_code
+
+
+@pytest.fixture(scope="module")
+def jobs(app_client: TestClient, tokens: dict[str, str]) -> dict[str, str]:
+    made = {}
+    for name in ("mine", "other"):
+        response = app_client.post("/v1/jobs", json=spec(name=name), headers=bearer(tokens["alpha"]))
+        made[name] = response.json()["id"]
+    return made
+
+
+def test_every_endpoint_is_covered(app_client: TestClient) -> None:
+    covered = {path for _, path in endpoints(app_client)}
+    assert {
+        "/v1/jobs",
+        "/v1/jobs/{job_id}",
+        "/v1/jobs/{job_id}/cancel",
+        "/v1/jobs/{job_id}/metrics/stream",
+        "/v1/jobs/{job_id}/logs",
+        "/v1/jobs/{job_id}/logs/stream",
+        "/v1/code",
+    } <= covered
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, bearer("tm_not-a-token"), {"Authorization": "Basic dXNlcjpwdw=="}, {"Authorization": "Bearer"}],
+    ids=["none", "bad", "basic", "empty"],
+)
+def test_no_or_bad_token_is_401_everywhere(
+    app_client: TestClient, jobs: dict[str, str], headers: dict[str, str]
+) -> None:
+    for method, path in endpoints(app_client):
+        assert call(app_client, method, path, jobs["mine"], headers) == 401, (method, path)
+
+
+def test_another_project_gets_404_for_every_job_route(
+    app_client: TestClient, jobs: dict[str, str], tokens: dict[str, str]
+) -> None:
+    for method, path in endpoints(app_client):
+        if "{job_id}" in path:
+            assert call(app_client, method, path, jobs["mine"], bearer(tokens["beta"])) == 404, (method, path)
+
+
+def test_job_token_writes_its_own_job_only_and_reads_nothing(
+    app_client: TestClient, jobs: dict[str, str], database_url: str
+) -> None:
+    token = bearer(job_token(database_url, jobs["mine"]))
+    for method, path in endpoints(app_client):
+        own = call(app_client, method, path, jobs["mine"], token)
+        if (method, path) in JOB_WRITES:
+            assert own in (201, 204), (method, path, own)
+            assert call(app_client, method, path, jobs["other"], token) == 404, (method, path)
+        else:
+            assert own == 401, (method, path, own)
+
+
+def test_unknown_job_ids_are_404_not_500(app_client: TestClient, tokens: dict[str, str]) -> None:
+    for method, path in endpoints(app_client):
+        if "{job_id}" in path:
+            for job_id in (str(uuid.uuid4()), "not-a-uuid", "0"):
+                assert call(app_client, method, path, job_id, bearer(tokens["alpha"])) == 404, (method, path)
