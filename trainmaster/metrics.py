@@ -106,6 +106,8 @@ class MetricsSender:
                 self.sent_points += len(pending["points"])
                 pending = None
                 self._report_dropped()
+                if len(self.buffer) < BATCH_POINTS and not self.stopping:
+                    break  # a partial batch waits for the next tick: fewer, fuller requests
             if pending is None and not self.buffer:
                 self.idle.set()
             if self.stopping:

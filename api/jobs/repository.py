@@ -31,6 +31,11 @@ async def insert_job(session: AsyncSession, values: dict[str, Any]) -> uuid.UUID
     return (await session.execute(statement)).scalar_one_or_none()
 
 
+async def owned_job_id(session: AsyncSession, job_id: uuid.UUID, project_id: uuid.UUID) -> uuid.UUID | None:
+    query = select(Job.id).where(Job.id == job_id, Job.project_id == project_id)
+    return (await session.execute(query)).scalar_one_or_none()
+
+
 async def find_by_idempotency_key(session: AsyncSession, project_id: uuid.UUID, key: str) -> Job | None:
     query = _with_relations(select(Job).where(Job.project_id == project_id, Job.idempotency_key == key))
     return (await session.execute(query)).scalar_one_or_none()

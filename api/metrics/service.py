@@ -19,13 +19,14 @@ STREAM_BATCH = 2000
 
 
 async def ingest(session: AsyncSession, principal: Principal, raw_id: str, batch: MetricBatchIn) -> MetricBatchAck:
-    job = await jobs.get_writable(session, principal, raw_id)
-    await repository.lock_job_stream(session, job.id)
+    job_id = await jobs.writable_job_id(session, principal, raw_id)
+    payload, stored = repository.encode_points(job_id, batch.attempt, batch.points)
+    await repository.lock_job_stream(session, job_id)
     if batch.batch_id is not None and not await repository.claim_batch(
-        session, job.id, batch.batch_id, len(batch.points)
+        session, job_id, batch.batch_id, len(batch.points)
     ):
         return MetricBatchAck(stored=0, duplicate=True)
-    stored = await repository.copy_points(session, job.id, batch.attempt, batch.points)
+    await repository.copy_encoded(session, payload)
     latest: dict[str, Any] = {}
     for point in batch.points:
         if point.rank == 0:
@@ -33,8 +34,8 @@ async def ingest(session: AsyncSession, principal: Principal, raw_id: str, batch
             if point.step is not None and not all(name.startswith("report/") for name in point.values):
                 latest["step"] = point.step  # the training step, not the epoch of a ray.train.report
     if latest:
-        await repository.merge_latest(session, job.id, latest)
-    await session.execute(text("SELECT pg_notify(:channel, :job)"), {"channel": METRICS_CHANNEL, "job": str(job.id)})
+        await repository.merge_latest(session, job_id, latest)
+    await session.execute(text("SELECT pg_notify(:channel, :job)"), {"channel": METRICS_CHANNEL, "job": str(job_id)})
     return MetricBatchAck(stored=stored)
 
 

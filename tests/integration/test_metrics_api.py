@@ -196,3 +196,12 @@ def test_checkpoints_recorded_by_the_job_are_listed(http: TestClient, auth: dict
         assert response.status_code == 204
     items = http.get(f"/v1/jobs/{job_id}/checkpoints", headers=auth).json()["items"]
     assert [(i["step"], i["attempt"], i["metrics"]["loss"]) for i in items] == [(0, 1, 1.0), (1, 1, 0.5)]
+
+
+def test_awkward_metric_names_survive_copy(http: TestClient, auth: dict[str, str]) -> None:
+    job_id = new_job(http, auth)
+    names = ["tab\there", "new\nline", "back\\slash", "ünïcode/λ", "quote'\"", "\\N"]
+    body = {"points": [{"step": 1, "values": {name: float(i) for i, name in enumerate(names)}}]}
+    assert post(http, job_id, auth, body).status_code == 201
+    items = http.get(f"/v1/jobs/{job_id}/metrics", headers=auth).json()["items"]
+    assert {i["name"]: i["value"] for i in items} == {name: float(i) for i, name in enumerate(names)}
