@@ -11,6 +11,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -69,3 +70,27 @@ def empty_database_url(pg_server_url: str) -> Iterator[str]:
     url = create_database(pg_server_url, "tm_migr")
     yield url
     drop_database(pg_server_url, url)
+
+
+# -- real processes, shared by e2e/ and reliability/ (one Ray head per session) -------------------
+
+
+@pytest.fixture(scope="session")
+def ray_head() -> Iterator[Any]:
+    import torch
+
+    from tests.e2e.ray_stack import start_ray_head, stop_ray_head
+
+    head = start_ray_head(num_cpus=4, num_gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    os.environ.update({k: head.env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")})
+    yield head
+    stop_ray_head(head)
+
+
+@pytest.fixture(scope="session")
+def stack(pg_server_url: str, ray_head: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """API and one dispatcher on their own database, over the session's Ray head."""
+    from tests.e2e.conftest import running_stack
+
+    with running_stack(pg_server_url, ray_head, tmp_path_factory.mktemp("stack")) as running:
+        yield running

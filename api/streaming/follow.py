@@ -8,12 +8,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.db.models import Job
 from api.streaming import sse
 from api.streaming.broker import Broker
 from trainmaster.models import JobStatus
+
+DB_DOWN = (OperationalError, InterfaceError, DBAPIError, PoolTimeout, OSError)
+outage_retry_s = 1.0
 
 ReadAfter = Callable[[AsyncSession, uuid.UUID, int], Awaitable[tuple[list[dict[str, Any]], int]]]
 
@@ -35,9 +40,15 @@ async def follow(
     async with broker.subscribe(str(job_id)) as news:
         while True:
             news.clear()
-            async with sessions() as session:
-                items, newest = await read_after(session, job_id, last)
-                status = (await session.execute(select(Job.status).where(Job.id == job_id))).scalar_one()
+            try:
+                async with sessions() as session:
+                    items, newest = await read_after(session, job_id, last)
+                    status = (await session.execute(select(Job.status).where(Job.id == job_id))).scalar_one()
+            except DB_DOWN:
+                # Keep the stream open through a database outage; resume from `last` when it is back.
+                yield sse.comment("database unavailable; retrying")
+                await asyncio.sleep(outage_retry_s)
+                continue
             if items:
                 last = newest
                 yield sse.event(event_name, {"items": items}, event_id=newest)

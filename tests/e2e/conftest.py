@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -106,28 +107,15 @@ class Stack:
         return tm.Client(self.api.url, self.api.token)
 
 
-@pytest.fixture(scope="session")
-def ray_head() -> Iterator[Any]:
-    import torch
-
-    from tests.e2e.ray_stack import start_ray_head, stop_ray_head
-
-    head = start_ray_head(num_cpus=4, num_gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    os.environ.update({k: head.env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")})
-    yield head
-    stop_ray_head(head)
-
-
-@pytest.fixture(scope="session")
-def stack(pg_server_url: str, ray_head: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """API and one dispatcher on their own database, over the session's Ray head."""
+@contextlib.contextmanager
+def running_stack(pg_server_url: str, ray_head: Any, work_dir: Path) -> Iterator[Stack]:
+    """API and one dispatcher on a database of their own, over `ray_head`."""
     from api.db import migrate
     from tests.conftest import create_database, drop_database
     from tests.e2e.ray_stack import Dispatchers
 
     database_url = create_database(pg_server_url, "tm_ray")
     migrate.upgrade(database_url)
-    work_dir = tmp_path_factory.mktemp("stack")
     api = start_api(database_url, work_dir / "api.log")
     env = {
         **ray_head.env,
@@ -142,7 +130,9 @@ def stack(pg_server_url: str, ray_head: Any, tmp_path_factory: pytest.TempPathFa
     }
     dispatchers = Dispatchers(env=env, log_dir=work_dir)
     dispatchers.start("d1")
-    yield Stack(api=api, ray=ray_head, dispatchers=dispatchers, work_dir=work_dir)
-    dispatchers.stop_all()
-    stop(api.process)
-    drop_database(pg_server_url, database_url)
+    try:
+        yield Stack(api=api, ray=ray_head, dispatchers=dispatchers, work_dir=work_dir)
+    finally:
+        dispatchers.stop_all()
+        stop(api.process)
+        drop_database(pg_server_url, database_url)

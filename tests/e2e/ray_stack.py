@@ -89,11 +89,11 @@ class Dispatchers:
     log_dir: Path
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def start(self, name: str) -> subprocess.Popen[bytes]:
+    def start(self, name: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = (self.log_dir / f"dispatcher-{name}.log").open("ab")
         process = subprocess.Popen(
             [TRAINMASTER, "dispatcher"],
-            env={**self.env, "TRAINMASTER_DISPATCHER_ID": name},
+            env={**self.env, "TRAINMASTER_DISPATCHER_ID": name, **(extra_env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=REPO,

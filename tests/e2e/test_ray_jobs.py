@@ -216,18 +216,23 @@ def test_two_dispatchers_launch_each_job_exactly_once(stack: Stack, tmp_path: Pa
     assert set(launches.values()) == {1}
 
 
-def test_logs_stay_readable_after_the_ray_cluster_is_gone(stack: Stack) -> None:
-    """Runs last in this module: it stops the session's Ray head."""
-    from tests.e2e.ray_stack import stop_ray_head
+def test_logs_stay_readable_after_the_ray_cluster_is_gone(pg_server_url: str, tmp_path: Path) -> None:
+    """On a Ray head of its own, which it then stops (the session's head serves the other tests)."""
+    from tests.e2e.conftest import running_stack
+    from tests.e2e.ray_stack import start_ray_head, stop_ray_head
 
-    with stack.client() as client:
-        job = client.submit(
-            name="logs", entrypoint="builtin:mlp", scaling=tm.Scaling(num_workers=1), config=small_mlp(epochs=1)
-        )
-        assert wait_for(client, job.id, TERMINAL).status is tm.JobStatus.succeeded
-        before = [line.line for line in client.logs(job.id)]
-        stop_ray_head(stack.ray)
-        after = [line.line for line in client.logs(job.id)]
+    head = start_ray_head(num_cpus=2)
+    try:
+        with running_stack(pg_server_url, head, tmp_path) as own, own.client() as client:
+            job = client.submit(
+                name="logs", entrypoint="builtin:mlp", scaling=tm.Scaling(num_workers=1), config=small_mlp(epochs=1)
+            )
+            assert wait_for(client, job.id, TERMINAL).status is tm.JobStatus.succeeded
+            before = [line.line for line in client.logs(job.id)]
+            stop_ray_head(head)
+            after = [line.line for line in client.logs(job.id)]
+    finally:
+        stop_ray_head(head)
     assert after == before
     assert any(f"[trainmaster] job {job.id} attempt 1" in line for line in after)
     assert any("epoch 0: loss" in line for line in after)

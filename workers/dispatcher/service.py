@@ -32,9 +32,11 @@ from api.jobs.status import record_event, transition
 from api.logs import repository as logs_repository
 from api.settings import Settings
 from trainmaster.models import JobSpec, JobStatus
+from workers.collectives.timeout import ENV_COLLECTIVE_TIMEOUT_S
 from workers.dispatcher import repository as repo
 from workers.dispatcher.admission import Decision, admit
 from workers.dispatcher.backend import Launch, RayBackend, RayJobInfo, RayJobState, RayUnavailable
+from workers.dispatcher.faults import maybe_die
 from workers.runtime import (
     ENV_API_URL,
     ENV_ATTEMPT,
@@ -104,6 +106,8 @@ class Dispatcher:
                     job.pending_reason = admission.reason
                 else:
                     await self._infeasible(session, job, admission.reason)
+        if launches:
+            maybe_die("after_claim")  # the attempt rows are committed; Ray has heard of nothing
         for launch in launches:
             await self._submit(launch)
         return len(launches)
@@ -140,6 +144,7 @@ class Dispatcher:
         self, job: Job, spec: JobSpec, n: int, sub_id: str, token: str, working_dir: Path | None = None
     ) -> Launch:
         env = {
+            ENV_COLLECTIVE_TIMEOUT_S: str(self.settings.collective_timeout_s),  # a job's env may override it
             **spec.env,
             ENV_JOB_ID: str(job.id),
             ENV_ATTEMPT: str(n),
@@ -181,6 +186,7 @@ class Dispatcher:
                         await record_event(session, job, "launch_retry", f"Ray refused the launch, retrying: {exc}")
                     attempt.error = f"Ray refused the launch: {exc}"
             return
+        maybe_die("after_submit")  # Ray runs it; the attempt is not marked yet
         log.info(
             json.dumps(
                 {"event": "submitted" if started else "already_submitted", "submission_id": launch.submission_id}
@@ -261,6 +267,7 @@ class Dispatcher:
                 launch = self._launch(job, spec, attempt.n, sub_id, token, working_dir)
             await self._submit(launch)  # never acknowledged by Ray: submitting the same id is safe
             return
+        maybe_die("while_reconciling")
         wants_stop = await self._stop_if_asked(job_id, sub_id, info)
         logs = await asyncio.to_thread(self.ray.logs, sub_id) if info is not None else ""
         async with self.sessions() as session, session.begin():

