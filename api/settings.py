@@ -27,6 +27,7 @@ class Settings(BaseSettings):
     lease_s: float = 30.0
     infeasible_timeout_s: float = 600.0
     launch_timeout_s: float = 300.0
+    ray_unreachable_timeout_s: float = 120.0  # active attempts are lost after this long without Ray
     collective_timeout_s: float = 1800.0  # TorchConfig(timeout_s): a hung NCCL/gloo collective fails the job
     driver_cpus: float = 0.0
     admit_batch: int = 50

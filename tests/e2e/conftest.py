@@ -108,7 +108,9 @@ class Stack:
 
 
 @contextlib.contextmanager
-def running_stack(pg_server_url: str, ray_head: Any, work_dir: Path) -> Iterator[Stack]:
+def running_stack(
+    pg_server_url: str, ray_head: Any, work_dir: Path, extra_env: dict[str, str] | None = None
+) -> Iterator[Stack]:
     """API and one dispatcher on a database of their own, over `ray_head`."""
     from api.db import migrate
     from tests.conftest import create_database, drop_database
@@ -127,6 +129,7 @@ def running_stack(pg_server_url: str, ray_head: Any, work_dir: Path) -> Iterator
         "TRAINMASTER_POLL_INTERVAL_S": "1",
         "TRAINMASTER_INFEASIBLE_TIMEOUT_S": "8",
         "TRAINMASTER_LEASE_S": "15",
+        **(extra_env or {}),
     }
     dispatchers = Dispatchers(env=env, log_dir=work_dir)
     dispatchers.start("d1")

@@ -30,17 +30,24 @@ class RayHead:
         used, total = report["data"]["clusterStatus"]["loadMetricsReport"]["usage"]["CPU"]
         return float(total) - float(used)
 
+    def ports(self) -> tuple[int, int]:
+        return int(self.gcs_address.rsplit(":", 1)[1]), int(self.dashboard.rsplit(":", 1)[1])
+
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {Path(self.env['RAY_AUTH_TOKEN_PATH']).read_text().strip()}"}
 
 
-def start_ray_head(num_cpus: int = 4, num_gpus: int = 0) -> RayHead:
+def start_ray_head(
+    num_cpus: int = 4, num_gpus: int = 0, *, ports: tuple[int, int] | None = None, token: str | None = None
+) -> RayHead:
+    """A new head. With the `ports` (GCS, dashboard) and `token` of a stopped head: that head restarted,
+    a fresh cluster at the same address."""
     # A short folder: Ray puts Unix sockets under it and their paths are limited to 107 bytes.
     folder = Path(tempfile.mkdtemp(prefix="tmray-", dir="/tmp"))
     token_path = folder / "auth_token"
-    token_path.write_text(secrets.token_hex(32))
+    token_path.write_text(token or secrets.token_hex(32))
     token_path.chmod(0o600)
-    port, dashboard_port = free_port(), free_port()
+    port, dashboard_port = ports or (free_port(), free_port())
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
     for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
         env.pop(name, None)

@@ -277,3 +277,22 @@ def test_cancel_before_launch_ends_cancelled_without_touching_ray(database_url: 
             assert job.status is JobStatus.cancelled and world.ray.stopped == []
 
     run(scenario())
+
+
+def test_ray_unreachable_past_the_bound_loses_active_attempts(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url, ray_unreachable_timeout_s=0) as world:
+            job_id = await world.submit(max_retries=1, **one_worker())
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+            world.ray.jobs[f"tm-{job_id}-1"] = RayJobState.RUNNING
+            await dispatcher.reconcile_round()
+            world.ray.down = True
+            await dispatcher.reconcile_round()  # first sighting starts the clock (bound 0 s)
+            await dispatcher.reconcile_round()
+            job = await world.job(job_id)
+            assert job.status is JobStatus.queued  # a retry, under a new attempt id once Ray is back
+            [attempt] = await world.attempts(job_id)
+            assert attempt.status == "lost" and "unreachable" in (attempt.error or "")
+
+    run(scenario())

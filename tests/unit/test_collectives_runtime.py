@@ -7,11 +7,14 @@ import os
 import socket
 import threading
 import types
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 import torch
 
+from trainmaster.cli.bench import decode_rows
+from trainmaster.models import MetricValue
 from workers.collectives import timeout
 from workers.collectives.grpc_backend import GrpcCommunicator, ReductionServer, combine
 from workers.collectives.measure import expected_output, fill_inputs, make_buffers, run_op
@@ -74,24 +77,26 @@ def _free_port() -> int:
 def _gloo_rank(rank: int, world_size: int, port: int, results: Any) -> None:
     import torch.distributed as dist
 
-    from workers.collectives.job import measure_row, open_backend
+    import trainmaster
+    from workers.collectives import job
     from workers.collectives.plan import BenchConfig
 
+    logged: list[tuple[int | None, dict[str, float]]] = []
+    trainmaster.log = lambda values, step=None: logged.append((step, values))  # type: ignore[assignment]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     bench = BenchConfig(warmup=1, iters=2, max_size=4096)
     rows = []
     for backend in bench.backends:
-        with open_backend(backend, bench, CPU) as comm:
-            for op in bench.ops:
-                for size in bench.sizes():
-                    rows += [measure_row(comm, op, mode, size, rank, world_size, bench, len(rows)) for mode in MODES]
-    results.put((rank, rows))
+        with job.open_backend(backend, bench, CPU) as comm:
+            rows += job.run_backend(comm, bench, rank, world_size, first_step=len(rows))
+    results.put((rank, rows, logged))
     dist.destroy_process_group()
 
 
 def test_two_gloo_ranks_measure_every_row_correctly() -> None:
-    """The job's loop without Ray: the torch group and the gRPC baseline, both ranks agreeing."""
+    """The job's loop without Ray: the torch group and the gRPC baseline, both ranks agreeing,
+    rank 0 logging one point per row that the CLI decodes back into the same rows."""
     import torch.multiprocessing as mp
 
     context = mp.get_context("spawn")
@@ -103,12 +108,24 @@ def test_two_gloo_ranks_measure_every_row_correctly() -> None:
     for process in processes:
         process.join(120)
     assert [p.exitcode for p in processes] == [0, 0]
-    by_rank = dict(results.get() for _ in range(2))
-    rows = by_rank[0]
-    assert rows == by_rank[1]  # every rank computes the same averaged row
+    by_rank = {rank: (rows, logged) for rank, rows, logged in (results.get() for _ in range(2))}
+    rows, logged = by_rank[0]
+    assert rows == by_rank[1][0]  # every rank computes the same averaged row
+    assert by_rank[1][1] == []  # only rank 0 logs
     assert len(rows) == 2 * 4 * 10 * 2  # backends x ops x sizes (8 B..4 KiB) x modes
     assert {row.backend for row in rows} == {"gloo", "grpc"}
     assert all(row.wrong == 0 and row.time_us > 0 for row in rows)
+    assert [step for step, _ in logged] == list(range(len(rows)))
+    now = datetime.now(timezone.utc)
+    points = [
+        MetricValue(seq=1, step=step, rank=0, name=name, value=value, ts=now)
+        for step, values in logged
+        for name, value in values.items()
+    ]
+    decoded = decode_rows(points)
+    assert [(d.backend, d.op, d.mode, d.size_bytes, d.time_us) for d in decoded] == [
+        (r.backend, r.op, r.mode, r.size_bytes, r.time_us) for r in rows
+    ]
 
 
 NCCL_WATCHDOG = (

@@ -19,7 +19,7 @@ import shlex
 import sys
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -70,6 +70,7 @@ class Dispatcher:
     sessions: async_sessionmaker[AsyncSession]
     ray: RayBackend
     owner: str
+    ray_down_since: datetime | None = None
 
     # -- admission ------------------------------------------------------------------------------
 
@@ -231,7 +232,27 @@ class Dispatcher:
                 await self.reconcile_job(job_id)
             except RayUnavailable as exc:
                 log.warning(json.dumps({"event": "ray_unavailable", "job_id": str(job_id), "error": str(exc)}))
+                await self._ray_down(job_ids, str(exc))
                 return
+        self.ray_down_since = None
+
+    async def _ray_down(self, job_ids: list[uuid.UUID], error: str) -> None:
+        """Past ray_unreachable_timeout_s without Ray, active attempts are lost: retried or failed."""
+        now = repo.now()
+        if self.ray_down_since is None:
+            self.ray_down_since = now
+        down_for = (now - self.ray_down_since).total_seconds()
+        if down_for < self.settings.ray_unreachable_timeout_s:
+            return
+        for job_id in job_ids:
+            async with self.sessions() as session, session.begin():
+                job = await repo.lock_if_leased(session, job_id, self.owner)
+                attempt = repo.latest_attempt(job) if job else None
+                if job is None or attempt is None or job.status not in repo.ACTIVE:
+                    continue
+                attempt.status, attempt.finished_at = LOST, now
+                attempt.error = f"lost: the Ray cluster has been unreachable for {down_for:.0f} s ({error})"
+                await self._after_failure(session, job, attempt.error)
 
     async def reconcile_job(self, job_id: uuid.UUID) -> None:
         async with self.sessions() as session, session.begin():

@@ -45,6 +45,14 @@ def append_ledger(path: str | None, **fields: Any) -> None:
         ledger.write(f"{job_id} {attempt} {os.getpid()} {extra}\n")
 
 
+def append_progress(path: str | None, **fields: Any) -> None:
+    """After each checkpoint, every rank notes its pid and epoch (fault tests kill a worker from it)."""
+    if not path:
+        return
+    with open(path, "a") as progress:
+        progress.write(" ".join([str(os.getpid()), *(f"{k}={v}" for k, v in fields.items())]) + "\n")
+
+
 def maybe_fail(config: dict[str, Any], epoch: int) -> None:
     """Fault injection for tests: raise at `fail_at_epoch` on attempt `fail_on_attempt` (default 1)."""
     if config.get("fail_at_epoch") != epoch:

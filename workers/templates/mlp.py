@@ -4,7 +4,7 @@
 checkpoint is reported every epoch and a rerun resumes after the last one.
 
 Config: epochs (5), samples (4096), features (32), classes (4), hidden (64), batch_size (64),
-lr (0.05), seed (0), epoch_sleep_s (0: stretch epochs for demos and tests), ledger_path,
+lr (0.05), seed (0), epoch_sleep_s (0: stretch epochs for demos and tests), ledger_path, progress_path,
 fail_at_epoch / fail_on_attempt (fault injection).
 """
 
@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainmaster
-from workers.templates.common import append_ledger, load_latest, maybe_fail, report
+from workers.templates.common import append_ledger, append_progress, load_latest, maybe_fail, report
 
 
 def synthetic_dataset(samples: int, features: int, classes: int, seed: int) -> TensorDataset:
@@ -86,5 +86,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         metrics = {"epoch": epoch, "loss": loss_sum / max(batches, 1), "accuracy": correct / max(total, 1)}
         inner: nn.Module = getattr(model, "module", model)
         report(metrics, {"epoch": epoch, "model": inner.state_dict(), "optimizer": optimizer.state_dict()})
+        append_progress(config.get("progress_path"), rank=rank, epoch=epoch)
         if rank == 0:
             print(f"epoch {epoch}: loss {metrics['loss']:.4f} accuracy {metrics['accuracy']:.3f}", flush=True)
