@@ -17,7 +17,7 @@ from trainmaster.models import JobStatus
 
 
 def _with_relations(query: Select[Any]) -> Select[Any]:
-    return query.options(selectinload(Job.attempts), selectinload(Job.project))
+    return query.options(selectinload(Job.attempts))
 
 
 async def insert_job(session: AsyncSession, values: dict[str, Any]) -> uuid.UUID | None:
