@@ -28,8 +28,12 @@ def test_three_dispatchers_over_a_hundred_jobs(stack: Stack, tmp_path: Path) -> 
     try:
         with stack.client() as client:
             ids = [
-                client.submit(name=f"hundred-{i}", entrypoint="builtin:mlp", scaling=tm.Scaling(num_workers=1),
-                              config=small_mlp(epochs=1, samples=64, ledger_path=str(ledger))).id
+                client.submit(
+                    name=f"hundred-{i}",
+                    entrypoint="builtin:mlp",
+                    scaling=tm.Scaling(num_workers=1),
+                    config=small_mlp(epochs=1, samples=64, ledger_path=str(ledger)),
+                ).id
                 for i in range(JOBS)
             ]
             deadline = time.monotonic() + 3600

@@ -40,7 +40,10 @@ def test_worker_killed_after_a_checkpoint(stack: Stack, tmp_path: Path, max_fail
             max_failures=max_failures,
             config=small_mlp(epochs=4, epoch_sleep_s=1.5, progress_path=str(progress), ledger_path=str(ledger)),
         )
-        pid = wait_until(lambda: worker_pid_after_checkpoint(progress, 1, K), 240, what=f"checkpoint {K} on rank 1")
+        # "After checkpoint k" means Ray Train registered it: the controller's callback records it here.
+        wait_until(lambda: any(c.step == K for c in client.checkpoints(job.id)), 240, what=f"checkpoint {K}")
+        pid = worker_pid_after_checkpoint(progress, 1, K)
+        assert pid is not None
         os.kill(pid, signal.SIGKILL)
         done = wait_for(client, job.id, TERMINAL, timeout=300)
         if max_failures:
@@ -87,7 +90,7 @@ def test_ray_head_restart_under_a_running_job(pg_server_url: str, tmp_path: Path
                 max_retries=1,
                 config=small_mlp(epochs=5, epoch_sleep_s=1.5, progress_path=str(progress), ledger_path=str(ledger)),
             )
-            wait_until(lambda: worker_pid_after_checkpoint(progress, 0, 0), 240, what="the first checkpoint")
+            wait_until(lambda: client.checkpoints(job.id), 240, what="the first checkpoint, registered by Ray Train")
             ports, token = head.ports(), head.headers()["Authorization"].split()[1]
             stop_ray_head(head)
             head = start_ray_head(num_cpus=2, ports=ports, token=token)
