@@ -99,6 +99,13 @@ def _nul_path(value: Any, path: str = "") -> str | None:
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+
+class _StoredRequest(_Request):
+    """A request whose strings are stored: refuse NUL characters anywhere in it, naming where.
+
+    Only on top-level bodies: the check walks the whole input, once.
+    """
+
     @model_validator(mode="before")
     @classmethod
     def _no_nul_characters(cls, data: Any) -> Any:
@@ -145,7 +152,7 @@ class CheckpointPolicy(_Request):
     num_to_keep: WholeNumber | None = Field(default=None, ge=1)
 
 
-class JobSpec(_Request):
+class JobSpec(_StoredRequest):
     name: str = Field(min_length=1, max_length=128)
     entrypoint: str = Field(min_length=1, max_length=512, json_schema_extra={"pattern": _ENTRYPOINT.pattern})
     args: list[StrictStr] = Field(default_factory=list, max_length=1024)
@@ -236,7 +243,7 @@ class JobEvent(_Response):
     created_at: datetime
 
 
-class JobEventIn(_Request):
+class JobEventIn(_StoredRequest):
     """A notable event reported from inside a job (runtime placement, topology, dropped points)."""
 
     kind: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")
@@ -281,6 +288,15 @@ class MetricBatchIn(_Request):
     attempt: int | None = Field(default=None, ge=1)
     points: list[MetricPoint] = Field(max_length=MAX_POINTS_PER_BATCH)
 
+    @model_validator(mode="after")
+    def _no_nul_in_names(self) -> MetricBatchIn:
+        # Values are numbers; names are the only strings stored (cheaper than walking every point).
+        for index, point in enumerate(self.points):
+            for name in point.values:
+                if "\x00" in name:
+                    raise ValueError(f"points[{index}].values has a name with a NUL character (\\u0000)")
+        return self
+
 
 class MetricBatchAck(_Response):
     stored: int
@@ -312,7 +328,7 @@ class LogList(_Response):
     items: list[LogLine]
 
 
-class CheckpointIn(_Request):
+class CheckpointIn(_StoredRequest):
     path: str = Field(min_length=1, max_length=4096)
     step: int | None = Field(default=None, ge=0)
     metrics: dict[str, Any] = Field(default_factory=dict)

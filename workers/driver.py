@@ -19,6 +19,7 @@ from typing import Any
 import trainmaster
 from trainmaster.models import JobSpec
 from workers import entrypoints, system_metrics
+from workers.collectives.timeout import collective_timeout_s, explain_failure
 from workers.reporting import post_event
 from workers.runtime import ENV_JOB_SPEC, ENV_STORAGE_PATH
 
@@ -86,7 +87,7 @@ def build_trainer(spec: JobSpec, job_id: str) -> Any:
             resources_per_worker=resources,
             placement_strategy=spec.scaling.placement_strategy.value,
         ),
-        torch_config=TorchConfig(backend=spec.resolved_backend()),
+        torch_config=TorchConfig(backend=spec.resolved_backend(), timeout_s=collective_timeout_s()),
         run_config=RunConfig(
             name=job_id,
             storage_path=storage_path(),
@@ -130,7 +131,8 @@ def _root_cause(exc: BaseException) -> str:
     while exc.__cause__ is not None:
         exc = exc.__cause__
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[-1] if text else ''}"
+    cause = f"{type(exc).__name__}: {text[-1] if text else ''}"
+    return explain_failure(cause, collective_timeout_s(), full_text=str(exc))
 
 
 if __name__ == "__main__":

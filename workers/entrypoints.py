@@ -16,6 +16,7 @@ TrainFn = Callable[[dict[str, Any]], Any]
 BUILTINS = {
     "mlp": "workers.templates.mlp:train_loop_per_worker",
     "tiny-gpt": "workers.templates.tiny_gpt:train_loop_per_worker",
+    "collectives": "workers.collectives.job:train_loop_per_worker",
 }
 
 

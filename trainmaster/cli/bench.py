@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -114,20 +115,21 @@ def ratios(rows: list[BenchRow]) -> list[dict[str, Any]]:
 
 
 def op_table(rows: list[BenchRow], backend: str, op: str, world_size: int) -> Table:
-    table = Table(title=f"{op} · {backend} · {world_size} rank(s)", header_style="bold", show_edge=False)
-    for name in ("size (B)", "count (elts)", "type", "redop", "root"):
-        table.add_column(name, justify="right")
-    for mode in ("out-of-place", "in-place"):
-        for name in ("time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"):
-            table.add_column(f"{mode}\n{name}", justify="right")
+    """One nccl-tests block: a line per size, out-of-place then in-place (time in us, GB/s)."""
+    redop, root = ("sum", -1) if op in ("all_reduce", "reduce_scatter") else ("none", 0 if op == "broadcast" else -1)
+    title = f"{op} · {backend} · {world_size} rank(s) · float, redop {redop}, root {root} · us and GB/s"
+    table = Table(title=title, header_style="bold", box=None, pad_edge=False, collapse_padding=True)
+    for name in ("size (B)", "count"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for mode in ("out", "in"):  # out-of-place, in-place
+        for name in (f"{mode} time", "algbw", "busbw", "#wrong"):
+            table.add_column(name, justify="right", no_wrap=True)
     by_size: dict[int, dict[str, BenchRow]] = {}
     for row in rows:
         if row.backend == backend and row.op == op:
             by_size.setdefault(row.size_bytes, {})[row.mode] = row
-    redop = "sum" if op in ("all_reduce", "reduce_scatter") else "none"
     for size, modes in sorted(by_size.items()):
-        count = next(iter(modes.values())).count
-        cells = [str(size), str(count), "float", redop, "0" if op == "broadcast" else "-1"]
+        cells = [str(size), str(next(iter(modes.values())).count)]
         for mode in MODES:
             r = modes.get(mode)
             cells += ["-"] * 4 if r is None else [f"{r.time_us:.1f}", f"{r.algbw:.3f}", f"{r.busbw:.3f}", str(r.wrong)]
@@ -138,7 +140,8 @@ def op_table(rows: list[BenchRow], backend: str, op: str, world_size: int) -> Ta
 
 
 def ratio_table(found: list[dict[str, Any]]) -> Table:
-    table = Table(title="ratio: times faster (other's time / first's time)", header_style="bold", show_edge=False)
+    title = "times faster: the other's time / the first's"
+    table = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("op")
     table.add_column("size", justify="right")
     columns = list(dict.fromkeys(f"{r['backends']} {r['mode']}" for r in found))
@@ -235,8 +238,8 @@ def job_body(
     smallest, largest = parse_size(min_size), parse_size(max_size)
     if not 1 <= smallest <= largest:
         raise ValueError("sizes must satisfy 1 <= --min-size <= --max-size")
-    config = {"backends": backends, "ops": ops, "min_size": smallest, "max_size": largest}
-    config.update(iters=iters, warmup=warmup)
+    config: dict[str, Any] = {"backends": backends, "ops": ops, "min_size": smallest, "max_size": largest}
+    config |= {"iters": iters, "warmup": warmup}
     scaling = {"num_workers": workers, "use_gpu": gpu}
     name = f"collectives-{workers}x-{'-'.join(backends)}"[:128]
     return {"name": name, "entrypoint": "builtin:collectives", "scaling": scaling, "backend": group, "config": config}
