@@ -431,11 +431,14 @@ def summary_rows(s: dict[str, Any]) -> list[list[str]]:
     ]
 
 
-def interpretation(s: dict[str, Any]) -> str:
+def interpretation(s: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> str:
     p, d = s[PLATFORM]["median_s"], s[DIRECT]["median_s"]
+    peak, cpus = max(r["load_1m_at_start"] for records in runs.values() for r in records), os.cpu_count() or 1
+    busy = peak > 2 * cpus  # one run of ours alone keeps the load near cpus
     text = (
         f"On a warm cluster the platform reaches the first step {p - d:.1f} s later than a direct "
-        f"`TorchTrainer.fit()` ({p:.1f} s vs {d:.1f} s median, {p / d:.2f}x)"
+        f"`TorchTrainer.fit()` ({p:.1f} s vs {d:.1f} s median, {p / d:.2f}x"
+        f"{f'; 1-minute load up to {peak:.1f} on {cpus} cores, so absolute times are inflated' if busy else ''})"
     )
     driver = s["platform_marks_median_s"].get("driver_connected")
     if driver is None:
@@ -466,7 +469,7 @@ def markdown(results: dict[str, Any]) -> str:
             "## Submit to first training step (platform vs direct `TorchTrainer.fit()`)",
             "",
             "```",
-            ".venv/bin/python bench/submit_latency.py          # defaults: --runs 5 --warmup 1 --workers 2",
+            f".venv/bin/python {results['command'].split(' ', 1)[1]}    # defaults: --runs 5 --warmup 1 --workers 2",
             "```",
             "",
             "Same 2-worker gloo function (`bench/first_step_job.py`) on the script's own `trainmaster up` stack: "
@@ -491,7 +494,7 @@ def markdown(results: dict[str, Any]) -> str:
             "",
             md_table(["phase", "s"], phase_rows),
             "",
-            interpretation(s),
+            interpretation(s, results["runs"]),
             "",
         ]
     )
@@ -522,7 +525,7 @@ def report(args: argparse.Namespace, measured: dict[str, Any], loadavg: dict[str
         )
     )
     print("1-minute load average: " + ", ".join(f"{k} {v:.2f}" for k, v in loadavg.items()))
-    print(interpretation(s))
+    print(interpretation(s, measured["runs"]))
     return results
 
 

@@ -41,6 +41,7 @@ from trainmaster.models import (
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 SUBMIT_ATTEMPTS = 4
+METRICS_PAGE = 10_000
 
 
 class Client:
@@ -174,12 +175,21 @@ class Client:
         since_step: int | None = None,
         max_points: int | None = None,
     ) -> builtins.list[MetricValue]:
+        """Stored points, oldest first; every page of them (or about `max_points` per metric, downsampled)."""
         params: dict[str, Any] = {"name": names or []}
         if since_step is not None:
             params["since_step"] = since_step
         if max_points is not None:
             params["max_points"] = max_points
-        return MetricList.model_validate(self._request("GET", f"/v1/jobs/{job_id}/metrics", params=params)).items
+            return MetricList.model_validate(self._request("GET", f"/v1/jobs/{job_id}/metrics", params=params)).items
+        points: builtins.list[MetricValue] = []
+        params["limit"] = METRICS_PAGE
+        while True:
+            page = MetricList.model_validate(self._request("GET", f"/v1/jobs/{job_id}/metrics", params=params)).items
+            points += page
+            if len(page) < METRICS_PAGE:
+                return points
+            params["after_seq"] = page[-1].seq
 
     def stream_metrics(self, job_id: str, *, after_seq: int | None = None) -> Iterator[MetricValue]:
         """Every metric value as it arrives; reconnects by itself; ends when the job ends."""

@@ -190,6 +190,7 @@ def start_ray_head(token_path: Path, num_cpus: int | None, num_gpus: int | None)
         "--include-dashboard=true",
         "--disable-usage-stats",
         f"--temp-dir={ray_temp_dir()}",
+        "--node-ip-address=127.0.0.1",  # a local stack listens on loopback only
         *ray_port_flags(),
     ]
     if num_cpus is not None:
