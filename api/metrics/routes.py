@@ -10,7 +10,7 @@ from api.errors import error_responses
 from api.jobs import service as jobs
 from api.jobs.routes import require_json
 from api.metrics import service
-from api.streaming.follow import follow, last_event_id
+from api.streaming.follow import job_stream, last_event_id
 from api.streaming.sse import EventStream
 from trainmaster.models import MetricBatchAck, MetricBatchIn, MetricList
 
@@ -70,15 +70,5 @@ async def stream_metrics(
 ) -> EventStream:
     """SSE: `metrics` events (id = sequence), `status` on transitions, `end` when the job is over."""
     job = await jobs.get_owned(session, principal, job_id)
-    state = request.app.state
-    release = state.stream_limiter.acquire(principal)
-    messages = follow(
-        job_id=job.id,
-        after_seq=last_event_id(last_event_id_header, after_seq),
-        read_after=service.read_for_stream,
-        event_name="metrics",
-        sessions=state.sessions,
-        broker=state.broker,
-        heartbeat_s=state.settings.sse_heartbeat_s,
-    )
-    return EventStream(messages, send_timeout_s=state.settings.sse_send_timeout_s, on_close=release)
+    resume_after = last_event_id(last_event_id_header, after_seq)
+    return job_stream(request, principal, job.id, service.read_for_stream, "metrics", resume_after)

@@ -7,14 +7,17 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from fastapi import Request
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from api.auth.service import Principal
 from api.db.models import Job
 from api.streaming import sse
 from api.streaming.broker import Broker
+from api.streaming.sse import EventStream
 from trainmaster.models import JobStatus
 
 DB_DOWN = (OperationalError, InterfaceError, DBAPIError, PoolTimeout, OSError)
@@ -72,3 +75,21 @@ def last_event_id(header: str | None, query: int | None) -> int:
         return max(0, int(header)) if header else 0
     except ValueError:
         return 0
+
+
+def job_stream(
+    request: Request, principal: Principal, job_id: uuid.UUID, read_after: ReadAfter, event_name: str, resume_after: int
+) -> EventStream:
+    """The SSE response for one job's stream, counted against the caller's per-token cap."""
+    state = request.app.state
+    release = state.stream_limiter.acquire(principal)
+    messages = follow(
+        job_id=job_id,
+        after_seq=resume_after,
+        read_after=read_after,
+        event_name=event_name,
+        sessions=state.sessions,
+        broker=state.broker,
+        heartbeat_s=state.settings.sse_heartbeat_s,
+    )
+    return EventStream(messages, send_timeout_s=state.settings.sse_send_timeout_s, on_close=release)
