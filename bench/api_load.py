@@ -32,43 +32,38 @@ import asyncio
 import hashlib
 import json
 import math
-import multiprocessing
 import os
-import platform
-import queue
 import random
-import secrets
-import signal
-import socket
-import subprocess
 import sys
 import time
-import traceback
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import psycopg
-from psycopg import sql
+from common import (
+    DEFAULT_DATABASE_URL,
+    RESULTS,
+    percentile,
+    project_token,
+    raise_on_sigterm,
+    run_in_second_process,
+    run_main,
+    run_metadata,
+    running_api,
+    scratch_database,
+    write_results,
+)
 from psycopg.types.json import Jsonb
 
-from api.auth.service import create_project_token
 from api.db import migrate
-from api.db.session import create_engine, session_factory
-from api.settings import Settings, libpq_url
+from api.settings import libpq_url
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "bench" / "results"
-TRAINMASTER = Path(sys.executable).with_name("trainmaster")
-DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 JOB_SPEC: dict[str, Any] = {"name": "bench", "entrypoint": "builtin:mlp", "scaling": {"num_workers": 2}}
-READY_TIMEOUT_S = 30.0
 TREND_WINDOW_S = 5.0
 
 API_POST = "POST /v1/jobs"
@@ -290,55 +285,19 @@ async def peer_load(config: LoadConfig) -> Recorder:
 # --------------------------------------------------------------------------- the second process
 
 
-def child_main(kind: str, config: LoadConfig, results: multiprocessing.Queue[tuple[str, Any]]) -> None:
-    """Entry point of the load process: the parent owns Ctrl-C and ends this process itself."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        load = api_load if kind == "api" else peer_load
-        results.put(("ok", asyncio.run(load(config)).as_dict()))
-    except Exception:
-        results.put(("error", traceback.format_exc()))
+def run_load(kind_and_config: tuple[str, LoadConfig]) -> dict[str, Any]:
+    """The load process's work: one phase against the API or the peer; module-level, so it pickles."""
+    kind, config = kind_and_config
+    load = api_load if kind == "api" else peer_load
+    return asyncio.run(load(config)).as_dict()
 
 
-def run_in_second_process(kind: str, config: LoadConfig) -> dict[str, Any]:
-    context = multiprocessing.get_context("spawn")
-    results: multiprocessing.Queue[tuple[str, Any]] = context.Queue()
-    process = context.Process(target=child_main, args=(kind, config, results), name=f"bench-{kind}-load")
-    process.start()
+def run_phase(kind: str, config: LoadConfig) -> dict[str, Any]:
     budget = config.warmup_s + config.duration_s + config.request_timeout_s + 60
-    try:
-        status, payload = results.get(timeout=budget)
-    except BaseException as exc:  # Ctrl-C, SIGTERM or a silent child: end the load process now
-        process.terminate()
-        if isinstance(exc, queue.Empty):
-            raise RuntimeError(f"the {kind} load process sent nothing within {budget:.0f} s") from None
-        raise
-    finally:
-        process.join(timeout=10)
-        if process.is_alive():
-            process.kill()
-            process.join(timeout=5)
-    if status != "ok":
-        raise RuntimeError(f"the {kind} load process failed:\n{payload}")
-    return dict(payload)
+    return run_in_second_process(run_load, (kind, config), kind, f"bench-{kind}-load", budget)
 
 
-# --------------------------------------------------------------------------- setup and teardown
-
-
-def with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{name}"))
-
-
-def create_database(admin_url: str, name: str) -> None:
-    with psycopg.connect(libpq_url(admin_url), autocommit=True, connect_timeout=10) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-
-
-def drop_database(admin_url: str, name: str) -> None:
-    with psycopg.connect(libpq_url(admin_url), autocommit=True, connect_timeout=10) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+# --------------------------------------------------------------------------- setup
 
 
 def create_peer_table(database_url: str) -> None:
@@ -346,81 +305,7 @@ def create_peer_table(database_url: str) -> None:
         conn.execute(PEER_DDL)
 
 
-def project_token(database_url: str, project: str = "bench") -> str:
-    """A project token made through the real auth service, as tests/factories/auth.py does."""
-
-    async def run() -> str:
-        engine = create_engine(Settings(database_url=database_url))
-        try:
-            async with session_factory(engine)() as session:
-                token = await create_project_token(session, project)
-                await session.commit()
-                return token
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(run())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_api(database_url: str, port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url}
-    with log_path.open("wb") as log:
-        return subprocess.Popen(
-            [str(TRAINMASTER), "api", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            start_new_session=True,  # Ctrl-C reaches only this script, which stops the API in order
-        )
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"trainmaster api exited with {process.returncode}:\n{log_path.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"trainmaster api not ready within {READY_TIMEOUT_S:.0f} s; see {log_path}")
-
-
-def stop_api(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-
-
-def raise_on_sigterm() -> None:
-    def handler(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 # --------------------------------------------------------------------------- statistics and report
-
-
-def percentile(values: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile of already sorted values."""
-    if not values:
-        return math.nan
-    rank = max(1, math.ceil(pct / 100 * len(values)))
-    return values[rank - 1]
 
 
 def route_stats(samples: Sequence[Sequence[float]], errors: dict[str, int], duration_s: float) -> dict[str, Any]:
@@ -475,16 +360,6 @@ def format_ratios(table: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def git_revision() -> str:
-    """HEAD, with '+dirty' when the working tree differs from it (read-only git calls)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
 def error_lines(stats: dict[str, dict[str, Any]], warmup_errors: dict[str, dict[str, int]]) -> list[str]:
     lines = [f"errors on {route}: {s['error_kinds']}" for route, s in stats.items() if s["errors"]]
     lines += [f"errors in the {phase} warmup: {kinds}" for phase, kinds in warmup_errors.items() if kinds]
@@ -498,13 +373,7 @@ def report(
     api = phase_stats(api_raw, args.duration)
     peer = phase_stats(peer_raw, args.peer_duration)
     results = {
-        "benchmark": "api_load",
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "git": git_revision(),
-        "loadavg_1m": loadavg,
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **run_metadata("api_load", args, loadavg, python=Path(sys.executable).name),
         "peer": "same N asyncio clients, psycopg autocommit connection each: INSERT a job-shaped row into a "
         "scratch table (primary key only) / SELECT it by primary key; no HTTP, auth, ORM or events",
         "api_routes": api,
@@ -546,42 +415,27 @@ def run_benchmark(args: argparse.Namespace, database_url: str, log_path: Path) -
     migrate.upgrade(database_url)
     create_peer_table(database_url)
     token = project_token(database_url)
-    port = free_port()
-    api_url = f"http://127.0.0.1:{port}"
-    api = start_api(database_url, port, log_path)
-    try:
-        wait_ready(api_url, api, log_path)
+    with running_api(database_url, log_path) as (api_url, api):
         print(f"api ready at {api_url}; {args.concurrency} clients for {args.warmup:g}+{args.duration:g} s", flush=True)
         loadavg = {"api_start": os.getloadavg()[0]}
-        api_raw = run_in_second_process("api", load_config(args, api_url, token, args.duration))
+        api_raw = run_phase("api", load_config(args, api_url, token, args.duration))
         loadavg["api_end"] = os.getloadavg()[0]
         if api.poll() is not None:
             raise RuntimeError(f"trainmaster api exited with {api.returncode} during the load; see {log_path}")
         print(f"peer: {args.concurrency} psycopg clients for {args.warmup:g}+{args.peer_duration:g} s", flush=True)
-        peer_raw = run_in_second_process("peer", load_config(args, libpq_url(database_url), "", args.peer_duration))
+        peer_raw = run_phase("peer", load_config(args, libpq_url(database_url), "", args.peer_duration))
         loadavg["peer_end"] = os.getloadavg()[0]
-    finally:
-        stop_api(api)
     return report(args, api_raw, peer_raw, loadavg)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     raise_on_sigterm()
-    name = f"tm_bench_{secrets.token_hex(4)}"
-    database_url = with_database(args.database_url, name)
     RESULTS.mkdir(parents=True, exist_ok=True)
     log_path = RESULTS / "api_load.api.log"
-    create_database(args.database_url, name)
-    try:
-        print(f"database {name} created", flush=True)
+    with scratch_database(args.database_url) as database_url:
         results = run_benchmark(args, database_url, log_path)
-    finally:
-        drop_database(args.database_url, name)
-        print(f"database {name} dropped", flush=True)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results written to {args.output}")
+    write_results(results, args.output)
     stats = {**results["api_routes"], **results["peer_routes"]}
     if error_lines(stats, results["warmup_errors"]):
         print("requests failed during the run: these figures are not valid", file=sys.stderr)
@@ -590,8 +444,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted: the API process was stopped and the database dropped", file=sys.stderr)
-        sys.exit(130)
+    run_main(main, "the API process was stopped and the database dropped")

@@ -37,44 +37,42 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
-import multiprocessing
 import os
-import platform
-import queue
-import secrets
-import signal
-import socket
-import subprocess
 import sys
 import time
-import traceback
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import psycopg
-from psycopg import sql
-from sqlalchemy import text
+from common import (
+    DEFAULT_DATABASE_URL,
+    RESULTS,
+    job_token,
+    load_1m,
+    percentile,
+    project_token,
+    raise_on_sigterm,
+    run_in_second_process,
+    run_main,
+    run_metadata,
+    running_api,
+    scratch_database,
+    submit_job,
+    wait_for_quiet,
+    write_results,
+)
 
-from api.auth.service import create_job_token, create_project_token
 from api.db import migrate
-from api.db.session import create_engine, session_factory
-from api.settings import Settings, libpq_url
+from api.settings import libpq_url
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "bench" / "results"
 NAME = "ingest"
-TRAINMASTER = Path(sys.executable).with_name("trainmaster")
-DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-READY_TIMEOUT_S = 30.0
 REQUEST_TIMEOUT_S = 60.0
 TARGET_POINTS_PER_S = 50_000.0
 TARGET_RATIO = 0.3
@@ -289,98 +287,18 @@ async def copy_load(config: PhaseConfig) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the second process
 
 
-def child_main(config: PhaseConfig, results: multiprocessing.Queue[tuple[str, Any]]) -> None:
-    """Entry point of the load process: the parent owns Ctrl-C and ends this process itself."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        load = api_load if config.kind == "api" else copy_load
-        results.put(("ok", asyncio.run(load(config))))
-    except Exception:
-        results.put(("error", traceback.format_exc()))
+def run_load(config: PhaseConfig) -> dict[str, Any]:
+    """The load process's work: one phase through the API or the COPY peer; module-level, so it pickles."""
+    load = api_load if config.kind == "api" else copy_load
+    return asyncio.run(load(config))
 
 
-def run_in_second_process(config: PhaseConfig) -> dict[str, Any]:
-    context = multiprocessing.get_context("spawn")
-    results: multiprocessing.Queue[tuple[str, Any]] = context.Queue()
-    process = context.Process(target=child_main, args=(config, results), name=f"bench-{config.kind}-ingest")
-    process.start()
+def run_phase(config: PhaseConfig) -> dict[str, Any]:
     budget = 120 + (config.batches + config.warmup_batches) * REQUEST_TIMEOUT_S / config.senders
-    try:
-        status, payload = results.get(timeout=budget)
-    except BaseException as exc:  # Ctrl-C, SIGTERM or a silent child: end the load process now
-        process.terminate()
-        if isinstance(exc, queue.Empty):
-            raise RuntimeError(f"the {config.kind} load process sent nothing within {budget:.0f} s") from None
-        raise
-    finally:
-        process.join(timeout=10)
-        if process.is_alive():
-            process.kill()
-            process.join(timeout=5)
-    if status != "ok":
-        raise RuntimeError(f"the {config.kind} load process failed:\n{payload}")
-    return dict(payload)
+    return run_in_second_process(run_load, config, config.kind, f"bench-{config.kind}-ingest", budget)
 
 
 # --------------------------------------------------------------------------- setup and teardown
-
-
-def with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{name}"))
-
-
-def admin_execute(admin_url: str, statement: sql.Composed) -> None:
-    with psycopg.connect(libpq_url(admin_url), autocommit=True, connect_timeout=10) as conn:
-        conn.execute(statement)
-
-
-def create_database(admin_url: str, name: str) -> None:
-    admin_execute(admin_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-
-
-def drop_database(admin_url: str, name: str) -> None:
-    admin_execute(admin_url, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-def project_token(database_url: str, project: str = "bench") -> str:
-    async def run() -> str:
-        engine = create_engine(Settings(database_url=database_url))
-        try:
-            async with session_factory(engine)() as session:
-                token = await create_project_token(session, project)
-                await session.commit()
-                return token
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(run())
-
-
-def job_token(database_url: str, job_id: str) -> str:
-    """A job-scoped token, as the dispatcher gives to training code."""
-
-    async def run() -> str:
-        engine = create_engine(Settings(database_url=database_url))
-        try:
-            async with session_factory(engine)() as session:
-                query = text("SELECT project_id FROM jobs WHERE id = :id")
-                project_id = (await session.execute(query, {"id": uuid.UUID(job_id)})).scalar_one()
-                token = await create_job_token(session, project_id, uuid.UUID(job_id))
-                await session.commit()
-                return token
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(run())
-
-
-def submit_job(api_url: str, token: str) -> str:
-    headers = {"Authorization": f"Bearer {token}"}
-    body = {"name": "bench", "entrypoint": "builtin:mlp"}
-    response = httpx.post(f"{api_url}/v1/jobs", json=body, headers=headers, timeout=10)
-    response.raise_for_status()
-    return str(response.json()["id"])
 
 
 def count_rows(database_url: str, job_id: str | None = None) -> int:
@@ -393,100 +311,7 @@ def count_rows(database_url: str, job_id: str | None = None) -> int:
     return int(row[0])
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_api(database_url: str, port: int, workers: int, log_path: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url}
-    command = [str(TRAINMASTER), "api", "--host", "127.0.0.1", "--port", str(port)]
-    if workers > 1:
-        command += ["--workers", str(workers)]
-    with log_path.open("wb") as log:
-        return subprocess.Popen(
-            command,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            start_new_session=True,  # its own process group: Ctrl-C reaches only this script
-        )
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"trainmaster api exited with {process.returncode}:\n{log_path.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"trainmaster api not ready within {READY_TIMEOUT_S:.0f} s; see {log_path}")
-
-
-def stop_api(process: subprocess.Popen[bytes]) -> None:
-    """Stop the API and any worker processes it started (its own process group, which we created)."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)  # leftover uvicorn workers, if any
-
-
-@contextlib.contextmanager
-def running_api(database_url: str, workers: int, log_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = start_api(database_url, port, workers, log_path)
-    try:
-        wait_ready(url, process, log_path)
-        yield url, process
-    finally:
-        stop_api(process)
-
-
-def raise_on_sigterm() -> None:
-    def handler(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
-
-
-def load_1m() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
-def wait_for_quiet(threshold: float, timeout_s: float, poll_s: float = 10.0) -> dict[str, Any]:
-    """Poll the 1-minute load average until it is below `threshold` or `timeout_s` passed."""
-    first = load_1m()
-    started = time.monotonic()
-    current = first
-    while current >= threshold and time.monotonic() - started < timeout_s:
-        print(f"1-minute load average {current:.2f} >= {threshold:g}; waiting", flush=True)
-        time.sleep(poll_s)
-        current = load_1m()
-    waited = time.monotonic() - started
-    return {"before_wait": first, "after_wait": current, "waited_s": round(waited, 1), "quiet": current < threshold}
-
-
 # --------------------------------------------------------------------------- phases
-
-
-def percentile(values: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile of already sorted values."""
-    if not values:
-        return math.nan
-    rank = max(1, math.ceil(pct / 100 * len(values)))
-    return values[rank - 1]
 
 
 def per_batch_ms(cpu_s: float, batches: int) -> float | None:
@@ -520,7 +345,7 @@ def phase_row(
 def measure(label: str, config: PhaseConfig, database_url: str) -> dict[str, Any]:
     print(f"{label}: {config.senders} senders x {config.batches} batches of {config.batch}", flush=True)
     start_load = load_1m()
-    raw = run_in_second_process(config)
+    raw = run_phase(config)
     end_load = load_1m()
     rows = count_rows(database_url, config.job_id)
     row = phase_row(label, config, raw, rows, (start_load, end_load))
@@ -546,7 +371,7 @@ def phase_config(
 
 def api_phase(args: argparse.Namespace, database_url: str, token: str, workers: int) -> dict[str, Any]:
     log_path = RESULTS / f"{NAME}.api-{workers}w.log"
-    with running_api(database_url, workers, log_path) as (url, process):
+    with running_api(database_url, log_path, workers, stop_wait_s=15, kill_group=True) as (url, process):
         job_id = submit_job(url, token)
         config = phase_config(args, "api", url, job_token(database_url, job_id), job_id, process.pid)
         label = f"API POST /metrics, {workers} worker{'s' if workers > 1 else ''}"
@@ -557,7 +382,7 @@ def api_phase(args: argparse.Namespace, database_url: str, token: str, workers: 
 
 
 def copy_phase(args: argparse.Namespace, database_url: str, token: str) -> dict[str, Any]:
-    with running_api(database_url, 1, RESULTS / f"{NAME}.api-setup.log") as (url, _):
+    with running_api(database_url, RESULTS / f"{NAME}.api-setup.log", stop_wait_s=15, kill_group=True) as (url, _):
         job_id = submit_job(url, token)  # a job row for the foreign key; the API is stopped before the COPY
     config = phase_config(args, "copy", libpq_url(database_url), "", job_id)
     return measure("peer: psycopg COPY", config, database_url)
@@ -575,16 +400,6 @@ def extra_phase(args: argparse.Namespace, database_url: str, token: str) -> dict
 
 
 # --------------------------------------------------------------------------- report
-
-
-def git_revision() -> str:
-    """HEAD, with '+dirty' when the working tree differs from it (read-only git calls)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def with_ratios(rows: list[dict[str, Any]], peer: dict[str, Any]) -> list[dict[str, Any]]:
@@ -673,13 +488,7 @@ def interpretation(results: dict[str, Any]) -> str:
 def build_results(args: argparse.Namespace, rows: list[dict[str, Any]], loadavg: dict[str, Any]) -> dict[str, Any]:
     peer = next(row for row in rows if row["path"].startswith("peer"))
     return {
-        "benchmark": NAME,
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([".venv/bin/python", *sys.argv]),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "git": git_revision(),
-        "loadavg_1m": loadavg,
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **run_metadata(NAME, args, loadavg, python=".venv/bin/python"),
         "targets": {"points_per_s": TARGET_POINTS_PER_S, "ratio_to_copy": TARGET_RATIO},
         "peer": "same number of asyncio tasks, one psycopg autocommit connection each: COPY ... FROM STDIN with "
         "write_row per row, one COPY per batch, into metric_points; no HTTP, JSON, auth, lock or NOTIFY",
@@ -742,30 +551,15 @@ def run_benchmark(args: argparse.Namespace, database_url: str, quiet: dict[str, 
     return build_results(args, rows, loadavg)
 
 
-def write_outputs(args: argparse.Namespace, results: dict[str, Any]) -> None:
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2) + "\n")
-    md = args.output.with_suffix(".md")
-    md.write_text(markdown(results))
-    print(f"results written to {args.output} and {md}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     raise_on_sigterm()
     RESULTS.mkdir(parents=True, exist_ok=True)
     quiet = wait_for_quiet(args.quiet_load, args.quiet_timeout)
-    name = f"tm_bench_{secrets.token_hex(4)}"
-    database_url = with_database(args.database_url, name)
-    create_database(args.database_url, name)
-    try:
-        print(f"database {name} created", flush=True)
+    with scratch_database(args.database_url) as database_url:
         results = run_benchmark(args, database_url, quiet)
-    finally:
-        drop_database(args.database_url, name)
-        print(f"database {name} dropped", flush=True)
     print_report(results)
-    write_outputs(args, results)
+    write_results(results, args.output, (args.output.with_suffix(".md"), markdown(results)))
     if problems(results["rows"]):
         print("the table does not hold the rows sent: these figures are not valid", file=sys.stderr)
         return 1
@@ -773,8 +567,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted: the API processes were stopped and the database dropped", file=sys.stderr)
-        sys.exit(130)
+    run_main(main, "the API processes were stopped and the database dropped")

@@ -37,25 +37,32 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import httpx
+from common import (
+    REPO,
+    RESULTS,
+    Stack,
+    in_temp_home,
+    load_1m,
+    md_table,
+    prepare_home,
+    raise_on_sigterm,
+    run_main,
+    run_metadata,
+    running_stack,
+    text_table,
+    wait_cluster_idle,
+    wait_for_quiet_stack,
+    write_results,
+)
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "bench" / "results"
-TRAINMASTER = Path(sys.executable).with_name("trainmaster")
 JOB_FILE = REPO / "bench" / "step_loop_job.py"
 ENTRYPOINT = "step_loop_job:train_loop_per_worker"
 NAME = "logging_overhead"
@@ -93,102 +100,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# --------------------------------------------------------------------------- the local stack
-
-
-@dataclass(frozen=True)
-class Stack:
-    home: Path
-    api_url: str
-    token: str
-    ray_dashboard: str
-
-    @property
-    def ray_token_path(self) -> Path:
-        return self.home / "ray_auth_token"
-
-
-def stack_env(home: Path) -> dict[str, str]:
-    """This process's environment for `trainmaster up/down`, with nothing pointing at another stack."""
-    env = {**os.environ, "TRAINMASTER_HOME": str(home)}
-    for name in ("TRAINMASTER_DATABASE_URL", "TRAINMASTER_API_URL", "TRAINMASTER_TOKEN", "RAY_ADDRESS"):
-        env.pop(name, None)
-    return env
-
-
-def start_stack(home: Path) -> Stack:
-    result = subprocess.run(
-        [str(TRAINMASTER), "up", "--api-port", "0"],
-        env=stack_env(home),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"trainmaster up failed ({result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
-        )
-    config = json.loads((home / "config").read_text())
-    state = json.loads((home / "stack.json").read_text())
-    return Stack(home, config["api_url"], config["token"], state["ray_dashboard"])
-
-
-def stop_stack(home: Path) -> None:
-    """`trainmaster down` for this home only (never `ray stop`: other clusters share the machine)."""
-    if not (home / "stack.json").exists():
-        return
-    result = subprocess.run(
-        [str(TRAINMASTER), "down"], env=stack_env(home), capture_output=True, text=True, timeout=300, check=False
-    )
-    if result.returncode != 0:
-        print(f"WARNING trainmaster down failed: {result.stdout[-1000:]}{result.stderr[-1000:]}", file=sys.stderr)
-
-
-def ray_cpus_in_use(stack: Stack) -> float | None:
-    headers = {"Authorization": f"Bearer {stack.ray_token_path.read_text().strip()}"}
-    try:
-        body = httpx.get(f"{stack.ray_dashboard}/api/cluster_status", headers=headers, timeout=5).json()
-        return float(body["data"]["clusterStatus"]["loadMetricsReport"]["usage"]["CPU"][0])
-    except (httpx.HTTPError, KeyError, TypeError, ValueError):
-        return None
-
-
-def wait_cluster_idle(stack: Stack, timeout_s: float = 120.0) -> float:
-    """Wait until no Ray CPU is in use (the previous job's gang is released); returns seconds waited."""
-    began = time.monotonic()
-    while time.monotonic() - began < timeout_s:
-        if ray_cpus_in_use(stack) == 0:
-            return time.monotonic() - began
-        time.sleep(0.5)
-    raise TimeoutError(f"the Ray cluster still had CPUs in use after {timeout_s:.0f} s")
-
-
-# --------------------------------------------------------------------------- load and CPU accounting
-
-
-def load_1m() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
-def wait_for_quiet(threshold: float, max_wait_s: float, poll_s: float = 10.0) -> dict[str, Any]:
-    """Poll the 1-minute load average until it is below `threshold`, for at most `max_wait_s`."""
-    began, first = time.monotonic(), load_1m()
-    load = first
-    while load >= threshold and time.monotonic() - began < max_wait_s:
-        print(f"  load {load:.2f} >= {threshold}; waiting ({time.monotonic() - began:.0f} s so far)", flush=True)
-        time.sleep(poll_s)
-        load = load_1m()
-    quiet = load < threshold
-    if not quiet:
-        print(f"  load still {load:.2f} after {max_wait_s:.0f} s; measuring anyway", flush=True)
-    return {
-        "threshold": threshold,
-        "load_first": first,
-        "load_last": load,
-        "waited_s": time.monotonic() - began,
-        "quiet": quiet,
-    }
+# --------------------------------------------------------------------------- CPU accounting
 
 
 def process_table() -> dict[int, tuple[int, float]]:
@@ -373,7 +285,7 @@ class Bench:
         print("warm-up job (mode none, not measured)", flush=True)
         warmup = self.run(JobRun(NONE, max(1, self.args.steps // 10), self.args.warmup_steps, "warmup"))
         print("waiting for a quiet machine before the measured jobs", flush=True)
-        quiet = wait_for_quiet(self.args.quiet_load, self.args.quiet_wait)
+        quiet = wait_for_quiet_stack(self.args.quiet_load, self.args.quiet_wait)
         runs = [self.run(run) for run in self.plan()]
         return {"warmup": warmup, "runs": runs, "quiet_wait": quiet}
 
@@ -463,20 +375,6 @@ def summary_rows(s: dict[str, Any]) -> list[list[str]]:
     ]
 
 
-def text_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
-    lines.append("-" * len(lines[0]))
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    return "\n".join(lines)
-
-
-def md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def noise(s: dict[str, Any], runs: list[dict[str, Any]]) -> str | None:
     """Why this run cannot settle the target, if it cannot: a loaded machine or too much spread."""
     cpus = os.cpu_count() or 1
@@ -507,18 +405,6 @@ def interpretation(s: dict[str, Any], runs: list[dict[str, Any]]) -> str:
         text += f"; `ray.train.report` every step runs at {s[RAY_REPORT]['ratio_vs_none']:.4f}x"
     points = "every logged point arrived" if s["all_points_arrived"] else "SOME POINTS WERE MISSING"
     return f"{text}; {points}."
-
-
-def git_revision() -> str:
-    """HEAD, with '+dirty' when the working tree differs from it (read-only git calls)."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-        )
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -565,13 +451,7 @@ def markdown(results: dict[str, Any]) -> str:
 def report(args: argparse.Namespace, measured: dict[str, Any], loadavg: dict[str, float]) -> dict[str, Any]:
     s = summary(measured["runs"])
     results = {
-        "benchmark": NAME,
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "git": git_revision(),
-        "loadavg_1m": loadavg,
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **run_metadata(NAME, args, loadavg, python=Path(sys.executable).name, short_git=True),
         **measured,
         "summary": s,
     }
@@ -587,63 +467,28 @@ def report(args: argparse.Namespace, measured: dict[str, Any], loadavg: dict[str
 # --------------------------------------------------------------------------- main
 
 
-def raise_on_sigterm() -> None:
-    def handler(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
-
-
-def prepare(home: Path) -> tuple[Path, Path]:
-    """The job's working dir (step_loop_job.py only) and the folder rank 0 writes results to."""
-    workdir, results_dir = home / "job-code", home / "step-results"
-    for folder in (workdir, results_dir):
-        folder.mkdir(parents=True)
-    shutil.copy2(JOB_FILE, workdir / JOB_FILE.name)
-    return workdir, results_dir
-
-
 def run_benchmark(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     import trainmaster as tm
 
     loadavg = {"start": load_1m()}
-    workdir, results_dir = prepare(home)
-    print(f"starting a stack in {home}", flush=True)
-    try:
-        stack = start_stack(home)
+    workdir, results_dir = prepare_home(home, JOB_FILE, "step-results")
+    with running_stack(home) as stack:
         print(f"stack up: api {stack.api_url}", flush=True)
         with tm.Client(api_url=stack.api_url, token=stack.token) as client:
             bench = Bench(args, stack, client, workdir, results_dir, server_pids(home))
             measured = bench.schedule()
         loadavg["before_measured"] = measured["quiet_wait"]["load_last"]
         loadavg["end"] = load_1m()
-    finally:
-        print("stopping the stack", flush=True)
-        stop_stack(home)
     return report(args, measured, loadavg)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     raise_on_sigterm()
-    home = Path(tempfile.mkdtemp(prefix="tm-bench-logging-"))
-    try:
-        results = run_benchmark(args, home)
-    except BaseException:
-        print(f"failed: the stack's logs are kept in {home / 'logs'}", file=sys.stderr)
-        raise
-    if not args.keep_home:
-        shutil.rmtree(home, ignore_errors=True)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2) + "\n")
-    args.markdown.write_text(markdown(results))
-    print(f"results written to {args.output} and {args.markdown}")
+    results = in_temp_home("tm-bench-logging-", args.keep_home, lambda home: run_benchmark(args, home))
+    write_results(results, args.output, (args.markdown, markdown(results)))
     return 0 if results["summary"]["all_points_arrived"] else 1
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted: the stack was stopped", file=sys.stderr)
-        sys.exit(130)
+    run_main(main, "the stack was stopped")

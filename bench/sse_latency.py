@@ -34,46 +34,44 @@ API process, the database) is removed at the end, on errors and Ctrl-C too.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import multiprocessing
-import os
-import platform
 import queue
-import secrets
 import signal
-import socket
-import subprocess
 import sys
 import time
 import traceback
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import psycopg
-from psycopg import sql
-from sqlalchemy import text
+from common import (
+    DEFAULT_DATABASE_URL,
+    RESULTS,
+    job_token,
+    load_1m,
+    percentile,
+    project_token,
+    raise_on_sigterm,
+    run_main,
+    run_metadata,
+    running_api,
+    scratch_database,
+    submit_job,
+    wait_for_quiet,
+    write_results,
+)
 
-from api.auth.service import create_job_token, create_project_token
 from api.db import migrate
-from api.db.session import create_engine, session_factory
-from api.settings import Settings, libpq_url
+from api.settings import libpq_url
 from trainmaster.sse import parse
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "bench" / "results"
 NAME = "sse_latency"
-TRAINMASTER = Path(sys.executable).with_name("trainmaster")
-DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-READY_TIMEOUT_S = 30.0
 PRODUCER_START_TIMEOUT_S = 60.0
 DRAIN_TIMEOUT_S = 10.0
 TARGET_P95_MS = 300.0
@@ -308,134 +306,6 @@ def consume_notify(database_url: str, expected: int, budget_s: float, on_ready: 
     return received
 
 
-# --------------------------------------------------------------------------- setup and teardown
-
-
-def with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{name}"))
-
-
-def admin_execute(admin_url: str, statement: sql.Composed) -> None:
-    with psycopg.connect(libpq_url(admin_url), autocommit=True, connect_timeout=10) as conn:
-        conn.execute(statement)
-
-
-def create_database(admin_url: str, name: str) -> None:
-    admin_execute(admin_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-
-
-def drop_database(admin_url: str, name: str) -> None:
-    admin_execute(admin_url, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-def project_token(database_url: str, project: str = "bench") -> str:
-    async def run() -> str:
-        engine = create_engine(Settings(database_url=database_url))
-        try:
-            async with session_factory(engine)() as session:
-                token = await create_project_token(session, project)
-                await session.commit()
-                return token
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(run())
-
-
-def job_token(database_url: str, job_id: str) -> str:
-    """A job-scoped token, as the dispatcher gives to training code."""
-
-    async def run() -> str:
-        engine = create_engine(Settings(database_url=database_url))
-        try:
-            async with session_factory(engine)() as session:
-                query = text("SELECT project_id FROM jobs WHERE id = :id")
-                project_id = (await session.execute(query, {"id": uuid.UUID(job_id)})).scalar_one()
-                token = await create_job_token(session, project_id, uuid.UUID(job_id))
-                await session.commit()
-                return token
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(run())
-
-
-def submit_job(api_url: str, token: str) -> str:
-    headers = {"Authorization": f"Bearer {token}"}
-    body = {"name": "bench", "entrypoint": "builtin:mlp"}
-    response = httpx.post(f"{api_url}/v1/jobs", json=body, headers=headers, timeout=10)
-    response.raise_for_status()
-    return str(response.json()["id"])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_api(database_url: str, port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url}
-    with log_path.open("wb") as log:
-        return subprocess.Popen(
-            [str(TRAINMASTER), "api", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            start_new_session=True,  # Ctrl-C reaches only this script, which stops the API in order
-        )
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"trainmaster api exited with {process.returncode}:\n{log_path.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"trainmaster api not ready within {READY_TIMEOUT_S:.0f} s; see {log_path}")
-
-
-def stop_api(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-
-
-def raise_on_sigterm() -> None:
-    def handler(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
-
-
-def load_1m() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
-def wait_for_quiet(threshold: float, timeout_s: float, poll_s: float = 10.0) -> dict[str, Any]:
-    """Poll the 1-minute load average until it is below `threshold` or `timeout_s` passed."""
-    first = load_1m()
-    started = time.monotonic()
-    current = first
-    while current >= threshold and time.monotonic() - started < timeout_s:
-        print(f"1-minute load average {current:.2f} >= {threshold:g}; waiting", flush=True)
-        time.sleep(poll_s)
-        current = load_1m()
-    waited = time.monotonic() - started
-    return {"before_wait": first, "after_wait": current, "waited_s": round(waited, 1), "quiet": current < threshold}
-
-
 # --------------------------------------------------------------------------- one measured phase
 
 
@@ -474,14 +344,6 @@ def peer_phase(database_url: str, args: argparse.Namespace) -> tuple[Received, d
 
 
 # --------------------------------------------------------------------------- statistics and report
-
-
-def percentile(values: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile of already sorted values."""
-    if not values:
-        return math.nan
-    rank = max(1, math.ceil(pct / 100 * len(values)))
-    return values[rank - 1]
 
 
 def summary_ms(values: Sequence[float]) -> dict[str, float]:
@@ -576,16 +438,6 @@ def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def git_revision() -> str:
-    """HEAD, with '+dirty' when the working tree differs from it (read-only git calls)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
 def problems(results: dict[str, Any]) -> list[str]:
     out = []
     for name, s in results["rows"].items():
@@ -625,13 +477,7 @@ def build_results(
     rows = {API_ROW: row_stats(api_received, expected, skip), PEER_ROW: row_stats(peer_received, expected, skip)}
     ratio = {k: rows[API_ROW][f"{k}_ms"] / rows[PEER_ROW][f"{k}_ms"] for k in ("p50", "p95", "p99")}
     return {
-        "benchmark": NAME,
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([".venv/bin/python", *sys.argv]),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "git": git_revision(),
-        "loadavg_1m": loadavg,
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **run_metadata(NAME, args, loadavg, python=".venv/bin/python"),
         "target_p95_ms": TARGET_P95_MS,
         "rows": rows,
         "ratio_api_over_notify": ratio,
@@ -698,11 +544,7 @@ def run_benchmark(args: argparse.Namespace, database_url: str, log_path: Path, q
     """Everything between creating the database and dropping it; returns the results."""
     migrate.upgrade(database_url)
     token = project_token(database_url)
-    port = free_port()
-    api_url = f"http://127.0.0.1:{port}"
-    api = start_api(database_url, port, log_path)
-    try:
-        wait_ready(api_url, api, log_path)
+    with running_api(database_url, log_path) as (api_url, api):
         job_id = submit_job(api_url, token)
         job_tok = job_token(database_url, job_id)
         loadavg: dict[str, Any] = {**quiet, "start": load_1m()}
@@ -713,17 +555,7 @@ def run_benchmark(args: argparse.Namespace, database_url: str, log_path: Path, q
         print("peer: LISTEN/NOTIFY at the same rate", flush=True)
         peer_result = peer_phase(database_url, args)
         loadavg["end"] = load_1m()
-    finally:
-        stop_api(api)
     return build_results(args, api_result, peer_result, loadavg)
-
-
-def write_outputs(args: argparse.Namespace, results: dict[str, Any]) -> None:
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2) + "\n")
-    md = args.output.with_suffix(".md")
-    md.write_text(markdown(results))
-    print(f"results written to {args.output} and {md}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -731,17 +563,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise_on_sigterm()
     RESULTS.mkdir(parents=True, exist_ok=True)
     quiet = wait_for_quiet(args.quiet_load, args.quiet_timeout)
-    name = f"tm_bench_{secrets.token_hex(4)}"
-    database_url = with_database(args.database_url, name)
-    create_database(args.database_url, name)
-    try:
-        print(f"database {name} created", flush=True)
+    with scratch_database(args.database_url) as database_url:
         results = run_benchmark(args, database_url, RESULTS / f"{NAME}.api.log", quiet)
-    finally:
-        drop_database(args.database_url, name)
-        print(f"database {name} dropped", flush=True)
     print_report(results)
-    write_outputs(args, results)
+    write_results(results, args.output, (args.output.with_suffix(".md"), markdown(results)))
     if problems(results):
         print("points were lost or duplicated: these figures are not valid", file=sys.stderr)
         return 1
@@ -749,8 +574,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted: the API process was stopped and the database dropped", file=sys.stderr)
-        sys.exit(130)
+    run_main(main, "the API process was stopped and the database dropped")
