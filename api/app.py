@@ -14,6 +14,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.checkpoints.routes import router as checkpoints_router
+from api.cluster.routes import router as cluster_router
 from api.code_packages.routes import router as code_router
 from api.db.session import create_engine, session_factory
 from api.errors import DatabaseUnavailable, DomainError
@@ -56,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(metrics_router)
     app.include_router(logs_router)
     app.include_router(checkpoints_router)
+    app.include_router(cluster_router)
 
     _install_error_handlers(app)
     app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)

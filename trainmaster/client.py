@@ -25,6 +25,7 @@ from trainmaster.errors import (
 from trainmaster.models import (
     CheckpointInfo,
     CheckpointList,
+    ClusterInfo,
     CodeUpload,
     EventList,
     Job,
@@ -164,6 +165,10 @@ class Client:
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(f"job {job_id} still {job.status.value} after {timeout} s")
             time.sleep(poll_interval)
+
+    def cluster(self) -> ClusterInfo:
+        """Ray nodes with total and free resources, and the queue depth."""
+        return ClusterInfo.model_validate(self._request("GET", "/v1/cluster"))
 
     # -- metrics, logs, checkpoints -------------------------------------------------------------
 

@@ -353,6 +353,22 @@ class CodeUpload(_Response):
     file_count: int = 0
 
 
+class ClusterNode(_Response):
+    node_id: str
+    total: dict[str, float]
+    free: dict[str, float]
+
+
+class ClusterInfo(_Response):
+    reachable: bool
+    error: str | None = None
+    nodes: list[ClusterNode] = Field(default_factory=list)
+    total: dict[str, float] = Field(default_factory=dict)
+    free: dict[str, float] = Field(default_factory=dict)
+    queue_depth: int = 0
+    project_queue_depth: int = 0
+
+
 class ErrorBody(_Response):
     error: str
     detail: Any = None

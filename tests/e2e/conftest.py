@@ -118,7 +118,11 @@ def running_stack(
 
     database_url = create_database(pg_server_url, "tm_ray")
     migrate.upgrade(database_url)
-    api = start_api(database_url, work_dir / "api.log")
+    ray_env = {
+        "TRAINMASTER_RAY_ADDRESS": ray_head.dashboard,
+        **{k: ray_head.env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")},
+    }
+    api = start_api(database_url, work_dir / "api.log", extra_env=ray_env)
     env = {
         **ray_head.env,
         "TRAINMASTER_DATABASE_URL": database_url,

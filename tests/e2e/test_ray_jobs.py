@@ -58,6 +58,8 @@ def test_two_worker_gloo_job_succeeds_and_records_backend(stack: Stack) -> None:
         assert runtime[0].data["device"] == "cpu"
         statuses = [e.status.value for e in client.events(job.id) if e.status]
         assert statuses == ["queued", "starting", "running", "succeeded"]
+        cluster = client.cluster()
+        assert cluster.reachable and cluster.total["CPU"] == stack.ray.num_cpus and len(cluster.nodes) == 1
 
 
 UNMODIFIED_SCRIPT = textwrap.dedent(

@@ -188,3 +188,16 @@ def test_status_machine_refuses_illegal_transition_and_writes_events(
     events = http.get(f"/v1/jobs/{job_id}/events", headers=auth).json()["items"]
     assert [e["status"] for e in events] == ["queued", "starting", "running", "succeeded"]
     assert events[1]["data"]["from"] == "queued"
+
+
+def test_cluster_reports_an_unreachable_ray_and_the_queue(settings, auth: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    from api.app import create_app
+
+    nowhere = settings.model_copy(update={"ray_address": "http://127.0.0.1:9"})
+    with TestClient(create_app(nowhere)) as http:
+        submit(http, auth)
+        submit(http, auth)
+        info = http.get("/v1/cluster", headers=auth).json()
+        assert info["reachable"] is False and "127.0.0.1:9" in info["error"]
+        assert info["queue_depth"] == 2 and info["project_queue_depth"] == 2
+        assert http.get("/v1/cluster").status_code == 401
