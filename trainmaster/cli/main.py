@@ -344,9 +344,5 @@ def logs(
             console.print(line.line, markup=False, highlight=False, soft_wrap=True)
 
 
-def main() -> None:
-    app()
-
-
 if __name__ == "__main__":
     sys.exit(app())

@@ -118,13 +118,6 @@ class RayJobsBackend:
         except (RuntimeError, RayUnavailable):
             return ""
 
-    def job_ray_id(self, submission_id: str) -> str | None:
-        """Ray's own job id for a submission (for looking up its placement groups)."""
-        try:
-            return self._call("get_job_info", submission_id).job_id
-        except RuntimeError:
-            return None
-
 
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()

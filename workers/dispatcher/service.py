@@ -122,6 +122,10 @@ class Dispatcher:
         job.pending_reason = None
         job.infeasible_since = None
         await transition(session, job, JobStatus.starting, message=f"admitted; attempt {n} ({sub_id})")
+        return await self._prepare_launch(session, job, spec, n, sub_id)
+
+    async def _prepare_launch(self, session: AsyncSession, job: Job, spec: JobSpec, n: int, sub_id: str) -> Launch:
+        """A fresh job token and the unpacked code for one submit of attempt `n` (first or repeated)."""
         token = await create_job_token(session, job.project_id, job.id)
         return self._launch(job, spec, n, sub_id, token, await self._working_dir(session, job, spec))
 
@@ -283,9 +287,7 @@ class Dispatcher:
                     attempt.error = f"not launched within {waited:.0f} s: {attempt.error or 'Ray did not accept it'}"
                     await self._after_failure(session, job, attempt.error)
                     return
-                token = await create_job_token(session, job.project_id, job.id)
-                working_dir = await self._working_dir(session, job, spec)
-                launch = self._launch(job, spec, attempt.n, sub_id, token, working_dir)
+                launch = await self._prepare_launch(session, job, spec, attempt.n, sub_id)
             await self._submit(launch)  # never acknowledged by Ray: submitting the same id is safe
             return
         maybe_die("while_reconciling")
