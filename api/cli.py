@@ -1,20 +1,64 @@
-"""Server-side commands behind `trainmaster api | db upgrade | token create`."""
+"""Server-side verbs of the `trainmaster` command: `api`, `dispatcher`, `db upgrade`, `token create`,
+`up`, `down`, `status`.
+
+The SDK's CLI (`trainmaster.cli.main`) imports nothing from this package: it finds `register`
+through the `trainmaster.cli` entry point declared in pyproject.toml. This module imports only typer
+and the SDK at load time, so `trainmaster --help` works without the server extras; each command
+imports what it needs when it runs and says which extra to install when that is missing.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
+import subprocess
+from types import ModuleType
+from typing import Annotated
 
-import uvicorn
+import typer
 
-from api.auth.service import create_project_token
-from api.db import migrate
-from api.db.session import create_engine, session_factory
-from api.settings import get_settings
+from trainmaster.cli.output import console, err_console
 
 
-def serve(host: str | None, port: int | None, workers: int = 1) -> None:
-    settings = get_settings()
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def _server(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        raise _fail(f"{exc.name} is not installed: pip install 'trainmaster[server,workers]'") from exc
+
+
+def register(app: typer.Typer) -> None:
+    """Add the server verbs to the `trainmaster` command."""
+    db_app = typer.Typer(help="Database administration.", no_args_is_help=True)
+    token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
+    app.add_typer(db_app, name="db")
+    app.add_typer(token_app, name="token")
+    app.command()(api)
+    app.command()(dispatcher)
+    app.command()(up)
+    app.command()(status)
+    app.command()(down)
+    db_app.command("upgrade")(db_upgrade)
+    token_app.command("create")(token_create)
+
+
+def api(
+    host: Annotated[str | None, typer.Option(help="bind address (TRAINMASTER_API_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="port (TRAINMASTER_API_PORT)")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes")] = 1,
+    migrate: Annotated[bool, typer.Option("--migrate", help="migrate the database first (under a lock)")] = False,
+) -> None:
+    """Serve the REST API."""
+    uvicorn = _server("uvicorn")
+    settings = _server("api.settings").get_settings()
+    if migrate:
+        _server("api.db.migrate").upgrade(settings.database_url, "head")
     logging.basicConfig(
         level=logging.INFO,
         format='{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
@@ -30,19 +74,79 @@ def serve(host: str | None, port: int | None, workers: int = 1) -> None:
     )
 
 
-def db_upgrade(revision: str = "head") -> None:
-    migrate.upgrade(get_settings().database_url, revision)
+def dispatcher() -> None:
+    """Admit queued jobs to the Ray cluster (TRAINMASTER_RAY_ADDRESS) and follow them to the end."""
+    _server("api.dispatcher.main").main()
 
 
-def token_create(project: str, description: str | None = None) -> str:
-    async def run() -> str:
-        engine = create_engine(get_settings())
+def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
+    """Migrate the database (TRAINMASTER_DATABASE_URL) to the latest schema."""
+    _server("api.db.migrate").upgrade(_server("api.settings").get_settings().database_url, revision)
+    console.print(f"[green]database migrated to {revision}[/]")
+
+
+def token_create(
+    project: Annotated[str, typer.Option(help="project the token belongs to (created if new)")],
+    description: Annotated[str | None, typer.Option(help="a note to recognise it by")] = None,
+) -> None:
+    """Print a new API token for PROJECT (stored hashed; shown only this once)."""
+    session_module = _server("api.db.session")
+    auth = _server("api.auth.service")
+    settings = _server("api.settings").get_settings()
+
+    async def create() -> str:
+        engine = session_module.create_engine(settings)
         try:
-            async with session_factory(engine)() as session:
-                token = await create_project_token(session, project, description)
+            async with session_module.session_factory(engine)() as session:
+                token: str = await auth.create_project_token(session, project, description)
                 await session.commit()
                 return token
         finally:
             await engine.dispose()
 
-    return asyncio.run(run())
+    print(asyncio.run(create()))
+
+
+def up(
+    num_cpus: Annotated[int | None, typer.Option(help="CPUs for the Ray head (default: detected)")] = None,
+    num_gpus: Annotated[int | None, typer.Option(help="GPUs for the Ray head (default: detected)")] = None,
+    api_port: Annotated[int, typer.Option(help="API port (the next free one if taken)")] = 8000,
+) -> None:
+    """Start the whole platform locally: PostgreSQL, a Ray head, the API and a dispatcher."""
+    stack = _server("api.stack.local")
+    try:
+        state, started = stack.up(
+            num_cpus=num_cpus, num_gpus=num_gpus, api_port=api_port, say=lambda msg: console.print(f"[dim]•[/] {msg}")
+        )
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        raise _fail(f"{exc}\n(`trainmaster down` cleans up a half-started stack)") from exc
+    console.print(
+        ("[green]trainmaster is up[/]" if started else "trainmaster is already running") + f": {state.api_url}"
+    )
+    console.print(f"config written to {stack.client_config.config_path()}; logs in {stack.home() / 'logs'}")
+    console.print("next: [bold]trainmaster submit builtin:mlp --workers 2 --follow[/]")
+
+
+def status() -> None:
+    """Health of each local component started by `trainmaster up`."""
+    from rich.table import Table
+
+    components = _server("api.stack.local").status()
+    if not components:
+        raise _fail("nothing is running here: start it with `trainmaster up`")
+    table = Table(show_edge=False, header_style="bold")
+    for column in ("COMPONENT", "HEALTH", "DETAIL"):
+        table.add_column(column)
+    for name, info in components.items():
+        table.add_row(name, "[green]ok[/]" if info["healthy"] else "[red]down[/]", str(info["detail"]))
+    console.print(table)
+    if not all(info["healthy"] for info in components.values()):
+        raise typer.Exit(1)
+
+
+def down() -> None:
+    """Stop everything `trainmaster up` started (job history stays in PostgreSQL)."""
+    if not _server("api.stack.local").down(say=lambda msg: console.print(f"[dim]•[/] {msg}")):
+        console.print("nothing was running")
+        return
+    console.print("[green]stopped[/]")

@@ -29,6 +29,7 @@ class Settings(BaseSettings):
     launch_timeout_s: float = 300.0
     ray_unreachable_timeout_s: float = 120.0  # active attempts are lost after this long without Ray
     collective_timeout_s: float = 1800.0  # TorchConfig(timeout_s): a hung NCCL/gloo collective fails the job
+    system_metrics_interval_s: float = 5.0  # per-worker CPU, memory and GPU sampling; 0 turns it off
     driver_cpus: float = 0.0
     admit_batch: int = 50
     sse_heartbeat_s: float = 15.0
@@ -55,4 +56,7 @@ def async_url(url: str) -> str:
 
 def libpq_url(url: str) -> str:
     """Plain libpq URL for psycopg connections opened without SQLAlchemy (LISTEN, COPY)."""
-    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+    for prefix in ("postgresql+psycopg://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql://" + url[len(prefix) :]
+    return url

@@ -1,33 +1,24 @@
-"""Setup, teardown and reporting shared by the benchmark scripts in bench/.
+"""What the benchmarks in bench/ share: the run record and its facts, a scratch database, the API as a
+process, a local stack, percentiles.
 
-The scripts run as `.venv/bin/python bench/<name>.py`, so bench/ is on `sys.path` (also in the
-processes they spawn) and they import this module as `common`. It holds only what several scripts
-did the same way; what a benchmark measures stays in its own script.
+The scripts run as `.venv/bin/python bench/<name>.py`, so bench/ is on `sys.path` (also in the processes
+they spawn) and they import this module as `common`. They reach trainmaster only through its public
+surfaces: the HTTP API, the SDK, and the `trainmaster` console script run as a subprocess. psycopg is
+used directly for the scratch database and for the peers.
 
-- a scratch database: `scratch_database` (or `with_database`, `create_database`, `drop_database`),
-  `project_token`, `job_token`
-- `trainmaster api` as a subprocess: `free_port`, `start_api`, `wait_ready`, `stop_api`, `submit_job`
-- a local stack (`trainmaster up/down` in its own TRAINMASTER_HOME): `Stack`, `start_stack`,
-  `stop_stack`, `running_stack`, `in_temp_home`, `wait_cluster_idle`, `prepare_home`
-- the machine: `load_1m`, `wait_for_quiet`, `wait_for_quiet_stack`
-- processes and signals: `run_in_second_process`, `raise_on_sigterm`, `run_main`
-- results: `percentile`, `git_revision`, `run_metadata`, `write_results`, `text_table`, `md_table`
-
-The API and database helpers import `api`, `psycopg` and SQLAlchemy when called, so the stack-based
-scripts, which never use them, do not load them.
+A script measures inside `with run(name, args) as record:` and fills `record.tables` (lists of rows)
+and `record.ratios`; on a clean exit the record, with the facts read at the start and the end of the
+run, goes to bench/results/<name>.json. `bench/report.py` turns those files into tables.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import math
-import multiprocessing
 import os
 import platform
-import queue
 import secrets
 import shutil
 import signal
@@ -36,114 +27,195 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
-import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+import psycopg
+from psycopg import sql
 
-if TYPE_CHECKING:
-    from typing import LiteralString
-
-    from sqlalchemy.ext.asyncio import AsyncSession
+import trainmaster as tm
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-TRAINMASTER = Path(sys.executable).with_name("trainmaster")
-DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-READY_TIMEOUT_S = 30.0
+TRAINMASTER = str(Path(sys.executable).with_name("trainmaster"))
+ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
-C = TypeVar("C")
-T = TypeVar("T")
+
+# --------------------------------------------------------------------------- the run and its facts
+
+
+def parser(doc: str | None, database: bool = False) -> argparse.ArgumentParser:
+    """An argument parser with the options every script has (and `--database-url` where it makes one)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if database:
+        parser.add_argument("--database-url", default=ADMIN_URL, help="PostgreSQL server for the tm_bench_* database")
+    parser.add_argument("--quiet-load", type=float, default=1.5, help="first wait for a 1-minute load below this")
+    parser.add_argument("--quiet-timeout", type=float, default=300.0, help="longest wait for it, s (0: none)")
+    parser.add_argument("--output", type=Path, help="results file (default: bench/results/<name>.json)")
+    return parser
+
+
+def load_1m() -> float:
+    return os.getloadavg()[0]
+
+
+def version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str:
+    """HEAD, with '+dirty' when the working tree differs from it (read-only git calls)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30).stdout.strip()
+
+    try:
+        return git("rev-parse", "HEAD") + ("+dirty" if git("status", "--porcelain") else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class Record:
+    """What a run writes: its command, configuration and facts, its tables (lists of rows) and ratios."""
+
+    benchmark: str
+    command: str
+    config: dict[str, Any]
+    facts: dict[str, Any]
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    ratios: list[dict[str, Any]] = field(default_factory=list)
+    valid: bool = True
+
+    def ratio(self, figure: str, value: float, peer: str, peer_value: float) -> None:
+        """A figure against its peer's, as `value / peer_value`."""
+        self.ratios.append(
+            {"figure": figure, "value": value, "peer": peer, "peer_value": peer_value, "ratio": value / peer_value}
+        )
+
+    def read_postgres(self, database_url: str) -> None:
+        with psycopg.connect(database_url, connect_timeout=10) as conn:
+            row = conn.execute("SELECT version()").fetchone()
+        self.facts["postgresql"] = str(row[0]) if row else None
+
+
+def raise_on_sigterm() -> None:
+    """SIGTERM ends the script like Ctrl-C does, through every `finally` (processes, database, stack)."""
+
+    def handler(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+@contextlib.contextmanager
+def run(name: str, args: argparse.Namespace) -> Iterator[Record]:
+    """Wait for a quiet machine, read the facts, measure (the block), read the load again, write the JSON.
+    Nothing is written when the block fails."""
+    raise_on_sigterm()
+    began = time.monotonic()
+    while load_1m() >= args.quiet_load and time.monotonic() - began < args.quiet_timeout:
+        print(f"1-minute load average {load_1m():.2f} >= {args.quiet_load:g}; waiting", flush=True)
+        time.sleep(10)
+    facts: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "load_1m_start": load_1m(),
+        "quiet_wait_s": round(time.monotonic() - began),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "ray": version("ray"),
+        "postgresql": None,
+        "git": git_commit(),
+        "started_at": now(),
+    }
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    record = Record(name, " ".join([os.path.relpath(sys.executable, REPO), *sys.argv]), config, facts)
+    yield record
+    facts.update(load_1m_end=load_1m(), finished_at=now())
+    output = args.output or RESULTS / f"{name}.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(asdict(record), indent=2) + "\n")
+    for r in record.ratios:
+        print(f"{r['figure']}: {r['value']:.4g} against {r['peer']} {r['peer_value']:.4g}, {r['ratio']:.3g}x")
+    print(f"results written to {output}" + ("" if record.valid else " (marked INVALID: see its tables)"))
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(pct / 100 * len(ordered))) - 1] if ordered else math.nan
+
+
+def ms(values: Sequence[float], *pcts: float) -> dict[str, float]:
+    """Percentiles of durations in seconds, in milliseconds: {"p50_ms": ..., ...}."""
+    return {f"p{pct:g}_ms": percentile(values, pct) * 1000 for pct in pcts}
 
 
 # --------------------------------------------------------------------------- a scratch database
 
 
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> str:
+    """Run the `trainmaster` console script; its stdout, or an error with its output."""
+    result = subprocess.run(
+        [TRAINMASTER, *args], env=env or os.environ.copy(), capture_output=True, text=True, timeout=timeout
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"trainmaster {' '.join(args)} failed ({result.returncode}):\n{result.stdout}{result.stderr}"
+        )
+    return result.stdout
+
+
 @contextlib.contextmanager
 def scratch_database(admin_url: str) -> Iterator[str]:
-    """Create `tm_bench_<random>` on the server of `admin_url`, yield its URL, and drop it at the end."""
+    """A new database `tm_bench_<random>` on the server of `admin_url`, dropped at the end."""
+    admin_url = admin_url.replace("postgresql+psycopg://", "postgresql://", 1)
     name = f"tm_bench_{secrets.token_hex(4)}"
-    database_url = with_database(admin_url, name)
-    create_database(admin_url, name)
+
+    def admin(statement: sql.SQL) -> None:
+        with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
+            conn.execute(statement.format(sql.Identifier(name)))
+
+    admin(sql.SQL("CREATE DATABASE {}"))
     try:
         print(f"database {name} created", flush=True)
-        yield database_url
+        yield urlsplit(admin_url)._replace(path=f"/{name}").geturl()
     finally:
-        drop_database(admin_url, name)
+        admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)"))
         print(f"database {name} dropped", flush=True)
 
 
-def with_database(url: str, name: str) -> str:
-    """`url` with its database path replaced by `name`."""
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{name}"))
+def migrate_and_token(database_url: str, project: str = "bench") -> str:
+    """`trainmaster db upgrade`, then a project token from `trainmaster token create`."""
+    env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url}
+    cli("db", "upgrade", env=env)
+    return cli("token", "create", "--project", project, env=env).split()[-1]
 
 
-def admin_execute(admin_url: str, statement: LiteralString, name: str) -> None:
-    """Run `statement` (with `{}` for the quoted database `name`) on an autocommit admin connection."""
-    import psycopg
-    from psycopg import sql
-
-    from api.settings import libpq_url
-
-    with psycopg.connect(libpq_url(admin_url), autocommit=True, connect_timeout=10) as conn:
-        conn.execute(sql.SQL(statement).format(sql.Identifier(name)))
+# --------------------------------------------------------------------------- the API as a process
 
 
-def create_database(admin_url: str, name: str) -> None:
-    admin_execute(admin_url, "CREATE DATABASE {}", name)
-
-
-def drop_database(admin_url: str, name: str) -> None:
-    admin_execute(admin_url, "DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
-
-
-def in_session(database_url: str, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
-    """Run `work` in one session of a short-lived engine on `database_url`, then commit."""
-    from api.db.session import create_engine, session_factory
-    from api.settings import Settings
-
-    async def run() -> T:
-        engine = create_engine(Settings(database_url=database_url))
-        try:
-            async with session_factory(engine)() as session:
-                result = await work(session)
-                await session.commit()
-                return result
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(run())
-
-
-def project_token(database_url: str, project: str = "bench") -> str:
-    """A project token made through the real auth service, as tests/factories/auth.py does."""
-    from api.auth.service import create_project_token
-
-    return in_session(database_url, lambda session: create_project_token(session, project))
-
-
-def job_token(database_url: str, job_id: str) -> str:
-    """A job-scoped token, as the dispatcher gives to training code."""
-    from sqlalchemy import text
-
-    from api.auth.service import create_job_token
-
-    async def make(session: AsyncSession) -> str:
-        query = text("SELECT project_id FROM jobs WHERE id = :id")
-        project_id = (await session.execute(query, {"id": uuid.UUID(job_id)})).scalar_one()
-        return await create_job_token(session, project_id, uuid.UUID(job_id))
-
-    return in_session(database_url, make)
-
-
-# --------------------------------------------------------------------------- the API as a subprocess
+@dataclass(frozen=True)
+class Api:
+    url: str
+    pid: int  # also its process group: uvicorn's workers are in it
 
 
 def free_port() -> int:
@@ -152,72 +224,45 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_api(database_url: str, port: int, log_path: Path, workers: int = 1) -> subprocess.Popen[bytes]:
-    """`trainmaster api` on 127.0.0.1:`port`, output to `log_path`, in its own process group."""
-    env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url}
-    command = [str(TRAINMASTER), "api", "--host", "127.0.0.1", "--port", str(port)]
-    if workers > 1:
-        command += ["--workers", str(workers)]
-    with log_path.open("wb") as log:
-        return subprocess.Popen(
-            command,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            start_new_session=True,  # Ctrl-C reaches only the script, which stops the API in order
-        )
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
-    """Poll `{url}/readyz` until it answers 200; fail if the API exits or takes too long."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"trainmaster api exited with {process.returncode}:\n{log_path.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"trainmaster api not ready within {READY_TIMEOUT_S:.0f} s; see {log_path}")
-
-
-def stop_api(process: subprocess.Popen[bytes], wait_s: float = 10.0, kill_group: bool = False) -> None:
-    """Terminate the API (kill it after `wait_s`); with `kill_group`, also any worker left in its group."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-    if kill_group:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)  # leftover uvicorn workers, if any
-
-
 @contextlib.contextmanager
-def running_api(
-    database_url: str, log_path: Path, workers: int = 1, stop_wait_s: float = 10.0, kill_group: bool = False
-) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """`trainmaster api` on a free port, ready, for the duration of the block: (its URL, its process)."""
+def api_process(database_url: str, workers: int = 1) -> Iterator[Api]:
+    """`trainmaster api` on a free loopback port, ready, in its own process group; stopped at the end."""
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = start_api(database_url, port, log_path, workers)
+    command = [TRAINMASTER, "api", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+    env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url}
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            api = Api(f"http://127.0.0.1:{port}", process.pid)
+            deadline = time.monotonic() + 60
+            while not ready(api.url):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    raise RuntimeError(f"trainmaster api did not become ready:\n{log.read()[-3000:].decode()}")
+                time.sleep(0.2)
+            yield api
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # a uvicorn worker left behind, if any
+
+
+def ready(url: str) -> bool:
     try:
-        wait_ready(url, process, log_path)
-        yield url, process
-    finally:
-        stop_api(process, stop_wait_s, kill_group)
+        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def submit_job(api_url: str, token: str) -> str:
-    """Submit a job through the API (no dispatcher runs, so it stays queued); returns its id."""
-    headers = {"Authorization": f"Bearer {token}"}
+    """A job submitted over HTTP; no dispatcher runs beside a bare API, so it stays queued."""
     body = {"name": "bench", "entrypoint": "builtin:mlp"}
-    response = httpx.post(f"{api_url}/v1/jobs", json=body, headers=headers, timeout=10)
+    response = httpx.post(f"{api_url}/v1/jobs", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30)
     response.raise_for_status()
     return str(response.json()["id"])
 
@@ -230,284 +275,42 @@ class Stack:
     home: Path
     api_url: str
     token: str
+    database_url: str
     ray_gcs: str
-    ray_dashboard: str
-
-    @property
-    def ray_token_path(self) -> Path:
-        return self.home / "ray_auth_token"
-
-    def ray_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.ray_token_path.read_text().strip()}"}
-
-
-def stack_env(home: Path) -> dict[str, str]:
-    """This process's environment for `trainmaster up/down`, with nothing pointing at another stack."""
-    env = {**os.environ, "TRAINMASTER_HOME": str(home)}
-    for name in ("TRAINMASTER_DATABASE_URL", "TRAINMASTER_API_URL", "TRAINMASTER_TOKEN", "RAY_ADDRESS"):
-        env.pop(name, None)
-    return env
-
-
-def start_stack(home: Path) -> Stack:
-    """`trainmaster up --api-port 0` in `home`; returns where its API and Ray head listen."""
-    result = subprocess.run(
-        [str(TRAINMASTER), "up", "--api-port", "0"],
-        env=stack_env(home),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"trainmaster up failed ({result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
-        )
-    config = json.loads((home / "config").read_text())
-    state = json.loads((home / "stack.json").read_text())
-    return Stack(home, config["api_url"], config["token"], state["ray_gcs"], state["ray_dashboard"])
-
-
-def stop_stack(home: Path) -> None:
-    """`trainmaster down` for this home only (never `ray stop`: other clusters share the machine)."""
-    if not (home / "stack.json").exists():
-        return
-    result = subprocess.run(
-        [str(TRAINMASTER), "down"], env=stack_env(home), capture_output=True, text=True, timeout=300, check=False
-    )
-    if result.returncode != 0:
-        print(f"WARNING trainmaster down failed: {result.stdout[-1000:]}{result.stderr[-1000:]}", file=sys.stderr)
-
-
-def ray_cpus_in_use(stack: Stack) -> float | None:
-    try:
-        url = f"{stack.ray_dashboard}/api/cluster_status"
-        body = httpx.get(url, headers=stack.ray_headers(), timeout=5).json()
-        return float(body["data"]["clusterStatus"]["loadMetricsReport"]["usage"]["CPU"][0])
-    except (httpx.HTTPError, KeyError, TypeError, ValueError):
-        return None
-
-
-def wait_cluster_idle(stack: Stack, timeout_s: float = 120.0) -> float:
-    """Wait until no Ray CPU is in use (the previous job's gang is released); returns seconds waited."""
-    began = time.monotonic()
-    while time.monotonic() - began < timeout_s:
-        if ray_cpus_in_use(stack) == 0:
-            return time.monotonic() - began
-        time.sleep(0.5)
-    raise TimeoutError(f"the Ray cluster still had CPUs in use after {timeout_s:.0f} s")
 
 
 @contextlib.contextmanager
-def running_stack(home: Path) -> Iterator[Stack]:
-    """A stack started in `home` for the duration of the block; stopped at the end, also on errors."""
-    print(f"starting a stack in {home}", flush=True)
+def local_stack() -> Iterator[Stack]:
+    """`trainmaster up --api-port 0` in a fresh TRAINMASTER_HOME; `trainmaster down` at the end. The home is
+    removed unless the block failed (its logs/ then stay for reading)."""
+    home = Path(tempfile.mkdtemp(prefix="tm-bench-"))
+    unset = ("TRAINMASTER_DATABASE_URL", "TRAINMASTER_API_URL", "TRAINMASTER_TOKEN", "RAY_ADDRESS")
+    env = {k: v for k, v in os.environ.items() if k not in unset} | {"TRAINMASTER_HOME": str(home)}
+    failed = True
     try:
-        yield start_stack(home)
+        print(f"starting a stack in {home}", flush=True)
+        cli("up", "--api-port", "0", env=env, timeout=600)
+        config = json.loads((home / "config").read_text())  # the SDK's config file
+        state = json.loads((home / "stack.json").read_text())  # the stack's own record of its addresses
+        yield Stack(home, config["api_url"], config["token"], state["database_url"], state["ray_gcs"])
+        failed = False
     finally:
         print("stopping the stack", flush=True)
-        stop_stack(home)
+        with contextlib.suppress(RuntimeError, subprocess.SubprocessError):
+            cli("down", env=env, timeout=300)
+        if failed:
+            print(f"the stack's logs are kept in {home / 'logs'}", file=sys.stderr)
+        else:
+            shutil.rmtree(home, ignore_errors=True)
 
 
-def in_temp_home(prefix: str, keep: bool, run: Callable[[Path], T]) -> T:
-    """`run(home)` in a fresh temporary TRAINMASTER_HOME, removed afterwards unless `keep` or it failed."""
-    home = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        result = run(home)
-    except BaseException:
-        print(f"failed: the stack's logs are kept in {home / 'logs'}", file=sys.stderr)
-        raise
-    if not keep:
-        shutil.rmtree(home, ignore_errors=True)
-    return result
-
-
-def prepare_home(home: Path, job_file: Path, *folders: str) -> list[Path]:
-    """Make `home/job-code` holding only `job_file`, and the other `folders`; returns them all."""
-    paths = [home / "job-code", *(home / folder for folder in folders)]
-    for path in paths:
-        path.mkdir(parents=True)
-    shutil.copy2(job_file, paths[0] / job_file.name)
-    return paths
-
-
-# --------------------------------------------------------------------------- load average
-
-
-def load_1m() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
-@dataclass(frozen=True)
-class QuietWait:
-    threshold: float
-    first: float
-    last: float
-    waited_s: float
-
-    @property
-    def quiet(self) -> bool:
-        return self.last < self.threshold
-
-
-def poll_load(threshold: float, max_wait_s: float, progress: Callable[[float, float], str], poll_s: float) -> QuietWait:
-    """Poll the 1-minute load average until it is below `threshold` or `max_wait_s` passed;
-    `progress(load, seconds so far)` is printed before each wait."""
-    began, first = time.monotonic(), load_1m()
-    load = first
-    while load >= threshold and time.monotonic() - began < max_wait_s:
-        print(progress(load, time.monotonic() - began), flush=True)
-        time.sleep(poll_s)
-        load = load_1m()
-    return QuietWait(threshold, first, load, time.monotonic() - began)
-
-
-def wait_for_quiet(threshold: float, timeout_s: float, poll_s: float = 10.0) -> dict[str, Any]:
-    """Wait for a quiet machine before creating the database; the record the API benchmarks keep."""
-    wait = poll_load(
-        threshold, timeout_s, lambda load, _: f"1-minute load average {load:.2f} >= {threshold:g}; waiting", poll_s
-    )
-    return {
-        "before_wait": wait.first,
-        "after_wait": wait.last,
-        "waited_s": round(wait.waited_s, 1),
-        "quiet": wait.quiet,
-    }
-
-
-def wait_for_quiet_stack(threshold: float, max_wait_s: float, poll_s: float = 10.0) -> dict[str, Any]:
-    """Wait for a quiet machine before the measured jobs; the record the stack benchmarks keep."""
-    wait = poll_load(
-        threshold,
-        max_wait_s,
-        lambda load, so_far: f"  load {load:.2f} >= {threshold}; waiting ({so_far:.0f} s so far)",
-        poll_s,
-    )
-    if not wait.quiet:
-        print(f"  load still {wait.last:.2f} after {max_wait_s:.0f} s; measuring anyway", flush=True)
-    return {
-        "threshold": threshold,
-        "load_first": wait.first,
-        "load_last": wait.last,
-        "waited_s": wait.waited_s,
-        "quiet": wait.quiet,
-    }
-
-
-# --------------------------------------------------------------------------- processes and signals
-
-
-def child_main(work: Callable[[C], dict[str, Any]], config: C, results: multiprocessing.Queue[tuple[str, Any]]) -> None:
-    """Entry point of a load process: the parent owns Ctrl-C and ends this process itself."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        results.put(("ok", work(config)))
-    except Exception:
-        results.put(("error", traceback.format_exc()))
-
-
-def run_in_second_process(
-    work: Callable[[C], dict[str, Any]], config: C, kind: str, process_name: str, budget_s: float
-) -> dict[str, Any]:
-    """`work(config)` in a spawned process (a module-level function of the script); its result, or an error
-    naming the `kind` of load. The process is ended on Ctrl-C, SIGTERM or after `budget_s` of silence."""
-    context = multiprocessing.get_context("spawn")
-    results: multiprocessing.Queue[tuple[str, Any]] = context.Queue()
-    process = context.Process(target=child_main, args=(work, config, results), name=process_name)
-    process.start()
-    try:
-        status, payload = results.get(timeout=budget_s)
-    except BaseException as exc:  # Ctrl-C, SIGTERM or a silent child: end the load process now
-        process.terminate()
-        if isinstance(exc, queue.Empty):
-            raise RuntimeError(f"the {kind} load process sent nothing within {budget_s:.0f} s") from None
-        raise
-    finally:
-        process.join(timeout=10)
-        if process.is_alive():
-            process.kill()
-            process.join(timeout=5)
-    if status != "ok":
-        raise RuntimeError(f"the {kind} load process failed:\n{payload}")
-    return dict(payload)
-
-
-def raise_on_sigterm() -> None:
-    """Turn SIGTERM into SystemExit, so `finally` blocks clean up as on Ctrl-C."""
-
-    def handler(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
-
-
-def run_main(main: Callable[[], int], interrupted: str) -> None:
-    """Exit with `main()`'s status; on Ctrl-C print `interrupted` (what was cleaned up) and exit 130."""
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print(f"interrupted: {interrupted}", file=sys.stderr)
-        sys.exit(130)
-
-
-# --------------------------------------------------------------------------- results
-
-
-def percentile(values: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile of already sorted values."""
-    if not values:
-        return math.nan
-    rank = max(1, math.ceil(pct / 100 * len(values)))
-    return values[rank - 1]
-
-
-def git_revision(short: bool = False) -> str:
-    """HEAD (abbreviated if `short`), with '+dirty' when the working tree differs from it (read-only git calls)."""
-    rev_parse = ["git", "rev-parse", *(["--short"] if short else []), "HEAD"]
-    try:
-        head = subprocess.run(rev_parse, cwd=REPO, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
-def run_metadata(
-    name: str, args: argparse.Namespace, loadavg: dict[str, Any], python: str, short_git: bool = False
-) -> dict[str, Any]:
-    """The keys every results file starts with: what ran, when, where, at which revision, under what load."""
-    return {
-        "benchmark": name,
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([python, *sys.argv]),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "git": git_revision(short=short_git),
-        "loadavg_1m": loadavg,
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-    }
-
-
-def write_results(results: dict[str, Any], output: Path, markdown: tuple[Path, str] | None = None) -> None:
-    """Write the JSON results to `output` and, if given, the markdown section to its path; say where."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(results, indent=2) + "\n")
-    if markdown is None:
-        print(f"results written to {output}")
-        return
-    path, text = markdown
-    path.write_text(text)
-    print(f"results written to {output} and {path}")
-
-
-def text_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
-    lines.append("-" * len(lines[0]))
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    return "\n".join(lines)
-
-
-def md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+def wait_cluster_idle(client: tm.Client, timeout_s: float = 120.0) -> None:
+    """Wait until every Ray CPU is free again (the previous job's gang released), as GET /v1/cluster says."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = client.cluster()
+        if info.reachable and info.total.get("CPU") and info.free.get("CPU") == info.total.get("CPU"):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Ray CPUs still in use after {timeout_s:.0f} s: {info.free} free of {info.total}")
+        time.sleep(0.5)

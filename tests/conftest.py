@@ -8,22 +8,18 @@ from __future__ import annotations
 
 import os
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from sqlalchemy.engine import make_url
 
-
-def with_database(url: str, name: str) -> str:
-    return make_url(url).set(database=name).render_as_string(hide_password=False)
+from api.settings import libpq_url
+from api.stack.postgres import create_database, drop_database
 
 
 def libpq(url: str) -> str:
-    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+    return libpq_url(url)
 
 
 @pytest.fixture(scope="session")
@@ -40,25 +36,12 @@ def pg_server_url() -> Iterator[str]:
     server.cleanup()
 
 
-def create_database(server_url: str, prefix: str = "tm_test") -> str:
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(libpq(server_url), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return with_database(server_url, name)
-
-
-def drop_database(server_url: str, url: str) -> None:
-    name = make_url(url).database
-    with psycopg.connect(libpq(server_url), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 @pytest.fixture(scope="session")
 def database_url(pg_server_url: str) -> Iterator[str]:
     """A database migrated to head with Alembic, shared by the session's tests."""
     from api.db import migrate
 
-    url = create_database(pg_server_url)
+    url = create_database(pg_server_url, "tm_test")
     migrate.upgrade(url)
     yield url
     drop_database(pg_server_url, url)

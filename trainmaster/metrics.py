@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from trainmaster.context import JobApi, JobContext
+
 FLUSH_INTERVAL_S = 0.2
 BATCH_POINTS = 1000
 BUFFER_POINTS = 100_000
@@ -28,20 +30,9 @@ MAX_BACKOFF_S = 5.0
 
 
 class MetricsSender:
-    def __init__(
-        self,
-        api_url: str,
-        token: str,
-        job_id: str,
-        attempt: int | None,
-        rank: int,
-        *,
-        buffer_points: int = BUFFER_POINTS,
-        transport: httpx.BaseTransport | None = None,
-    ):
-        self.url = f"{api_url.rstrip('/')}/v1/jobs/{job_id}/metrics"
-        self.events_url = f"{api_url.rstrip('/')}/v1/jobs/{job_id}/events"
-        self.attempt = attempt
+    def __init__(self, api: JobApi, rank: int, *, buffer_points: int = BUFFER_POINTS):
+        self.api = api
+        self.attempt = api.attempt
         self.rank = rank
         self.capacity = buffer_points
         self.buffer: collections.deque[dict[str, Any]] = collections.deque()
@@ -52,7 +43,6 @@ class MetricsSender:
         self.idle = threading.Event()
         self.idle.set()
         self.stopping = False
-        self.http = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=10, transport=transport)
         self.thread = threading.Thread(target=self._run, name="trainmaster-metrics", daemon=True)
         self.thread.start()
 
@@ -115,7 +105,7 @@ class MetricsSender:
 
     def _send(self, batch: dict[str, Any]) -> bool:
         try:
-            response = self.http.post(self.url, json=batch)
+            response = self.api.post_metrics(batch)
         except httpx.HTTPError:
             return False
         # Retry 5xx and 429; a 2xx is done, and a 4xx is a batch no retry can fix (dropped).
@@ -125,13 +115,12 @@ class MetricsSender:
         dropped = self.dropped
         if dropped <= self.reported_dropped:
             return
-        body = {
-            "kind": "metrics_dropped",
-            "message": f"{dropped} metric points dropped on rank {self.rank} (buffer full during an outage)",
-            "data": {"dropped": dropped, "rank": self.rank},
-        }
+        message = f"{dropped} metric points dropped on rank {self.rank} (buffer full during an outage)"
         try:
-            if self.http.post(self.events_url, json=body).status_code < 300:
+            if (
+                self.api.post_event("metrics_dropped", message, {"dropped": dropped, "rank": self.rank}).status_code
+                < 300
+            ):
                 self.reported_dropped = dropped
         except httpx.HTTPError:
             pass
@@ -146,15 +135,12 @@ def _current() -> MetricsSender | None:
     global _sender, _sender_pid
     if _sender is not None and _sender_pid == os.getpid():
         return _sender
-    job_id, api_url, token = (
-        os.environ.get(k) for k in ("TRAINMASTER_JOB_ID", "TRAINMASTER_API_URL", "TRAINMASTER_JOB_TOKEN")
-    )
-    if not (job_id and api_url and token):
+    context = JobContext.from_env()
+    if context is None or not context.can_report:
         return None
     with _lock:
         if _sender is None or _sender_pid != os.getpid():  # a forked child gets its own thread
-            attempt = int(os.environ["TRAINMASTER_ATTEMPT"]) if os.environ.get("TRAINMASTER_ATTEMPT") else None
-            _sender = MetricsSender(api_url, token, job_id, attempt, _rank())
+            _sender = MetricsSender(context.api(), _rank())
             _sender_pid = os.getpid()
             atexit.register(_sender.close)
     return _sender

@@ -63,12 +63,33 @@ class JobStatus(str, enum.Enum):
     def terminal(self) -> bool:
         return self in TERMINAL_STATUSES
 
-    @property
-    def active(self) -> bool:
-        return not self.terminal
-
 
 TERMINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled, JobStatus.timed_out})
+
+
+class AttemptStatus(str, enum.Enum):
+    """One launch of a job on Ray. `pending`: the row is committed, Ray may not have heard of it yet
+    (submitting the same id again is safe); `timing_out`: the dispatcher asked Ray to stop it."""
+
+    pending = "pending"
+    submitted = "submitted"
+    running = "running"
+    timing_out = "timing_out"
+    succeeded = "succeeded"
+    failed = "failed"
+    lost = "lost"
+    stopped = "stopped"
+    timed_out = "timed_out"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (
+            AttemptStatus.succeeded,
+            AttemptStatus.failed,
+            AttemptStatus.lost,
+            AttemptStatus.stopped,
+            AttemptStatus.timed_out,
+        )
 
 
 class PlacementStrategy(str, enum.Enum):
@@ -206,7 +227,7 @@ class JobSpec(_StoredRequest):
 class Attempt(_Response):
     n: int
     ray_submission_id: str
-    status: str
+    status: AttemptStatus
     started_at: datetime | None = None
     finished_at: datetime | None = None
     error: str | None = None

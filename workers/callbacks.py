@@ -7,13 +7,12 @@ carries the job's id and token like every other process of the job.
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
-import httpx
 from ray.train import UserCallback
 
 import trainmaster
+from trainmaster.context import record_checkpoint
 
 
 class TrainmasterCallback(UserCallback):
@@ -33,21 +32,3 @@ def _step_of(metrics: dict[str, Any]) -> int | None:
         if isinstance(value, int) and value >= 0:
             return value
     return None
-
-
-def record_checkpoint(path: str, step: int | None, metrics: dict[str, float]) -> None:
-    api_url, job_id, token = (
-        os.environ.get(k) for k in ("TRAINMASTER_API_URL", "TRAINMASTER_JOB_ID", "TRAINMASTER_JOB_TOKEN")
-    )
-    if not (api_url and job_id and token):
-        return
-    try:
-        httpx.post(
-            f"{api_url}/v1/jobs/{job_id}/checkpoints",
-            params={"attempt": os.environ.get("TRAINMASTER_ATTEMPT") or None},
-            json={"path": path, "step": step, "metrics": metrics},
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=10,
-        )
-    except httpx.HTTPError as exc:
-        print(f"[trainmaster] could not record checkpoint {path}: {exc}", flush=True)

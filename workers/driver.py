@@ -8,7 +8,6 @@ checkpoint, so a retry (a new attempt) continues where the last one stopped.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 import time
@@ -17,17 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import trainmaster
+from trainmaster.context import JobContext, post_event
 from trainmaster.models import JobSpec
 from workers import entrypoints, system_metrics
 from workers.collectives.timeout import collective_timeout_s, explain_failure
-from workers.reporting import post_event
-from workers.runtime import ENV_JOB_SPEC, ENV_STORAGE_PATH
-
-DEFAULT_STORAGE = "~/.trainmaster/storage"
 
 
-def storage_path() -> str:
-    raw = os.environ.get(ENV_STORAGE_PATH, DEFAULT_STORAGE)
+def storage_path(context: JobContext) -> str:
+    raw = context.storage_path
     if "://" in raw:
         return raw
     path = Path(raw).expanduser().resolve()
@@ -62,7 +58,7 @@ def train_worker(config: dict[str, Any]) -> Any:
         trainmaster.flush()
 
 
-def build_trainer(spec: JobSpec, job_id: str) -> Any:
+def build_trainer(spec: JobSpec, context: JobContext) -> Any:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -89,8 +85,8 @@ def build_trainer(spec: JobSpec, job_id: str) -> Any:
         ),
         torch_config=TorchConfig(backend=spec.resolved_backend(), timeout_s=collective_timeout_s()),
         run_config=RunConfig(
-            name=job_id,
-            storage_path=storage_path(),
+            name=context.job_id,
+            storage_path=storage_path(context),
             failure_config=FailureConfig(max_failures=spec.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.num_to_keep),
             callbacks=[TrainmasterCallback()],  # type: ignore[list-item]
@@ -103,11 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--attempt", type=int, required=True)
     args = parser.parse_args(argv)
-    spec = JobSpec.model_validate_json(os.environ[ENV_JOB_SPEC])
+    context = JobContext.from_env()
+    if context is None or not context.spec_json:
+        print("[trainmaster] error: the driver runs only as a trainmaster job (no job spec in its environment)")
+        return 2
+    spec = JobSpec.model_validate_json(context.spec_json)
     print(f"[trainmaster] job {args.job_id} attempt {args.attempt}: {spec.entrypoint}", flush=True)
     started = time.monotonic()
     try:
-        result = build_trainer(spec, args.job_id).fit()
+        result = build_trainer(spec, context).fit()
     except entrypoints.EntrypointError as exc:
         print(f"[trainmaster] error: {exc}", file=sys.stderr, flush=True)
         return 2

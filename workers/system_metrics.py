@@ -2,21 +2,19 @@
 
 CPU % and resident memory of the worker process, the node's memory use, and for GPU workers the
 device's utilisation and memory through NVML (when nvidia-ml-py is installed).
-Interval: TRAINMASTER_SYSTEM_METRICS_INTERVAL_S (default 5 s; 0 turns sampling off).
+Interval: the `system_metrics_interval_s` setting, passed to every job (default 5 s; 0 turns sampling off).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
 import psutil
 
 import trainmaster
+from trainmaster.context import JobContext
 from workers.gpu import pci_bus_id
-
-DEFAULT_INTERVAL_S = 5.0
 
 
 def _nvml_handle() -> Any:
@@ -56,9 +54,10 @@ def sample(process: psutil.Process, gpu: Any) -> dict[str, float]:
 
 
 def start(stop: threading.Event) -> threading.Thread | None:
-    interval = float(os.environ.get("TRAINMASTER_SYSTEM_METRICS_INTERVAL_S", DEFAULT_INTERVAL_S))
-    if interval <= 0:
-        return None
+    context = JobContext.from_env()
+    if context is None or context.system_metrics_interval_s <= 0:
+        return None  # outside a job there is nowhere to send samples
+    interval = context.system_metrics_interval_s
     process = psutil.Process()
     process.cpu_percent(interval=None)  # the first reading only sets the baseline
     gpu = _nvml_handle()

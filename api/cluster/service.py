@@ -9,20 +9,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.service import Principal
 from api.db.models import Job
+from api.dispatcher.backend import RayUnavailable
+from api.dispatcher.placement import visible
+from api.dispatcher.ray_jobs import RayJobsBackend
 from api.settings import Settings
 from trainmaster.models import ClusterInfo, ClusterNode, JobStatus
-from workers.dispatcher.backend import RayUnavailable
-from workers.dispatcher.ray_jobs import RayJobsBackend
-
-SHOWN = ("CPU", "GPU", "memory")
-
-
-def _shown(resources: dict[str, float]) -> dict[str, float]:
-    return {
-        name: amount
-        for name, amount in resources.items()
-        if name in SHOWN or not name.startswith(("node:", "object_store_memory", "accelerator_type"))
-    }
 
 
 async def describe(session: AsyncSession, principal: Principal, settings: Settings) -> ClusterInfo:
@@ -35,9 +26,9 @@ async def describe(session: AsyncSession, principal: Principal, settings: Settin
         return ClusterInfo(reachable=False, error=str(exc), queue_depth=depth, project_queue_depth=mine)
     return ClusterInfo(
         reachable=True,
-        nodes=[ClusterNode(node_id=n.node_id, total=_shown(n.total), free=_shown(n.free)) for n in cluster.nodes],
-        total=_shown(cluster.total()),
-        free=_shown(cluster.free()),
+        nodes=[ClusterNode(node_id=n.node_id, total=visible(n.total), free=visible(n.free)) for n in cluster.nodes],
+        total=visible(cluster.total()),
+        free=visible(cluster.free()),
         queue_depth=depth,
         project_queue_depth=mine,
     )

@@ -28,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from trainmaster.models import JobStatus
+from trainmaster.models import AttemptStatus, JobStatus
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -40,6 +40,9 @@ NAMING_CONVENTION = {
 
 job_status_enum = Enum(
     JobStatus, name="job_status", values_callable=lambda e: [m.value for m in e], validate_strings=True
+)
+attempt_status_enum = Enum(
+    AttemptStatus, name="attempt_status", values_callable=lambda e: [m.value for m in e], validate_strings=True
 )
 
 
@@ -117,7 +120,7 @@ class JobAttempt(Base):
     job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     n: Mapped[int] = mapped_column(Integer)
     ray_submission_id: Mapped[str] = mapped_column(String(128), unique=True)
-    status: Mapped[str] = mapped_column(String(32))
+    status: Mapped[AttemptStatus] = mapped_column(attempt_status_enum)
     error: Mapped[str | None] = mapped_column(Text)
     log_offset: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     created_at: Mapped[datetime] = _now()

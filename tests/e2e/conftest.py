@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
+from api.stack.processes import free_port
 from tests.factories.auth import project_token
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINMASTER = str(Path(sys.executable).with_name("trainmaster"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):  # type: ignore[no-untyped-def]

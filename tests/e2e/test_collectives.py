@@ -14,8 +14,8 @@ import pytest
 
 import trainmaster as tm
 from tests.e2e.conftest import REPO, TRAINMASTER, Stack
+from trainmaster import collectives as plan
 from trainmaster.cli import bench
-from workers.collectives import plan
 
 pytestmark = pytest.mark.ray
 

@@ -66,6 +66,6 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
     finally:
         down = tm("down")
     assert down.returncode == 0, down.stdout + down.stderr
-    ray_dir = "/tmp/tm-ray-" + hashlib.sha256(str(home).encode()).hexdigest()[:8]  # as trainmaster.stack names it
+    ray_dir = "/tmp/tm-ray-" + hashlib.sha256(str(home).encode()).hexdigest()[:8]  # as api.stack.local names it
     wait_until(lambda: not processes_mentioning(str(home), ray_dir), 30, what="every process of the stack to exit")
     assert tm("status").returncode == 1

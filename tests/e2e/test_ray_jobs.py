@@ -59,7 +59,7 @@ def test_two_worker_gloo_job_succeeds_and_records_backend(stack: Stack) -> None:
         statuses = [e.status.value for e in client.events(job.id) if e.status]
         assert statuses == ["queued", "starting", "running", "succeeded"]
         cluster = client.cluster()
-        assert cluster.reachable and cluster.total["CPU"] == stack.ray.num_cpus and len(cluster.nodes) == 1
+        assert cluster.reachable and cluster.total["CPU"] == stack.ray.total_cpus() and len(cluster.nodes) == 1
 
 
 UNMODIFIED_SCRIPT = textwrap.dedent(
@@ -122,13 +122,16 @@ def test_cancel_running_job_frees_its_resources(stack: Stack) -> None:
             120,
             what="training to start (placement group created)",
         )
-        assert stack.ray.free_cpus() <= stack.ray.num_cpus - 2
+        assert stack.ray.free_cpus() <= stack.ray.total_cpus() - 2
         assert client.cancel(job.id).status is tm.JobStatus.cancelling
         done = wait_for(client, job.id, TERMINAL, timeout=90)
         assert done.status is tm.JobStatus.cancelled
         assert done.attempts[-1].status == "stopped"
     wait_until(
-        lambda: stack.ray.free_cpus() == stack.ray.num_cpus, 60, interval=0.5, what="Ray to report every CPU free again"
+        lambda: stack.ray.free_cpus() == stack.ray.total_cpus(),
+        60,
+        interval=0.5,
+        what="Ray to report every CPU free again",
     )
     from ray.util.state import list_placement_groups
 
@@ -170,7 +173,7 @@ def test_timeout_ends_in_timed_out(stack: Stack) -> None:
         assert done.status is tm.JobStatus.timed_out
         assert "timeout_s=10" in (done.error or "")
         assert done.attempts[-1].status == "timed_out"
-    wait_until(lambda: stack.ray.free_cpus() == stack.ray.num_cpus, 60, interval=0.5, what="CPUs to be free")
+    wait_until(lambda: stack.ray.free_cpus() == stack.ray.total_cpus(), 60, interval=0.5, what="CPUs to be free")
 
 
 def test_failure_with_a_retry_resumes_from_the_checkpoint(stack: Stack, tmp_path: Path) -> None:

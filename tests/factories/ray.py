@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from workers.dispatcher.admission import Cluster, Node
-from workers.dispatcher.backend import Launch, RayJobInfo, RayJobState, RayUnavailable
+from api.dispatcher.backend import Launch, RayJobInfo, RayJobState, RayUnavailable
+from api.dispatcher.placement import Cluster, Node
 
 
 @dataclass

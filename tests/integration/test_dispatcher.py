@@ -17,12 +17,12 @@ from api.auth.repository import get_or_create_project
 from api.auth.service import Principal
 from api.db.models import Job, JobAttempt
 from api.db.session import create_engine, session_factory
+from api.dispatcher.backend import RayJobState
+from api.dispatcher.service import Dispatcher
 from api.jobs import service as jobs
 from api.settings import Settings
 from tests.factories.ray import FakeRay
 from trainmaster.models import JobSpec, JobStatus
-from workers.dispatcher.backend import RayJobState
-from workers.dispatcher.service import Dispatcher
 
 T = TypeVar("T")
 

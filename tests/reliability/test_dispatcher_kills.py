@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 import trainmaster as tm
+from api.dispatcher.faults import POINTS
 from tests.e2e.conftest import running_stack
 from tests.e2e.test_ray_jobs import TERMINAL, ledger_lines, small_mlp, wait_for
-from workers.dispatcher.faults import POINTS
 
 pytestmark = pytest.mark.ray
 

@@ -71,7 +71,7 @@ def test_worker_killed_after_a_checkpoint(stack: Stack, tmp_path: Path, max_fail
                 },
             ).stdout
             assert done.error.splitlines()[0][:60] in shown
-    wait_until(lambda: stack.ray.free_cpus() == stack.ray.num_cpus, 60, interval=0.5, what="every CPU free again")
+    wait_until(lambda: stack.ray.free_cpus() == stack.ray.total_cpus(), 60, interval=0.5, what="every CPU free again")
     from ray.util.state import list_placement_groups
 
     assert all(group.state == "REMOVED" for group in list_placement_groups(address=stack.ray.dashboard))

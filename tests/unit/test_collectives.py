@@ -7,10 +7,10 @@ from datetime import datetime, timezone
 
 import pytest
 
+from trainmaster import collectives as plan
 from trainmaster.cli import bench
+from trainmaster.collectives import BenchConfig, Row
 from trainmaster.models import JobEventIn, JobSpec, MetricValue
-from workers.collectives import plan
-from workers.collectives.plan import BenchConfig, Row
 
 
 @pytest.mark.parametrize(

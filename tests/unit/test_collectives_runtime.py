@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from trainmaster.cli.bench import decode_rows
+from trainmaster.collectives import MODES, OPS, element_count
 from trainmaster.models import MetricValue
 from workers.collectives import timeout
 from workers.collectives.grpc_backend import GrpcCommunicator, ReductionServer, combine
 from workers.collectives.measure import expected_output, fill_inputs, make_buffers, run_op
-from workers.collectives.plan import MODES, OPS, element_count
 from workers.collectives.topology import _label
 
 CPU = torch.device("cpu")
@@ -78,8 +78,8 @@ def _gloo_rank(rank: int, world_size: int, port: int, results: Any) -> None:
     import torch.distributed as dist
 
     import trainmaster
+    from trainmaster.collectives import BenchConfig
     from workers.collectives import job
-    from workers.collectives.plan import BenchConfig
 
     logged: list[tuple[int | None, dict[str, float]]] = []
     trainmaster.log = lambda values, step=None: logged.append((step, values))  # type: ignore[assignment]

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 import trainmaster
+from trainmaster import metrics
+from trainmaster.context import JobApi
 from trainmaster.metrics import MetricsSender
 
 
@@ -41,7 +45,7 @@ class ScriptedApi:
 
 
 def sender(api: ScriptedApi, **kwargs: Any) -> MetricsSender:
-    return MetricsSender("http://api", "tm_job", "job-1", 1, 0, transport=httpx.MockTransport(api), **kwargs)
+    return MetricsSender(JobApi("http://api", "tm_job", "job-1", 1, transport=httpx.MockTransport(api)), 0, **kwargs)
 
 
 def test_every_point_arrives_once_in_batches() -> None:
@@ -85,8 +89,78 @@ def test_overflow_drops_and_reports_the_count() -> None:
     s.close()
 
 
-def test_log_outside_a_job_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+class RecordingApi(http.server.ThreadingHTTPServer):
+    """A real HTTP server on loopback that stores every metrics batch it is sent."""
+
+    def __init__(self) -> None:
+        self.batches: list[dict[str, Any]] = []
+        self.tokens: set[str] = set()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.tokens.add(self.headers["Authorization"])
+                if self.path.endswith("/metrics"):
+                    server.batches.append({"path": self.path, **body})
+                self.send_response(201)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture
+def fresh_sender(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """trainmaster.log's process-wide sender, reset before and after the test."""
+    monkeypatch.setattr(metrics, "_sender", None)
+    monkeypatch.setattr(metrics, "_sender_pid", None)
+    yield
+    if metrics._sender is not None:
+        metrics._sender.close(1)
+
+
+def test_log_inside_a_job_reaches_the_api_with_the_job_token(
+    monkeypatch: pytest.MonkeyPatch, fresh_sender: None
+) -> None:
+    api = RecordingApi()
+    try:
+        monkeypatch.setenv("TRAINMASTER_JOB_ID", "job-7")
+        monkeypatch.setenv("TRAINMASTER_ATTEMPT", "2")
+        monkeypatch.setenv("TRAINMASTER_API_URL", api.url)
+        monkeypatch.setenv("TRAINMASTER_JOB_TOKEN", "tm_job_secret")
+        monkeypatch.setenv("RANK", "3")
+        for step in range(5):
+            trainmaster.log({"loss": 1.0 / (step + 1)}, step=step)
+        assert trainmaster.flush(10)
+        points = [p for batch in api.batches for p in batch["points"]]
+        assert [p["step"] for p in points] == [0, 1, 2, 3, 4]
+        assert {p["rank"] for p in points} == {3}
+        assert {b["path"] for b in api.batches} == {"/v1/jobs/job-7/metrics"}
+        assert {b["attempt"] for b in api.batches} == {2}
+        assert api.tokens == {"Bearer tm_job_secret"}
+    finally:
+        api.shutdown()
+
+
+def test_log_outside_a_job_sends_nothing_and_starts_no_thread(
+    monkeypatch: pytest.MonkeyPatch, fresh_sender: None
+) -> None:
     for name in ("TRAINMASTER_JOB_ID", "TRAINMASTER_API_URL", "TRAINMASTER_JOB_TOKEN"):
         monkeypatch.delenv(name, raising=False)
+    sent: list[httpx.Request] = []
+    monkeypatch.setattr(httpx.Client, "send", lambda self, request, **_: sent.append(request))
     trainmaster.log({"loss": 1.0}, step=1)
-    assert trainmaster.flush(1)
+    assert metrics._sender is None
+    assert not [t for t in threading.enumerate() if t.name == "trainmaster-metrics" and t.is_alive()]
+    assert trainmaster.flush(1)  # nothing logged, so nothing is left to send
+    assert sent == []

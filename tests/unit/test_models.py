@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from trainmaster.models import TERMINAL_STATUSES, JobSpec, JobStatus, Scaling
+from trainmaster.models import TERMINAL_STATUSES, AttemptStatus, JobSpec, JobStatus, Scaling
 
 
 def test_defaults_and_resources() -> None:
@@ -42,6 +42,12 @@ def test_invalid_entrypoints(entrypoint: str) -> None:
     assert "entrypoint" in str(caught.value)
 
 
-def test_terminal_statuses() -> None:
-    assert {s for s in JobStatus if s.terminal} == TERMINAL_STATUSES
-    assert JobStatus.queued.active and not JobStatus.cancelled.active
+def test_terminal_statuses_are_the_documented_four() -> None:
+    # DESIGN.md: "Terminal: succeeded, failed, cancelled, timed_out."
+    assert {s.value for s in JobStatus if s.terminal} == {"succeeded", "failed", "cancelled", "timed_out"}
+    assert {s.value for s in TERMINAL_STATUSES} == {"succeeded", "failed", "cancelled", "timed_out"}
+    assert not any(s.terminal for s in (JobStatus.queued, JobStatus.starting, JobStatus.running, JobStatus.cancelling))
+
+
+def test_attempt_statuses_that_end_an_attempt() -> None:
+    assert {s.value for s in AttemptStatus if s.terminal} == {"succeeded", "failed", "lost", "stopped", "timed_out"}

@@ -27,6 +27,7 @@ def test_sampling_thread_logs_until_stopped(monkeypatch: pytest.MonkeyPatch) -> 
             twice.set()
 
     monkeypatch.setattr(system_metrics.trainmaster, "log", fake_log)
+    monkeypatch.setenv("TRAINMASTER_JOB_ID", "job-1")
     monkeypatch.setenv("TRAINMASTER_SYSTEM_METRICS_INTERVAL_S", "0.05")
     stop = threading.Event()
     thread = system_metrics.start(stop)
@@ -38,6 +39,12 @@ def test_sampling_thread_logs_until_stopped(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_interval_zero_disables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINMASTER_JOB_ID", "job-1")
+    monkeypatch.setenv("TRAINMASTER_SYSTEM_METRICS_INTERVAL_S", "0.05")
+    stop = threading.Event()
+    running = system_metrics.start(stop)
+    assert running is not None  # the same job with a positive interval samples
+    stop.set()
     monkeypatch.setenv("TRAINMASTER_SYSTEM_METRICS_INTERVAL_S", "0")
     assert system_metrics.start(threading.Event()) is None
 

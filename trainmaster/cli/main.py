@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
-from types import ModuleType
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
@@ -19,14 +17,10 @@ from trainmaster.cli.bench import bench_app
 from trainmaster.cli.follow import follow_logs, follow_metrics, metrics_table
 from trainmaster.cli.output import console, err_console, job_detail, jobs_table, styled_status
 from trainmaster.client import Client
-from trainmaster.errors import JobFailed, TrainmasterError
+from trainmaster.errors import TrainmasterError
 from trainmaster.models import JobSpec, JobStatus
 
 app = typer.Typer(help="trainmaster: distributed PyTorch training jobs on Ray.", no_args_is_help=True)
-db_app = typer.Typer(help="Database administration.", no_args_is_help=True)
-token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
-app.add_typer(db_app, name="db")
-app.add_typer(token_app, name="token")
 app.add_typer(bench_app, name="bench")
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -37,12 +31,14 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def server_module(name: str) -> ModuleType:
-    """Server-side code lives in the `api`/`workers` packages, installed with the extras."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        fail(f"{exc.name} is not installed: pip install 'trainmaster[server,workers]'")
+def register_plugins(target: typer.Typer) -> None:
+    """Add the verbs other packages declare under the `trainmaster.cli` entry point group.
+
+    The server verbs (`api`, `dispatcher`, `up`, `down`, `status`, `db`, `token`) come this way from
+    `api.cli`, so the SDK's CLI never imports the control plane.
+    """
+    for entry in entry_points(group="trainmaster.cli"):
+        entry.load()(target)
 
 
 def client_errors(fn: F) -> F:
@@ -53,9 +49,7 @@ def client_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except JobFailed as exc:
-            fail(str(exc))
-        except TrainmasterError as exc:
+        except TrainmasterError as exc:  # JobFailed included
             fail(str(exc))
 
     return wrapper  # type: ignore[return-value]
@@ -65,102 +59,6 @@ ApiUrl = Annotated[str | None, typer.Option("--api-url", envvar="TRAINMASTER_API
 Token = Annotated[
     str | None, typer.Option("--token", envvar="TRAINMASTER_TOKEN", help="bearer token", show_default=False)
 ]
-
-
-# -- service commands -----------------------------------------------------------------------------
-
-
-@app.command()
-def api(
-    host: Annotated[str | None, typer.Option(help="bind address (TRAINMASTER_API_HOST)")] = None,
-    port: Annotated[int | None, typer.Option(help="port (TRAINMASTER_API_PORT)")] = None,
-    workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes")] = 1,
-    migrate: Annotated[bool, typer.Option("--migrate", help="migrate the database first (under a lock)")] = False,
-) -> None:
-    """Serve the REST API."""
-    server = server_module("api.cli")
-    if migrate:
-        server.db_upgrade("head")
-    server.serve(host, port, workers)
-
-
-@app.command()
-def dispatcher() -> None:
-    """Admit queued jobs to the Ray cluster (TRAINMASTER_RAY_ADDRESS) and follow them to the end."""
-    server_module("workers.dispatcher.main").main()
-
-
-@db_app.command("upgrade")
-def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
-    """Migrate the database (TRAINMASTER_DATABASE_URL) to the latest schema."""
-    server_module("api.cli").db_upgrade(revision)
-    console.print(f"[green]database migrated to {revision}[/]")
-
-
-@token_app.command("create")
-def token_create(
-    project: Annotated[str, typer.Option(help="project the token belongs to (created if new)")],
-    description: Annotated[str | None, typer.Option(help="a note to recognise it by")] = None,
-) -> None:
-    """Print a new API token for PROJECT (stored hashed; shown only this once)."""
-    token = server_module("api.cli").token_create(project, description)
-    print(token)
-
-
-# -- local stack ----------------------------------------------------------------------------------
-
-
-@app.command()
-def up(
-    num_cpus: Annotated[int | None, typer.Option(help="CPUs for the Ray head (default: detected)")] = None,
-    num_gpus: Annotated[int | None, typer.Option(help="GPUs for the Ray head (default: detected)")] = None,
-    api_port: Annotated[int, typer.Option(help="API port (the next free one if taken)")] = 8000,
-) -> None:
-    """Start the whole platform locally: PostgreSQL, a Ray head, the API and a dispatcher."""
-    from trainmaster import stack
-
-    try:
-        state, started = stack.up(
-            num_cpus=num_cpus, num_gpus=num_gpus, api_port=api_port, say=lambda msg: console.print(f"[dim]•[/] {msg}")
-        )
-    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-        fail(f"{exc}\n(`trainmaster down` cleans up a half-started stack)")
-    console.print(
-        ("[green]trainmaster is up[/]" if started else "trainmaster is already running") + f": {state.api_url}"
-    )
-    console.print(f"config written to {stack.client_config.config_path()}; logs in {stack.home() / 'logs'}")
-    console.print("next: [bold]trainmaster submit builtin:mlp --workers 2 --follow[/]")
-
-
-@app.command()
-def status() -> None:
-    """Health of each local component started by `trainmaster up`."""
-    from rich.table import Table
-
-    from trainmaster import stack
-
-    components = stack.status()
-    if not components:
-        fail("nothing is running here: start it with `trainmaster up`")
-    table = Table(show_edge=False, header_style="bold")
-    for column in ("COMPONENT", "HEALTH", "DETAIL"):
-        table.add_column(column)
-    for name, info in components.items():
-        table.add_row(name, "[green]ok[/]" if info["healthy"] else "[red]down[/]", str(info["detail"]))
-    console.print(table)
-    if not all(info["healthy"] for info in components.values()):
-        raise typer.Exit(1)
-
-
-@app.command()
-def down() -> None:
-    """Stop everything `trainmaster up` started (job history stays in PostgreSQL)."""
-    from trainmaster import stack
-
-    if not stack.down(say=lambda msg: console.print(f"[dim]•[/] {msg}")):
-        console.print("nothing was running")
-        return
-    console.print("[green]stopped[/]")
 
 
 # -- job commands ---------------------------------------------------------------------------------
@@ -343,6 +241,8 @@ def logs(
         for line in client.logs(job_id):
             console.print(line.line, markup=False, highlight=False, soft_wrap=True)
 
+
+register_plugins(app)
 
 if __name__ == "__main__":
     sys.exit(app())

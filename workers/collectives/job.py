@@ -17,9 +17,7 @@ import torch
 import torch.distributed as dist
 
 import trainmaster
-from workers.collectives.grpc_backend import GrpcCommunicator, ReductionServer
-from workers.collectives.measure import measure
-from workers.collectives.plan import (
+from trainmaster.collectives import (
     DTYPE,
     ELEMENT_BYTES,
     MODES,
@@ -30,9 +28,11 @@ from workers.collectives.plan import (
     element_count,
     result_events,
 )
+from trainmaster.context import post_event
+from workers.collectives.grpc_backend import GrpcCommunicator, ReductionServer
+from workers.collectives.measure import measure
 from workers.collectives.topology import describe, worker_topology
 from workers.collectives.torch_backend import Communicator, TorchGroup, group_sum, share_from_rank0
-from workers.reporting import post_event
 
 
 def group_device() -> torch.device:

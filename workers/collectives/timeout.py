@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 import re
 
-ENV_COLLECTIVE_TIMEOUT_S = "TRAINMASTER_COLLECTIVE_TIMEOUT_S"
-DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
+from trainmaster.context import DEFAULT_COLLECTIVE_TIMEOUT_S, ENV_COLLECTIVE_TIMEOUT_S, ENV_JOB_ID, JobContext
 
 TIMEOUT_SIGNS = (
     re.compile(r"watchdog caught collective operation timeout", re.IGNORECASE),  # ProcessGroupNCCL
@@ -28,12 +27,8 @@ ABORTED = re.compile(r"SIGABRT|signal 6\b|exit code -6\b", re.IGNORECASE)
 
 def collective_timeout_s(environ: dict[str, str] | None = None) -> int:
     """Whole seconds (what TorchConfig takes), at least 1; the default when unset or unreadable."""
-    raw = (os.environ if environ is None else environ).get(ENV_COLLECTIVE_TIMEOUT_S, "")
-    try:
-        value = float(raw) if raw else DEFAULT_COLLECTIVE_TIMEOUT_S
-    except ValueError:
-        value = DEFAULT_COLLECTIVE_TIMEOUT_S
-    return max(1, round(value))
+    context = JobContext.from_env({ENV_JOB_ID: "-", **(os.environ if environ is None else environ)})
+    return max(1, round(context.collective_timeout_s if context else DEFAULT_COLLECTIVE_TIMEOUT_S))
 
 
 def is_collective_timeout(error: str) -> bool:

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from trainmaster.context import JobContext
+
 
 def load_latest() -> dict[str, Any] | None:
     """The state saved by the last reported checkpoint of this run (any earlier attempt), or None."""
@@ -38,8 +40,8 @@ def append_ledger(path: str | None, **fields: Any) -> None:
     """One line per launch, written by the training code itself, for counting launches in tests."""
     if not path:
         return
-    job_id = os.environ.get("TRAINMASTER_JOB_ID", "-")
-    attempt = os.environ.get("TRAINMASTER_ATTEMPT", "-")
+    context = JobContext.from_env()
+    job_id, attempt = (context.job_id, context.attempt) if context else ("-", "-")
     extra = " ".join(f"{k}={v}" for k, v in fields.items())
     with open(path, "a") as ledger:
         ledger.write(f"{job_id} {attempt} {os.getpid()} {extra}\n")
@@ -57,5 +59,6 @@ def maybe_fail(config: dict[str, Any], epoch: int) -> None:
     """Fault injection for tests: raise at `fail_at_epoch` on attempt `fail_on_attempt` (default 1)."""
     if config.get("fail_at_epoch") != epoch:
         return
-    if int(os.environ.get("TRAINMASTER_ATTEMPT", "1")) == int(config.get("fail_on_attempt", 1)):
+    context = JobContext.from_env()
+    if (context.attempt if context else 1) == int(config.get("fail_on_attempt", 1)):
         raise RuntimeError(f"injected failure at epoch {epoch}")

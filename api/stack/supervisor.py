@@ -1,6 +1,6 @@
 """Runs the API and a dispatcher for `trainmaster up`, restarting either if it dies.
 
-`python -m trainmaster.supervisor STATE_FILE`; SIGTERM stops both children, then itself.
+`python -m api.stack.supervisor STATE_FILE`; SIGTERM stops both children, then itself.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from workers.dispatcher.admission import Cluster
+from api.dispatcher.placement import Cluster
 
 
 class RayJobState(str, enum.Enum):

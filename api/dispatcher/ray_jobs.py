@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
-from workers.dispatcher.admission import Cluster, Node
-from workers.dispatcher.backend import Launch, RayJobInfo, RayJobState, RayUnavailable
+from api.dispatcher.backend import Launch, RayJobInfo, RayJobState, RayUnavailable
+from api.dispatcher.placement import Cluster, Node
 
 log = logging.getLogger("trainmaster.dispatcher.ray")
 

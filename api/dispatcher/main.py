@@ -13,11 +13,12 @@ import time
 import psycopg
 
 from api.db.session import create_engine, session_factory
+from api.dispatcher.backend import RayBackend
+from api.dispatcher.faults import with_faults
+from api.dispatcher.ray_jobs import RayJobsBackend
+from api.dispatcher.service import Dispatcher
 from api.jobs.status import JOB_CHANNEL
 from api.settings import Settings, get_settings, libpq_url
-from workers.dispatcher.backend import RayBackend
-from workers.dispatcher.ray_jobs import RayJobsBackend
-from workers.dispatcher.service import Dispatcher
 
 log = logging.getLogger("trainmaster.dispatcher")
 
@@ -26,7 +27,7 @@ class Wakeup:
     """Sleeps until a NOTIFY on the jobs channel or the poll interval, whichever comes first."""
 
     def __init__(self, database_url: str):
-        self.database_url = libpq_url(database_url.replace("postgresql+psycopg://", "postgresql://"))
+        self.database_url = libpq_url(database_url)
         self.connection: psycopg.AsyncConnection | None = None
 
     async def wait(self, timeout: float) -> bool:
@@ -55,7 +56,7 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
     dispatcher = Dispatcher(
         settings=settings,
         sessions=session_factory(engine),
-        ray=backend or RayJobsBackend(settings.ray_address),
+        ray=with_faults(backend or RayJobsBackend(settings.ray_address)),
         owner=owner,
     )
     stopping = asyncio.Event()

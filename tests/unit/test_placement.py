@@ -1,7 +1,7 @@
 from __future__ import annotations
 
+from api.dispatcher.placement import Cluster, Decision, Node, admit
 from trainmaster.models import JobSpec, Scaling
-from workers.dispatcher.admission import Cluster, Decision, Node, admit
 
 
 def cluster(*nodes: dict[str, float], used: list[dict[str, float]] | None = None) -> Cluster:

@@ -147,9 +147,21 @@ def _num(value: float) -> str:
     return f"{value:g}"
 
 
+RAY_INTERNAL = ("node:", "object_store_memory", "accelerator_type:")
+
+
+def visible(resources: Mapping[str, float]) -> Resources:
+    """The resources a person asks for and reads (CPU, GPU, memory, custom ones), without Ray's
+    internal markers (`node:<ip>`, `accelerator_type:<name>`, the object store)."""
+    return {name: amount for name, amount in resources.items() if not name.startswith(RAY_INTERNAL)}
+
+
 def _fmt(resources: Mapping[str, float]) -> str:
-    shown = {k: v for k, v in resources.items() if k in ("CPU", "GPU") or not k.startswith(("node:", "memory"))}
-    shown = {k: v for k, v in shown.items() if k not in ("object_store_memory",) and not k.startswith("accelerator")}
+    shown = visible(resources)
     if not shown:
         return "nothing"
-    return "{" + ", ".join(f"{name}: {_num(amount)}" for name, amount in sorted(shown.items())) + "}"
+    return "{" + ", ".join(f"{name}: {_amount(name, amount)}" for name, amount in sorted(shown.items())) + "}"
+
+
+def _amount(name: str, amount: float) -> str:
+    return f"{amount / 2**30:.3g} GiB" if name == "memory" else _num(amount)

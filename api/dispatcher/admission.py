@@ -1,0 +1,83 @@
+"""One admission round: queued jobs in priority and fair-share order, each admitted, kept waiting
+with a reason, or failed as infeasible once `infeasible_timeout_s` has passed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.db.models import Job
+from api.dispatcher import launch
+from api.dispatcher import repository as repo
+from api.dispatcher.backend import Launch, RayUnavailable
+from api.dispatcher.placement import Decision, admit
+from api.jobs.status import record_event, transition
+from trainmaster.models import JobSpec, JobStatus
+
+if TYPE_CHECKING:
+    from api.dispatcher.service import Dispatcher
+
+
+async def admit_round(dispatcher: Dispatcher) -> int:
+    settings = dispatcher.settings
+    try:
+        cluster = await asyncio.to_thread(dispatcher.ray.cluster)
+    except RayUnavailable as exc:
+        await _set_reasons_unreachable(dispatcher, str(exc))
+        return 0
+    driver = {"CPU": settings.driver_cpus} if settings.driver_cpus > 0 else {}
+    launches: list[Launch] = []
+    async with dispatcher.sessions() as session, session.begin():
+        held_cpus, held_gpus = await repo.held_resources(session)
+        total = cluster.total()
+        budget = {"CPU": total.get("CPU", 0.0) - held_cpus, "GPU": total.get("GPU", 0.0) - held_gpus}
+        for job in await repo.lock_queued(session, settings.admit_batch):
+            spec = JobSpec.model_validate(job.spec)
+            admission = admit(spec, cluster, driver)
+            if admission.decision is Decision.admit and not _within(budget, job):
+                admission.decision = Decision.wait
+                admission.reason = (
+                    f"waiting for resources: trainmaster jobs that are starting hold {held_cpus:g} CPU "
+                    f"and {held_gpus:g} GPU of the cluster's {total.get('CPU', 0):g} CPU / "
+                    f"{total.get('GPU', 0):g} GPU"
+                )
+            if admission.decision is Decision.admit:
+                cluster.reserve(admission.placement)
+                budget["CPU"] -= job.gang_cpus
+                budget["GPU"] -= job.gang_gpus
+                launches.append(await launch.start_attempt(dispatcher, session, job, spec))
+            elif admission.decision is Decision.wait:
+                job.infeasible_since = None
+                job.pending_reason = admission.reason
+            else:
+                await _infeasible(dispatcher, session, job, admission.reason)
+    # The attempt rows are committed: only now may Ray hear of them.
+    for one in launches:
+        await launch.submit(dispatcher, one)
+    return len(launches)
+
+
+def _within(budget: dict[str, float], job: Job) -> bool:
+    return job.gang_cpus <= budget["CPU"] + 1e-9 and job.gang_gpus <= budget["GPU"] + 1e-9
+
+
+async def _infeasible(dispatcher: Dispatcher, session: AsyncSession, job: Job, reason: str) -> None:
+    if job.infeasible_since is None:
+        job.infeasible_since = repo.now()
+        await record_event(session, job, "infeasible", reason)
+    waited = (repo.now() - job.infeasible_since).total_seconds()
+    left = dispatcher.settings.infeasible_timeout_s - waited
+    if left <= 0:
+        await transition(
+            session, job, JobStatus.failed, error=f"{reason} (gave up after {waited:.0f} s)", message="infeasible"
+        )
+    else:
+        job.pending_reason = f"{reason} Fails in {left:.0f} s unless the cluster grows."
+
+
+async def _set_reasons_unreachable(dispatcher: Dispatcher, error: str) -> None:
+    async with dispatcher.sessions() as session, session.begin():
+        for job in await repo.lock_queued(session, dispatcher.settings.admit_batch):
+            job.pending_reason = f"the Ray cluster is unreachable ({error}); waiting for it to come back"

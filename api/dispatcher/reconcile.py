@@ -1,0 +1,226 @@
+"""Following each active attempt in Ray to its end: running, success, failure with the error text
+from the driver's log, cancel and timeout (the Ray job is stopped), lost attempts, retries, and the
+copy of the Ray job's output into PostgreSQL so logs outlive the cluster.
+
+Ray is asked outside any transaction; its answer is applied under the lease again (`leased`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import uuid
+from typing import TYPE_CHECKING
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.db.models import Job, JobAttempt
+from api.dispatcher import launch
+from api.dispatcher import repository as repo
+from api.dispatcher.backend import RayJobInfo, RayJobState, RayUnavailable
+from api.jobs.status import record_event, transition
+from api.logs import repository as logs_repository
+from trainmaster.models import AttemptStatus, JobSpec, JobStatus
+
+if TYPE_CHECKING:
+    from api.dispatcher.service import Dispatcher
+
+log = logging.getLogger("trainmaster.dispatcher")
+
+
+async def reconcile_round(dispatcher: Dispatcher) -> None:
+    async with dispatcher.sessions() as session, session.begin():
+        job_ids = await repo.claim_active(session, dispatcher.owner, dispatcher.settings.lease_s)
+    for job_id in job_ids:
+        try:
+            await reconcile_job(dispatcher, job_id)
+        except RayUnavailable as exc:
+            log.warning(json.dumps({"event": "ray_unavailable", "job_id": str(job_id), "error": str(exc)}))
+            await _ray_down(dispatcher, job_ids, str(exc))
+            return
+    dispatcher.ray_down_since = None
+
+
+async def _ray_down(dispatcher: Dispatcher, job_ids: list[uuid.UUID], error: str) -> None:
+    """Past ray_unreachable_timeout_s without Ray, active attempts are lost: retried or failed."""
+    now = repo.now()
+    if dispatcher.ray_down_since is None:
+        dispatcher.ray_down_since = now
+    down_for = (now - dispatcher.ray_down_since).total_seconds()
+    if down_for < dispatcher.settings.ray_unreachable_timeout_s:
+        return
+    for job_id in job_ids:
+        async with dispatcher.leased(job_id) as held:
+            if held is None or held.attempt is None or held.job.status not in repo.ACTIVE:
+                continue
+            held.attempt.status, held.attempt.finished_at = AttemptStatus.lost, now
+            held.attempt.error = f"lost: the Ray cluster has been unreachable for {down_for:.0f} s ({error})"
+            await _after_failure(held.session, held.job, held.attempt.error)
+
+
+async def reconcile_job(dispatcher: Dispatcher, job_id: uuid.UUID) -> None:
+    async with dispatcher.leased(job_id) as held:
+        if held is None or held.job.status not in repo.ACTIVE:
+            return
+        if held.attempt is None:  # pragma: no cover - active jobs always have an attempt
+            await transition(held.session, held.job, JobStatus.failed, error="active job without an attempt")
+            return
+        sub_id, attempt_status, spec = held.attempt.ray_submission_id, held.attempt.status, held.job.spec
+    info = await asyncio.to_thread(dispatcher.ray.info, sub_id)
+    if info is None and attempt_status is AttemptStatus.pending:
+        await _resubmit_pending(dispatcher, job_id, sub_id, JobSpec.model_validate(spec))
+        return
+    wants_stop = await _stop_if_asked(dispatcher, job_id, sub_id, info)
+    logs = await asyncio.to_thread(dispatcher.ray.logs, sub_id) if info is not None else ""
+    async with dispatcher.leased(job_id, sub_id) as held:
+        if held is None or held.attempt is None:
+            return
+        final = info is not None and info.state.terminal
+        await _copy_logs(held.session, held.job, held.attempt, logs, final=final)
+        await _apply(held.session, held.job, held.attempt, info, logs, wants_stop)
+
+
+async def _resubmit_pending(dispatcher: Dispatcher, job_id: uuid.UUID, sub_id: str, spec: JobSpec) -> None:
+    """An attempt Ray never acknowledged: submit the same id again (safe), cancel it, or give up."""
+    async with dispatcher.leased(job_id, sub_id) as held:
+        if held is None or held.attempt is None:
+            return
+        job, attempt = held.job, held.attempt
+        if job.status is JobStatus.cancelling:  # never launched: nothing to stop
+            attempt.status, attempt.finished_at = AttemptStatus.stopped, repo.now()
+            await _finish(held.session, job, JobStatus.cancelled, None, "cancelled before launch")
+            return
+        waited = (repo.now() - attempt.created_at).total_seconds()
+        if waited > dispatcher.settings.launch_timeout_s:
+            attempt.status, attempt.finished_at = AttemptStatus.failed, repo.now()
+            attempt.error = f"not launched within {waited:.0f} s: {attempt.error or 'Ray did not accept it'}"
+            await _after_failure(held.session, job, attempt.error)
+            return
+        again = await launch.prepare(dispatcher.settings, held.session, job, spec, attempt.n)
+    await launch.submit(dispatcher, again)
+
+
+async def _stop_if_asked(dispatcher: Dispatcher, job_id: uuid.UUID, sub_id: str, info: RayJobInfo | None) -> str | None:
+    """Stop the Ray job for a cancel or a timeout; returns why it was stopped, if it was."""
+    async with dispatcher.leased(job_id, sub_id) as held:
+        if held is None or held.attempt is None:
+            return None
+        job, attempt = held.job, held.attempt
+        reason = None
+        if job.status is JobStatus.cancelling or job.cancel_requested:
+            reason = "cancel"
+        elif attempt.status is AttemptStatus.timing_out or _timed_out(job, attempt):
+            reason = "timeout"
+            if attempt.status is not AttemptStatus.timing_out:
+                attempt.status = AttemptStatus.timing_out
+                await record_event(held.session, job, "timeout", f"timeout_s={job.spec.get('timeout_s')} reached")
+    if reason is not None and info is not None and not info.state.terminal:
+        await asyncio.to_thread(dispatcher.ray.stop, sub_id)
+    return reason
+
+
+async def _copy_logs(session: AsyncSession, job: Job, attempt: JobAttempt, text: str, final: bool) -> None:
+    """Store the Ray job's new output lines, so logs outlive the cluster."""
+    new = text[attempt.log_offset :]
+    if not final:
+        new = new[: new.rfind("\n") + 1]  # complete lines only; the rest comes next round
+    if not new:
+        return
+    await logs_repository.append(session, job.id, attempt.n, "ray", [_clean(line) for line in new.splitlines()])
+    attempt.log_offset += len(new)
+
+
+async def _apply(
+    session: AsyncSession,
+    job: Job,
+    attempt: JobAttempt,
+    info: RayJobInfo | None,
+    logs: str,
+    wants_stop: str | None,
+) -> None:
+    now = repo.now()
+    if info is None:
+        attempt.status, attempt.finished_at = AttemptStatus.lost, now
+        attempt.error = "lost: Ray no longer knows this attempt (the cluster restarted or the job was deleted)"
+        await _after_failure(session, job, attempt.error)
+        return
+    if info.state is RayJobState.RUNNING and attempt.status in (AttemptStatus.pending, AttemptStatus.submitted):
+        attempt.status, attempt.started_at = AttemptStatus.running, now
+        if job.status is JobStatus.starting:
+            await transition(session, job, JobStatus.running, message=f"attempt {attempt.n} running")
+        return
+    if not info.state.terminal:
+        if attempt.status is AttemptStatus.pending:
+            attempt.status = AttemptStatus.submitted
+        return
+    attempt.finished_at = now
+    if wants_stop == "cancel":
+        attempt.status = AttemptStatus.stopped
+        await _finish(session, job, JobStatus.cancelled, None, "cancelled; Ray job stopped")
+    elif wants_stop == "timeout":
+        attempt.status = AttemptStatus.timed_out
+        error = f"timed out after timeout_s={job.spec.get('timeout_s')} s; the Ray job was stopped"
+        await _finish(session, job, JobStatus.timed_out, error, error)
+    elif info.state is RayJobState.SUCCEEDED:
+        attempt.status = AttemptStatus.succeeded
+        await _finish(session, job, JobStatus.succeeded, None, f"attempt {attempt.n} succeeded")
+    else:
+        attempt.status = AttemptStatus.failed
+        attempt.error = error_text(info, logs)
+        await _after_failure(session, job, attempt.error)
+
+
+async def _after_failure(session: AsyncSession, job: Job, error: str) -> None:
+    """Retry (a new attempt later, resuming from the latest checkpoint) while retries are left."""
+    spec = JobSpec.model_validate(job.spec)
+    if job.status is JobStatus.cancelling:
+        await _finish(session, job, JobStatus.cancelled, None, "cancelled")
+        return
+    retries_used = len(job.attempts) - 1
+    if retries_used < spec.max_retries:
+        job.lease_owner = None
+        job.lease_expires_at = None
+        await repo.revoke_job_tokens(session, job.id)
+        await transition(
+            session,
+            job,
+            JobStatus.queued,
+            message=f"retry {retries_used + 1} of {spec.max_retries} after: {error}",
+            data={"retry": retries_used + 1},
+        )
+        return
+    await _finish(session, job, JobStatus.failed, error, error)
+
+
+async def _finish(session: AsyncSession, job: Job, status: JobStatus, error: str | None, message: str) -> None:
+    job.lease_owner = None
+    job.lease_expires_at = None
+    await repo.revoke_job_tokens(session, job.id)
+    await transition(session, job, status, message=message, error=error)
+
+
+def _timed_out(job: Job, attempt: JobAttempt) -> bool:
+    limit = job.spec.get("timeout_s")
+    started = attempt.started_at or job.started_at
+    if not limit or started is None:
+        return False
+    return (repo.now() - started).total_seconds() > float(limit)
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _clean(line: str) -> str:
+    return ANSI_ESCAPE.sub("", line).replace("\x00", "")[:8192]
+
+
+def error_text(info: RayJobInfo, logs: str) -> str:
+    """The end of the driver's log, where the actionable error is; Ray's message otherwise."""
+    lines = [line for line in logs.splitlines() if line.strip()]
+    marked = [line.split("[trainmaster] error: ", 1)[1] for line in lines if "[trainmaster] error: " in line]
+    if marked:
+        return marked[-1][:2000]
+    tail = "\n".join(lines[-15:])
+    return (tail or info.message or "the Ray job failed without output")[-2000:]

@@ -1,0 +1,45 @@
+"""The dispatcher: admit queued gangs (admission.py), launch attempts (launch.py), follow them to
+the end (reconcile.py).
+
+Safety rules, each relied on by the tests:
+- An attempt row with its Ray submission id is committed before Ray hears of it. Ray refuses a
+  second submission with the same id, so a retried or repeated submit never launches twice.
+- Every write after a claim goes through `leased` (leases.py): a dispatcher that lost its lease (it
+  stalled and another took over) changes nothing.
+- An attempt Ray no longer knows (the cluster restarted) is lost, never resubmitted: a retry is a
+  new attempt with a new id, and it resumes from the run's latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from api.dispatcher import admission, reconcile
+from api.dispatcher.backend import RayBackend
+from api.dispatcher.leases import Held, leased
+from api.settings import Settings
+
+
+@dataclass
+class Dispatcher:
+    settings: Settings
+    sessions: async_sessionmaker[AsyncSession]
+    ray: RayBackend
+    owner: str
+    ray_down_since: datetime | None = None
+
+    def leased(self, job_id: uuid.UUID, submission_id: str | None = None) -> AbstractAsyncContextManager[Held | None]:
+        return leased(self.sessions, job_id, self.owner, submission_id)
+
+    async def admit_round(self) -> int:
+        """Admit what fits now; give everything else a reason. Returns how many were launched."""
+        return await admission.admit_round(self)
+
+    async def reconcile_round(self) -> None:
+        """Follow every active job whose lease is ours (or free): Ray's truth wins, in one place."""
+        await reconcile.reconcile_round(self)

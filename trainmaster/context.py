@@ -1,0 +1,162 @@
+"""What a job's processes know about their job, and the one way they talk back to the API.
+
+The dispatcher builds the environment of every attempt with `JobContext.to_env`; the driver, the
+Ray Train controller callback, every worker and `trainmaster.log()` read it back with
+`JobContext.from_env`. The variable names are defined here and nowhere else.
+
+`JobApi` is the job's one HTTP client (job token, timeouts on): events, checkpoints and metric
+batches. Reporting must never fail a training run, so its callers swallow and print errors.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+ENV_JOB_ID = "TRAINMASTER_JOB_ID"
+ENV_ATTEMPT = "TRAINMASTER_ATTEMPT"
+ENV_JOB_SPEC = "TRAINMASTER_JOB_SPEC"
+ENV_API_URL = "TRAINMASTER_API_URL"
+ENV_JOB_TOKEN = "TRAINMASTER_JOB_TOKEN"
+ENV_STORAGE_PATH = "TRAINMASTER_STORAGE_PATH"
+ENV_COLLECTIVE_TIMEOUT_S = "TRAINMASTER_COLLECTIVE_TIMEOUT_S"
+ENV_SYSTEM_METRICS_INTERVAL_S = "TRAINMASTER_SYSTEM_METRICS_INTERVAL_S"
+
+DEFAULT_STORAGE_PATH = "~/.trainmaster/storage"
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
+DEFAULT_SYSTEM_METRICS_INTERVAL_S = 5.0
+
+
+def _float(raw: str | None, default: float) -> float:
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class JobContext:
+    job_id: str
+    attempt: int = 1
+    api_url: str | None = None
+    token: str | None = None
+    spec_json: str | None = None
+    storage_path: str = DEFAULT_STORAGE_PATH
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+    system_metrics_interval_s: float = DEFAULT_SYSTEM_METRICS_INTERVAL_S
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> JobContext | None:
+        """The job this process belongs to, or None outside a trainmaster job."""
+        env = os.environ if environ is None else environ
+        job_id = env.get(ENV_JOB_ID)
+        if not job_id:
+            return None
+        return cls(
+            job_id=job_id,
+            attempt=int(_float(env.get(ENV_ATTEMPT), 1)),
+            api_url=env.get(ENV_API_URL) or None,
+            token=env.get(ENV_JOB_TOKEN) or None,
+            spec_json=env.get(ENV_JOB_SPEC),
+            storage_path=env.get(ENV_STORAGE_PATH) or DEFAULT_STORAGE_PATH,
+            collective_timeout_s=_float(env.get(ENV_COLLECTIVE_TIMEOUT_S), DEFAULT_COLLECTIVE_TIMEOUT_S),
+            system_metrics_interval_s=_float(env.get(ENV_SYSTEM_METRICS_INTERVAL_S), DEFAULT_SYSTEM_METRICS_INTERVAL_S),
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The environment of the attempt's processes; `extra_env` (the job's own) cannot override ours,
+        except the collective timeout, which a job may set for itself."""
+        env = {
+            ENV_COLLECTIVE_TIMEOUT_S: str(self.collective_timeout_s),
+            **self.extra_env,
+            ENV_JOB_ID: self.job_id,
+            ENV_ATTEMPT: str(self.attempt),
+            ENV_STORAGE_PATH: self.storage_path,
+            ENV_SYSTEM_METRICS_INTERVAL_S: str(self.system_metrics_interval_s),
+        }
+        for name, value in ((ENV_API_URL, self.api_url), (ENV_JOB_TOKEN, self.token), (ENV_JOB_SPEC, self.spec_json)):
+            if value:
+                env[name] = value
+        return env
+
+    @property
+    def can_report(self) -> bool:
+        return bool(self.api_url and self.token)
+
+    def api(self, *, transport: httpx.BaseTransport | None = None) -> JobApi:
+        if not (self.api_url and self.token):
+            raise RuntimeError(f"job {self.job_id} has no API address or token to report with")
+        return JobApi(self.api_url, self.token, self.job_id, self.attempt, transport=transport)
+
+
+class JobApi:
+    """The job's HTTP client: one connection pool, the job token, a timeout on every call."""
+
+    def __init__(
+        self,
+        api_url: str,
+        token: str,
+        job_id: str,
+        attempt: int | None,
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        self.job_url = f"{api_url.rstrip('/')}/v1/jobs/{job_id}"
+        self.attempt = attempt
+        self.http = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=10, transport=transport)
+
+    def post_event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> httpx.Response:
+        body = {"kind": kind, "message": message, "data": {"attempt": self.attempt, **(data or {})}}
+        return self.http.post(f"{self.job_url}/events", json=body)
+
+    def record_checkpoint(self, path: str, step: int | None, metrics: dict[str, float]) -> httpx.Response:
+        return self.http.post(
+            f"{self.job_url}/checkpoints",
+            params={"attempt": self.attempt} if self.attempt else None,
+            json={"path": path, "step": step, "metrics": metrics},
+        )
+
+    def post_metrics(self, batch: dict[str, Any]) -> httpx.Response:
+        return self.http.post(f"{self.job_url}/metrics", json=batch)
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def post_event(kind: str, message: str, data: dict[str, Any] | None = None) -> bool:
+    """A best-effort job event from any process of the job; printed instead outside a job or on error."""
+    context = JobContext.from_env()
+    if context is None or not context.can_report:
+        print(f"[trainmaster] {kind}: {message} {data or ''}", flush=True)
+        return False
+    api = context.api()
+    try:
+        api.post_event(kind, message, data).raise_for_status()
+        return True
+    except httpx.HTTPError as exc:
+        print(f"[trainmaster] could not record event {kind!r}: {exc}", file=sys.stderr, flush=True)
+        return False
+    finally:
+        api.close()
+
+
+def record_checkpoint(path: str, step: int | None, metrics: dict[str, float]) -> bool:
+    """Tell the API about a checkpoint Ray Train registered; best effort like every report."""
+    context = JobContext.from_env()
+    if context is None or not context.can_report:
+        return False
+    api = context.api()
+    try:
+        api.record_checkpoint(path, step, metrics).raise_for_status()
+        return True
+    except httpx.HTTPError as exc:
+        print(f"[trainmaster] could not record checkpoint {path}: {exc}", file=sys.stderr, flush=True)
+        return False
+    finally:
+        api.close()
