@@ -25,7 +25,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -122,7 +122,7 @@ def group_cpu_s(pgid: int) -> float:
 
 def measure(
     path: str,
-    phase: Awaitable[tuple[float, list[float]]],
+    phase: Coroutine[Any, Any, tuple[float, list[float]]],
     database_url: str,
     job_id: str,
     args: argparse.Namespace,

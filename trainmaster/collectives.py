@@ -7,7 +7,8 @@ all_reduce, (n-1)/n for all_gather and reduce_scatter, and 1 for broadcast.
 
 Each row becomes one metric point at step = its index, with values named
 ``coll/<backend>/<op>/<mode>/<field>`` for the fields in `FIELDS`; `trainmaster bench
-collectives` rebuilds the table from those names (`trainmaster.cli.bench.decode_rows`).
+collectives` rebuilds the table from those names (`rows_from_points`). Shared by the job
+(`workers.collectives`) and the CLI, so both read the same plan.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import astuple, dataclass, fields
 from typing import Any
+
+from trainmaster.models import MetricValue
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 MODES = ("out", "in")  # out-of-place, then in-place, as nccl-tests prints them
@@ -121,6 +124,33 @@ def rows_from_events(datas: Iterable[dict[str, Any]]) -> list[Row]:
     """Rebuild rows from `collectives_result` event data (any order of parts)."""
     ordered = sorted(datas, key=lambda d: int(d.get("part", 1)))
     return [Row(**dict(zip(d["columns"], values, strict=True))) for d in ordered for values in d["rows"]]
+
+
+@dataclass(frozen=True)
+class PointRow(Row):
+    """A row rebuilt from the job's metric points, with the step it was logged at."""
+
+    step: int = 0
+
+
+def rows_from_points(points: Iterable[MetricValue]) -> list[PointRow]:
+    """Rows from rank 0's `coll/...` metric points, by step; incomplete rows are left out."""
+    found: dict[int, tuple[tuple[str, str, str], dict[str, float]]] = {}
+    for point in points:
+        parts = point.name.split("/")
+        if point.rank != 0 or point.step is None or len(parts) != 5:
+            continue
+        if parts[0] != METRIC_PREFIX or parts[4] not in FIELDS:
+            continue
+        key = (parts[1], parts[2], parts[3])
+        found.setdefault(point.step, (key, {}))[1][parts[4]] = float("nan") if point.value is None else point.value
+    rows = []
+    for step in sorted(found):
+        (backend, op, mode), values = found[step]
+        if set(values) == set(FIELDS):
+            size, count, time_us, algbw, busbw, wrong = (values[name] for name in FIELDS)
+            rows.append(PointRow(backend, op, mode, int(size), int(count), time_us, algbw, busbw, int(wrong), step))
+    return rows
 
 
 def average_busbw(rows: Iterable[Row]) -> dict[str, dict[str, float]]:

@@ -5,6 +5,7 @@ from fastapi import APIRouter, Request, status
 from api.auth.deps import ProjectPrincipal
 from api.code_packages import service
 from api.db.session import Session
+from api.deps import AppSettings
 from api.errors import UnsupportedMediaType, error_responses
 from trainmaster.models import CodeUpload
 
@@ -24,10 +25,12 @@ ZIP_TYPES = {"application/zip", "application/x-zip-compressed", "application/oct
         }
     },
 )
-async def upload_code(request: Request, session: Session, principal: ProjectPrincipal) -> CodeUpload:
+async def upload_code(
+    request: Request, session: Session, principal: ProjectPrincipal, settings: AppSettings
+) -> CodeUpload:
     """Upload a working directory as a zip; the answer's `id` goes into JobSpec.code."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in ZIP_TYPES:
         raise UnsupportedMediaType(f"send the working directory as application/zip, not {content_type or 'no type'!r}")
     content = await request.body()
-    return await service.upload(session, principal, content, request.app.state.settings)
+    return await service.upload(session, principal, content, settings)

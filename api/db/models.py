@@ -180,9 +180,9 @@ class LogLine(Base):
 
 
 class CodePackage(Base):
-    __tablename__ = "code_packages"
-
     """A zipped working directory, content-addressed (sha256 of the archive) within a project."""
+
+    __tablename__ = "code_packages"
 
     project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
     id: Mapped[str] = mapped_column(String(71), primary_key=True)

@@ -8,9 +8,9 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 
 from api.auth.deps import AnyPrincipal, ProjectPrincipal
 from api.db.session import Session
+from api.deps import AppSettings
 from api.errors import UnsupportedMediaType, error_responses
 from api.jobs import service
-from api.settings import get_settings
 from trainmaster.models import EventList, Job, JobEvent, JobEventIn, JobList, JobSpec, JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(400, 401, 404, 409, 413, 415, 422, 503))
@@ -41,12 +41,12 @@ async def submit_job(
 async def list_jobs(
     session: Session,
     principal: ProjectPrincipal,
+    settings: AppSettings,
     status_filter: Annotated[list[JobStatus], Query(alias="status")] = [],  # noqa: B006
     label: Annotated[list[str], Query(description="key:value, repeatable (all must match)")] = [],  # noqa: B006
     limit: Annotated[int | None, Query(ge=1)] = None,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
 ) -> JobList:
-    settings = get_settings()
     page_size = min(limit or settings.page_limit_default, settings.page_limit_max)
     items, next_cursor = await service.list_page(
         session, principal, statuses=status_filter, labels=label, limit=page_size, cursor=cursor

@@ -31,7 +31,6 @@ class Broker:
         self.database_url = libpq_url(database_url)
         self.waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
         self.task: asyncio.Task[None] | None = None
-        self.connected = asyncio.Event()
 
     def start(self) -> None:
         if self.task is None or self.task.done():
@@ -68,7 +67,6 @@ class Broker:
                 async with await psycopg.AsyncConnection.connect(self.database_url, autocommit=True) as conn:
                     for channel in CHANNELS:
                         await conn.execute(f"LISTEN {channel}")
-                    self.connected.set()
                     backoff = 0.2
                     self._wake(None)  # anything sent while we were away is read now
                     async for notify in conn.notifies():
@@ -76,7 +74,6 @@ class Broker:
             except asyncio.CancelledError:
                 raise
             except (psycopg.Error, OSError) as exc:
-                self.connected.clear()
                 log.warning(json.dumps({"event": "listen_lost", "error": str(exc)[:200], "retry_in_s": backoff}))
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)

@@ -15,14 +15,13 @@ import pytest
 import trainmaster as tm
 from tests.e2e.conftest import REPO, TRAINMASTER, Stack
 from trainmaster import collectives as plan
-from trainmaster.cli import bench
 
 pytestmark = pytest.mark.ray
 
 SMALL = {"max_size": 64 * 1024, "warmup": 1, "iters": 3}
 
 
-def assert_consistent(rows: list[bench.BenchRow], world_size: int) -> None:
+def assert_consistent(rows: list[plan.PointRow], world_size: int) -> None:
     """#wrong 0, and algbw/busbw exactly what size, time and the rank count say (nccl-tests)."""
     for row in rows:
         assert row.wrong == 0, row
@@ -43,7 +42,7 @@ def test_two_gloo_workers_measure_every_collective_and_grpc_agrees(stack: Stack)
         )
         done = client.wait(job.id, timeout=300, poll_interval=0.5)
         assert done.status is tm.JobStatus.succeeded, done.error
-        rows = bench.decode_rows(client.metrics(job.id))
+        rows = plan.rows_from_points(client.metrics(job.id))
         events = client.events(job.id)
 
     sizes = plan.doubling_sizes(8, 64 * 1024)
@@ -77,7 +76,7 @@ def test_cli_bench_collectives_prints_json_rows(stack: Stack) -> None:
     result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=400, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
-    rows = [bench.BenchRow(**row) for row in data["rows"]]
+    rows = [plan.PointRow(**row) for row in data["rows"]]
     assert len(rows) == 2 * 4 * 14 * 2 and data["wrong"] == 0 and data["world_size"] == 2
     assert_consistent(rows, 2)
     assert set(data["avg_busbw"]) == {"gloo", "grpc"}
@@ -100,7 +99,7 @@ def test_nccl_on_one_gpu(stack: Stack) -> None:
         )
         done = client.wait(job.id, timeout=300, poll_interval=0.5)
         assert done.status is tm.JobStatus.succeeded, done.error
-        rows = bench.decode_rows(client.metrics(job.id))
+        rows = plan.rows_from_points(client.metrics(job.id))
         topology = [e.data for e in client.events(job.id) if e.kind == "topology"]
     assert {row.backend for row in rows} == {"nccl", "grpc"}
     assert_consistent(rows, 1)

@@ -43,7 +43,6 @@ def test_sizes_double_from_8_bytes_to_the_maximum_inclusive() -> None:
     assert plan.doubling_sizes(8, 64) == [8, 16, 32, 64]
     assert plan.doubling_sizes(8, 100) == [8, 16, 32, 64]
     assert len(plan.doubling_sizes(8, 64 * 1024 * 1024)) == 24
-    assert bench.doubling_sizes(8, 64 * 1024 * 1024) == plan.doubling_sizes(8, 64 * 1024 * 1024)
     with pytest.raises(ValueError):
         plan.doubling_sizes(16, 8)
 
@@ -107,7 +106,7 @@ def test_cli_decodes_the_rows_the_job_logs() -> None:
     assert points[0].name == "coll/gloo/all_reduce/out/size_bytes"
     noise = MetricValue(seq=0, step=0, rank=0, name="report/loss", value=1.0, ts=points[0].ts)
     other_rank = points[0].model_copy(update={"rank": 1, "value": 999.0})
-    decoded = bench.decode_rows([noise, other_rank, *reversed(points)])
+    decoded = plan.rows_from_points([noise, other_rank, *reversed(points)])
     assert [(d.backend, d.op, d.mode, d.size_bytes, d.count, d.time_us, d.busbw, d.wrong) for d in decoded] == [
         (r.backend, r.op, r.mode, r.size_bytes, r.count, r.time_us, r.busbw, r.wrong) for r in rows
     ]
@@ -116,16 +115,16 @@ def test_cli_decodes_the_rows_the_job_logs() -> None:
 
 def test_a_row_missing_a_field_is_left_out() -> None:
     points = [p for p in as_points(sample_rows()[:2]) if not (p.step == 1 and p.name.endswith("/wrong"))]
-    assert [row.step for row in bench.decode_rows(points)] == [0]
+    assert [row.step for row in plan.rows_from_points(points)] == [0]
 
 
 def test_ratio_and_average_busbw() -> None:
-    decoded = bench.decode_rows(as_points(sample_rows()))
+    decoded = plan.rows_from_points(as_points(sample_rows()))
     found = bench.ratios(decoded)
     assert len(found) == 8  # 2 ops x 2 sizes x 2 modes
     assert {r["backends"] for r in found} == {"gloo/grpc"}
     assert all(r["ratio"] == pytest.approx(4.0) for r in found)
-    averages = bench.average_busbw(decoded)
+    averages = plan.average_busbw(decoded)
     assert averages["gloo"]["all"] == pytest.approx(4 * averages["grpc"]["all"])
     assert set(averages["gloo"]) == {"all_reduce", "broadcast", "all"}
     for backend, per_op in plan.average_busbw(sample_rows()).items():
@@ -136,7 +135,7 @@ def test_the_cli_prints_tables_from_decoded_rows() -> None:
     from rich.console import Console
 
     console = Console(record=True, width=200)
-    bench.print_tables(bench.decode_rows(as_points(sample_rows())), 2, console)
+    bench.print_tables(plan.rows_from_points(as_points(sample_rows())), 2, console)
     text = console.export_text()
     assert "all_reduce · gloo · 2 rank(s)" in text and "gloo/grpc out" in text and "4.00x" in text
     assert "#wrong total: 0" in text

@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainmaster.cli.bench import decode_rows
-from trainmaster.collectives import MODES, OPS, element_count
+from trainmaster.collectives import MODES, OPS, element_count, rows_from_points
 from trainmaster.models import MetricValue
 from workers.collectives import timeout
 from workers.collectives.grpc_backend import GrpcCommunicator, ReductionServer, combine
@@ -122,7 +121,7 @@ def test_two_gloo_ranks_measure_every_row_correctly() -> None:
         for step, values in logged
         for name, value in values.items()
     ]
-    decoded = decode_rows(points)
+    decoded = rows_from_points(points)
     assert [(d.backend, d.op, d.mode, d.size_bytes, d.time_us) for d in decoded] == [
         (r.backend, r.op, r.mode, r.size_bytes, r.time_us) for r in rows
     ]

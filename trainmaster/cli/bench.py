@@ -2,15 +2,14 @@
 
 The job logs one metric point per result row, at step = the row's index, with values named
 ``coll/<backend>/<op>/<mode>/<field>`` (fields: size_bytes, count, time_us, algbw, busbw, wrong);
-`decode_rows` rebuilds the rows from those points, whether streamed or read back later.
+`trainmaster.collectives.rows_from_points` rebuilds the rows from those points, whether streamed or read back later.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Annotated, Any
 
 import typer
@@ -21,15 +20,12 @@ from rich.table import Table
 
 from trainmaster.cli.output import console, err_console
 from trainmaster.client import Client
+from trainmaster.collectives import METRIC_PREFIX, MODES, OPS, PointRow, average_busbw, doubling_sizes, rows_from_points
 from trainmaster.errors import TrainmasterError
 from trainmaster.models import JobSpec, MetricValue
 
 bench_app = typer.Typer(help="Benchmarks that run as trainmaster jobs.", no_args_is_help=True)
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-MODES = ("out", "in")
-FIELDS = ("size_bytes", "count", "time_us", "algbw", "busbw", "wrong")
-PREFIX = "coll"
 UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(I?B)?\s*$", re.IGNORECASE)
 
@@ -49,56 +45,7 @@ def format_size(size: int) -> str:
     return f"{size}B"
 
 
-def doubling_sizes(min_size: int, max_size: int) -> list[int]:
-    sizes, size = [], min_size
-    while size <= max_size:
-        sizes.append(size)
-        size *= 2
-    return sizes
-
-
-@dataclass(frozen=True)
-class BenchRow:
-    step: int
-    backend: str
-    op: str
-    mode: str
-    size_bytes: int
-    count: int
-    time_us: float
-    algbw: float
-    busbw: float
-    wrong: int
-
-
-def decode_rows(points: Iterable[MetricValue]) -> list[BenchRow]:
-    """Rows from rank 0's `coll/...` metric points, by step; incomplete rows are left out."""
-    found: dict[int, tuple[tuple[str, str, str], dict[str, float]]] = {}
-    for point in points:
-        parts = point.name.split("/")
-        if point.rank != 0 or point.step is None or len(parts) != 5 or parts[0] != PREFIX or parts[4] not in FIELDS:
-            continue
-        key = (parts[1], parts[2], parts[3])
-        found.setdefault(point.step, (key, {}))[1][parts[4]] = float("nan") if point.value is None else point.value
-    rows = []
-    for step in sorted(found):
-        (backend, op, mode), values = found[step]
-        if set(values) == set(FIELDS):
-            size, count, time_us, algbw, busbw, wrong = (values[name] for name in FIELDS)
-            rows.append(BenchRow(step, backend, op, mode, int(size), int(count), time_us, algbw, busbw, int(wrong)))
-    return rows
-
-
-def average_busbw(rows: Iterable[BenchRow]) -> dict[str, dict[str, float]]:
-    """Mean busbw per backend: per op and over all its rows ("all")."""
-    sums: dict[str, dict[str, list[float]]] = {}
-    for row in rows:
-        for key in (row.op, "all"):
-            sums.setdefault(row.backend, {}).setdefault(key, []).append(row.busbw)
-    return {b: {k: sum(v) / len(v) for k, v in per.items()} for b, per in sums.items()}
-
-
-def ratios(rows: list[BenchRow]) -> list[dict[str, Any]]:
+def ratios(rows: list[PointRow]) -> list[dict[str, Any]]:
     """For the first backend against each other one, at each op, mode and size: how many times
     faster the first is (the other's time / the first's time, which is also the busbw ratio)."""
     backends = list(dict.fromkeys(row.backend for row in rows))
@@ -114,7 +61,7 @@ def ratios(rows: list[BenchRow]) -> list[dict[str, Any]]:
     return out
 
 
-def op_table(rows: list[BenchRow], backend: str, op: str, world_size: int) -> Table:
+def op_table(rows: list[PointRow], backend: str, op: str, world_size: int) -> Table:
     """One nccl-tests block: a line per size, out-of-place then in-place (time in us, GB/s)."""
     redop, root = ("sum", -1) if op in ("all_reduce", "reduce_scatter") else ("none", 0 if op == "broadcast" else -1)
     title = f"{op} · {backend} · {world_size} rank(s) · float, redop {redop}, root {root} · us and GB/s"
@@ -124,7 +71,7 @@ def op_table(rows: list[BenchRow], backend: str, op: str, world_size: int) -> Ta
     for mode in ("out", "in"):  # out-of-place, in-place
         for name in (f"{mode} time", "algbw", "busbw", "#wrong"):
             table.add_column(name, justify="right", no_wrap=True)
-    by_size: dict[int, dict[str, BenchRow]] = {}
+    by_size: dict[int, dict[str, PointRow]] = {}
     for row in rows:
         if row.backend == backend and row.op == op:
             by_size.setdefault(row.size_bytes, {})[row.mode] = row
@@ -155,7 +102,7 @@ def ratio_table(found: list[dict[str, Any]]) -> Table:
     return table
 
 
-def follow(client: Client, job_id: str, total: int, out: Console) -> list[BenchRow]:
+def follow(client: Client, job_id: str, total: int, out: Console) -> list[PointRow]:
     """Stream the job's metrics with a progress bar until it ends; the rows, read back if needed."""
     points: list[MetricValue] = []
     steps: set[int] = set()
@@ -163,14 +110,14 @@ def follow(client: Client, job_id: str, total: int, out: Console) -> list[BenchR
     with Progress(*columns, console=out, transient=False) as progress:
         task = progress.add_task(f"collectives {job_id[:8]}", total=total)
         for point in client.stream_metrics(job_id):
-            if point.name.startswith(f"{PREFIX}/") and point.rank == 0:
+            if point.name.startswith(f"{METRIC_PREFIX}/") and point.rank == 0:
                 points.append(point)
                 if point.step is not None:
                     steps.add(point.step)
                     progress.update(task, completed=len(steps))
-    rows = decode_rows(points)
+    rows = rows_from_points(points)
     if len(rows) < total:  # a stream cut short: the stored points are the record
-        rows = decode_rows(client.metrics(job_id))
+        rows = rows_from_points(client.metrics(job_id))
     return rows
 
 
@@ -249,7 +196,7 @@ def _bounds(body: dict[str, Any]) -> tuple[int, int]:
     return body["config"]["min_size"], body["config"]["max_size"]
 
 
-def print_tables(rows: list[BenchRow], world_size: int, out: Console) -> None:
+def print_tables(rows: list[PointRow], world_size: int, out: Console) -> None:
     backends = list(dict.fromkeys(row.backend for row in rows))
     ops = list(dict.fromkeys(row.op for row in rows))
     for backend in backends:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import deque
 
 from rich.live import Live
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from trainmaster.cli.output import console
@@ -34,34 +33,19 @@ def metrics_table(latest: dict[str, MetricValue], history: dict[str, deque[float
     return table
 
 
-def follow_metrics(client: Client, job_id: str, *, total_steps: int | None = None) -> None:
+def follow_metrics(client: Client, job_id: str) -> None:
     """A live table of the latest value and trend of each metric (rank 0), until the job ends."""
     latest: dict[str, MetricValue] = {}
     history: dict[str, deque[float]] = {}
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=console,
-    )
-    task = progress.add_task("training", total=total_steps)
-    group = Table.grid()
-    with Live(group, console=console, refresh_per_second=4) as live:
+    with Live(Table.grid(), console=console, refresh_per_second=4) as live:
         for point in client.stream_metrics(job_id):
             if point.rank != 0:
                 continue
             latest[point.name] = point
+            trend = history.setdefault(point.name, deque(maxlen=40))
             if point.value is not None:
-                history.setdefault(point.name, deque(maxlen=40)).append(point.value)
-            history.setdefault(point.name, deque(maxlen=40))
-            if point.step is not None:
-                progress.update(task, completed=point.step)
-            grid = Table.grid()
-            if total_steps:
-                grid.add_row(progress)
-            grid.add_row(metrics_table(latest, history))
-            live.update(grid)
+                trend.append(point.value)
+            live.update(metrics_table(latest, history))
 
 
 def follow_logs(client: Client, job_id: str) -> None:
