@@ -121,11 +121,12 @@ def rows(
     names: dict[str, str], measured: tuple[dict[str, list[float]], Counter[str]], duration_s: float
 ) -> list[dict[str, Any]]:
     latencies, errors = measured
+    failed = {kind: sum(n for error, n in errors.items() if error.startswith(kind)) for kind in names}
     return [
         {
             "path": names[kind],
-            "requests": len(latencies[kind]),
-            "errors": sum(n for error, n in errors.items() if error.startswith(kind)),
+            "requests": len(latencies[kind]) + failed[kind],
+            "errors": failed[kind],
             "req_per_s": len(latencies[kind]) / duration_s,
             **ms(latencies[kind], 50, 99),
         }
@@ -155,7 +156,9 @@ def main() -> int:
         record.tables["latency"] = api_rows + peer_rows
         for api_row, peer_row in zip(api_rows, peer_rows, strict=True):
             for pct in ("p50_ms", "p99_ms"):
-                record.ratio(f"{api_row['path']} {pct}", api_row[pct], peer_row["path"], peer_row[pct])
+                record.ratio(
+                    f"{api_row['path']}, {pct.replace('_', ' ')}", api_row[pct], peer_row["path"], peer_row[pct]
+                )
         record.valid = not any(row["errors"] for row in record.tables["latency"])
     return 0 if record.valid else 1
 

@@ -150,11 +150,15 @@ def run(name: str, args: argparse.Namespace) -> Iterator[Record]:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(asdict(record), indent=2) + "\n")
     for r in record.ratios:
-        print(f"{r['figure']}: {r['value']:.4g} against {r['peer']} {r['peer_value']:.4g}, {r['ratio']:.3g}x")
+        print(f"{r['figure']}: {number(r['value'])} against {r['peer']} {number(r['peer_value'])}: {r['ratio']:.3g}x")
     print(f"results written to {output}" + ("" if record.valid else " (marked INVALID: see its tables)"))
 
 
 # --------------------------------------------------------------------------- numbers
+
+
+def number(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
 def percentile(values: Sequence[float], pct: float) -> float:

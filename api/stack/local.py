@@ -32,6 +32,7 @@ class StackState:
     ray_dashboard: str
     ray_gcs: str
     api_url: str
+    ray_temp_dir: str = ""  # every process of the stack's Ray head names it on its command line
     supervisor_pid: int | None = None
     components: dict[str, Any] = field(default_factory=dict)
 
@@ -122,6 +123,7 @@ def up(
         embedded_postgres=embedded,
         ray_dashboard=head.dashboard,
         ray_gcs=head.gcs_address,
+        ray_temp_dir=str(head.temp_dir),
         api_url=f"http://127.0.0.1:{free_port(api_port)}",
     )
 
@@ -180,7 +182,7 @@ def down(say: Any = print) -> bool:
         say("stopping the API and the dispatcher")
         kill_group(state.supervisor_pid)
     say("stopping the Ray head")
-    ray_head.stop(ray_temp_dir(), state.ray_gcs)
+    ray_head.stop(Path(state.ray_temp_dir) if state.ray_temp_dir else ray_temp_dir(), state.ray_gcs)
     if state.embedded_postgres:
         say("stopping embedded PostgreSQL")
         postgres.stop_embedded(home() / "pgdata")

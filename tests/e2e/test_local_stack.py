@@ -5,31 +5,18 @@ Uses the embedded PostgreSQL (as a newcomer would), its own TRAINMASTER_HOME and
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from api.stack.processes import matching
 from tests.e2e.conftest import TRAINMASTER, wait_until
 
 pytestmark = pytest.mark.ray
-
-
-def processes_mentioning(*needles: str) -> list[str]:
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError):
-            continue
-        if int(proc.name) != os.getpid() and any(needle in cmdline for needle in needles):
-            found.append(f"{proc.name}: {cmdline[:150]}")
-    return found
 
 
 def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
@@ -41,6 +28,7 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
         return subprocess.run([TRAINMASTER, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
     up = tm("up", "--num-cpus", "2", "--api-port", "0")
+    ray_dir = json.loads((home / "stack.json").read_text())["ray_temp_dir"] if up.returncode == 0 else None
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "trainmaster is up" in up.stdout
@@ -63,9 +51,11 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
         metrics = json.loads(tm("metrics", job["id"], "--json").stdout)
         assert any(point["name"] == "loss" for point in metrics)
         assert (home / "logs" / "api.log").exists() and (home / "logs" / "dispatcher.log").exists()
+        assert ray_dir, "the stack records the folder of its Ray head"
+        assert matching([re.escape(ray_dir)]), "the stack's Ray head runs under the folder it recorded"
     finally:
         down = tm("down")
     assert down.returncode == 0, down.stdout + down.stderr
-    ray_dir = "/tmp/tm-ray-" + hashlib.sha256(str(home).encode()).hexdigest()[:8]  # as api.stack.local names it
-    wait_until(lambda: not processes_mentioning(str(home), ray_dir), 30, what="every process of the stack to exit")
+    markers = [re.escape(str(home)), *([re.escape(ray_dir)] if ray_dir else [])]
+    wait_until(lambda: not matching(markers), 30, what="every process of the stack to exit")
     assert tm("status").returncode == 1

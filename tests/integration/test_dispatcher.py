@@ -232,7 +232,7 @@ def test_infeasible_job_fails_after_the_timeout(database_url: str) -> None:
     run(scenario())
 
 
-@pytest.mark.parametrize("owners", [["d1", "d2", "d3"]])
+@pytest.mark.parametrize("owners", [["d1", "d2"], ["d1", "d2", "d3", "d4"]])
 def test_concurrent_dispatchers_submit_each_attempt_once(database_url: str, owners: list[str]) -> None:
     async def scenario() -> None:
         async with World(database_url) as world:

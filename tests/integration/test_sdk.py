@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import threading
 
+import httpx
 import psycopg
+import pydantic
 import pytest
 
 import trainmaster as tm
 from tests.conftest import libpq
+from tests.integration.conftest import count_jobs
 
 
 def finish(database_url: str, job_id: str, status: str, error: str | None = None) -> None:
@@ -47,6 +50,40 @@ def test_submit_retries_share_one_idempotency_key(sdk: tm.Client) -> None:
     assert "Idempotency-Key" in str(caught.value)
 
 
+class LosesAnswers(httpx.BaseTransport):
+    """Delivers every request to the app, but the first `lose` answers to POST /v1/jobs never arrive
+    (the job is stored; the client sees a dropped connection), then one 503 if `busy`."""
+
+    def __init__(self, inner: httpx.BaseTransport, lose: int, busy: bool = False):
+        self.inner, self.lose, self.busy = inner, lose, busy
+        self.keys: list[str | None] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        submitting = request.method == "POST" and request.url.path == "/v1/jobs"
+        if submitting:
+            self.keys.append(request.headers.get("Idempotency-Key"))
+        if submitting and self.busy:
+            self.busy = False
+            return httpx.Response(503, json={"error": "DatabaseUnavailable", "detail": "try again"})
+        response = self.inner.handle_request(request)
+        if submitting and self.lose > 0:
+            self.lose -= 1
+            response.read()
+            raise httpx.ReadError("connection reset by peer", request=request)
+        return response
+
+
+def test_submit_retried_after_lost_answers_stores_one_job(http, token: str, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    transport = LosesAnswers(http._transport, lose=2, busy=True)
+    before = count_jobs(database_url)
+    with tm.Client("http://testserver", token, transport=transport) as client:
+        job = client.submit(name="flaky-network", entrypoint="builtin:mlp")
+        assert client.get(job.id).name == "flaky-network"
+    assert len(transport.keys) == 4  # a 503, two lost answers, then the answer that arrived
+    assert len(set(transport.keys)) == 1 and transport.keys[0]  # one key generated for every try
+    assert count_jobs(database_url) == before + 1
+
+
 def test_errors_map_to_the_exception_tree(sdk: tm.Client, http, database_url: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(tm.JobNotFound) as missing:
         sdk.get("00000000-0000-0000-0000-000000000000")
@@ -63,7 +100,7 @@ def test_errors_map_to_the_exception_tree(sdk: tm.Client, http, database_url: st
 
 
 def test_client_side_validation_names_the_field() -> None:
-    with pytest.raises(Exception) as caught:
+    with pytest.raises(pydantic.ValidationError) as caught:
         tm.JobSpec(name="x", entrypoint="builtin:mlp", scaling=tm.Scaling(num_workers=0))
     assert "num_workers" in str(caught.value)
 
