@@ -9,7 +9,6 @@ imports what it needs when it runs and says which extra to install when that is 
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import logging
 import subprocess
@@ -90,21 +89,8 @@ def token_create(
     description: Annotated[str | None, typer.Option(help="a note to recognise it by")] = None,
 ) -> None:
     """Print a new API token for PROJECT (stored hashed; shown only this once)."""
-    session_module = _server("api.db.session")
-    auth = _server("api.auth.service")
-    settings = _server("api.settings").get_settings()
-
-    async def create() -> str:
-        engine = session_module.create_engine(settings)
-        try:
-            async with session_module.session_factory(engine)() as session:
-                token: str = await auth.create_project_token(session, project, description)
-                await session.commit()
-                return token
-        finally:
-            await engine.dispose()
-
-    print(asyncio.run(create()))
+    database_url = _server("api.settings").get_settings().database_url
+    print(_server("api.auth.admin").project_token(database_url, project, description))
 
 
 def up(
