@@ -50,9 +50,13 @@ ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # --------------------------------------------------------------------------- the run and its facts
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The script's docstring as written, and each option's default."""
+
+
 def parser(doc: str | None, database: bool = False) -> argparse.ArgumentParser:
     """An argument parser with the options every script has (and `--database-url` where it makes one)."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=doc, formatter_class=HelpFormatter)
     if database:
         parser.add_argument("--database-url", default=ADMIN_URL, help="PostgreSQL server for the tm_bench_* database")
     parser.add_argument("--quiet-load", type=float, default=1.5, help="first wait for a 1-minute load below this")

@@ -35,21 +35,29 @@ def cell(value: Any) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
+    """A Markdown table, a column per key; numbers right-aligned, a `ratio` column with an x."""
     columns = list(dict.fromkeys(key for row in rows for key in row))
+    numeric = {c for c in columns if all(isinstance(row.get(c), int | float | None) for row in rows)}
     lines = [
         "| " + " | ".join(column.replace("_", " ") for column in columns) + " |",
-        "|" + "|".join("---" if n == 0 else "---:" for n in range(len(columns))) + "|",
+        "|" + "|".join("---:" if column in numeric else "---" for column in columns) + "|",
     ]
-    return lines + ["| " + " | ".join(cell(row.get(column)) for column in columns) + " |" for row in rows]
+    for row in rows:
+        cells = [cell(row.get(c)) + ("x" if c == "ratio" and row.get(c) is not None else "") for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
-def facts_line(facts: dict[str, Any]) -> str:
-    postgres = str(facts.get("postgresql") or "not read").split(",")[0]
+def facts_line(run: dict[str, Any]) -> str:
+    facts, quiet_load = run["facts"], run["config"]["quiet_load"]
+    postgres = str(facts.get("postgresql") or "PostgreSQL version not read").split(",")[0]
+    commit, dirty, _ = facts["git"].partition("+dirty")
     return (
         f"{facts['cpus']} CPUs ({facts['platform']}); 1-minute load average {facts['load_1m_start']:.2f} at the "
-        f"start (after waiting {facts['quiet_wait_s']} s for a quieter machine), {facts['load_1m_end']:.2f} at "
+        f"start (after {facts['quiet_wait_s']} s waiting for < {quiet_load:g}), {facts['load_1m_end']:.2f} at "
         f"the end; Python {facts['python']}, torch {facts['torch']}, ray {facts['ray']}, {postgres}; "
-        f"git `{facts['git']}`; {facts['started_at']} to {facts['finished_at']}."
+        f"git `{commit[:12]}`{' plus uncommitted changes' if dirty else ''}; "
+        f"{facts['started_at']} to {facts['finished_at']}."
     )
 
 
@@ -70,7 +78,7 @@ def render(runs: list[dict[str, Any]]) -> str:
         ),
     ]
     for r in runs:
-        lines += ["", f"### {r['benchmark']}", "", f"`{r['command']}`", "", facts_line(r["facts"])]
+        lines += ["", f"### {r['benchmark']}", "", f"`{r['command']}`", "", facts_line(r)]
         if not r["valid"]:
             lines += ["", "**This run is invalid** (requests failed, or points or rows were lost): see its tables."]
         for title, rows in r["tables"].items():

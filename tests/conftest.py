@@ -14,12 +14,7 @@ from typing import Any
 
 import pytest
 
-from api.settings import libpq_url
 from api.stack.postgres import create_database, drop_database
-
-
-def libpq(url: str) -> str:
-    return libpq_url(url)
 
 
 @pytest.fixture(scope="session")

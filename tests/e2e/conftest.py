@@ -107,7 +107,7 @@ def running_stack(
 ) -> Iterator[Stack]:
     """API and one dispatcher on a database of their own, over `ray_head`."""
     from api.db import migrate
-    from tests.conftest import create_database, drop_database
+    from api.stack.postgres import create_database, drop_database
     from tests.e2e.ray_stack import Dispatchers
 
     database_url = create_database(pg_server_url, "tm_ray")

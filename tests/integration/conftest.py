@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.settings import Settings
-from tests.conftest import libpq
+from api.settings import libpq_url as libpq
 from tests.factories.auth import project_token
 from trainmaster import Client
 

@@ -13,7 +13,7 @@ import trainmaster as tm
 from api.app import create_app
 from api.code_packages import archive
 from api.settings import Settings
-from tests.conftest import libpq
+from api.settings import libpq_url as libpq
 from tests.factories.jobs import spec
 
 

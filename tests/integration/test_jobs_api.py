@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 from fastapi.testclient import TestClient
 
-from tests.conftest import libpq
+from api.settings import libpq_url as libpq
 from tests.factories.jobs import spec
 from tests.integration.conftest import count_jobs
 

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.settings import Settings
-from tests.conftest import libpq
+from api.settings import libpq_url as libpq
 from tests.factories.auth import job_token
 from tests.factories.jobs import spec
 from trainmaster.sse import parse

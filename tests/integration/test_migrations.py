@@ -4,8 +4,8 @@ import psycopg
 import pytest
 
 from api.db import migrate
+from api.settings import libpq_url as libpq
 from api.stack.postgres import create_database, drop_database
-from tests.conftest import libpq
 
 
 def tables(url: str) -> set[str]:

@@ -10,7 +10,7 @@ import pydantic
 import pytest
 
 import trainmaster as tm
-from tests.conftest import libpq
+from api.settings import libpq_url as libpq
 from tests.integration.conftest import count_jobs
 
 

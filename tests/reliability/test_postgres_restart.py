@@ -18,7 +18,8 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import create_database, drop_database, libpq
+from api.settings import libpq_url as libpq
+from api.stack.postgres import create_database, drop_database
 from tests.e2e.conftest import TRAINMASTER, start_api, stop, wait_until
 from tests.factories.auth import project_token
 from tests.factories.jobs import spec

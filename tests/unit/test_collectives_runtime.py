@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import types
 from datetime import datetime, timezone
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from api.stack.processes import free_port
 from trainmaster.collectives import MODES, OPS, element_count, rows_from_points
 from trainmaster.models import MetricValue
 from workers.collectives import timeout
@@ -67,12 +67,6 @@ def test_grpc_baseline_gives_every_rank_the_right_answer(world_size: int) -> Non
     assert set(wrong.values()) == {0}, wrong
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _gloo_rank(rank: int, world_size: int, port: int, results: Any) -> None:
     import torch.distributed as dist
 
@@ -100,7 +94,7 @@ def test_two_gloo_ranks_measure_every_row_correctly() -> None:
 
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
-    port = _free_port()
+    port = free_port()
     processes = [context.Process(target=_gloo_rank, args=(r, 2, port, results)) for r in range(2)]
     for process in processes:
         process.start()
