@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,34 +129,30 @@ class JobApi:
         self.http.close()
 
 
-def post_event(kind: str, message: str, data: dict[str, Any] | None = None) -> bool:
-    """A best-effort job event from any process of the job; printed instead outside a job or on error."""
+def _best_effort(what: str, call: Callable[[JobApi], httpx.Response]) -> bool:
+    """Run one report with a fresh client; False (and a printed line) outside a job or on error."""
     context = JobContext.from_env()
     if context is None or not context.can_report:
-        print(f"[trainmaster] {kind}: {message} {data or ''}", flush=True)
         return False
     api = context.api()
     try:
-        api.post_event(kind, message, data).raise_for_status()
+        call(api).raise_for_status()
         return True
     except httpx.HTTPError as exc:
-        print(f"[trainmaster] could not record event {kind!r}: {exc}", file=sys.stderr, flush=True)
+        print(f"[trainmaster] could not record {what}: {exc}", file=sys.stderr, flush=True)
         return False
     finally:
         api.close()
+
+
+def post_event(kind: str, message: str, data: dict[str, Any] | None = None) -> bool:
+    """A best-effort job event from any process of the job; printed instead outside a job."""
+    if _best_effort(f"event {kind!r}", lambda api: api.post_event(kind, message, data)):
+        return True
+    print(f"[trainmaster] {kind}: {message} {data or ''}", flush=True)
+    return False
 
 
 def record_checkpoint(path: str, step: int | None, metrics: dict[str, float]) -> bool:
     """Tell the API about a checkpoint Ray Train registered; best effort like every report."""
-    context = JobContext.from_env()
-    if context is None or not context.can_report:
-        return False
-    api = context.api()
-    try:
-        api.record_checkpoint(path, step, metrics).raise_for_status()
-        return True
-    except httpx.HTTPError as exc:
-        print(f"[trainmaster] could not record checkpoint {path}: {exc}", file=sys.stderr, flush=True)
-        return False
-    finally:
-        api.close()
+    return _best_effort(f"checkpoint {path}", lambda api: api.record_checkpoint(path, step, metrics))
