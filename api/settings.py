@@ -32,6 +32,7 @@ class Settings(BaseSettings):
     system_metrics_interval_s: float = 5.0  # per-worker CPU, memory and GPU sampling; 0 turns it off
     driver_cpus: float = 0.0
     admit_batch: int = 50
+    reconcile_batch: int = 200  # active jobs followed per round; the least recently followed first
     sse_heartbeat_s: float = 15.0
     sse_send_timeout_s: float = 30.0
     max_streams_per_token: int = 16

@@ -4,6 +4,7 @@ with a reason, or failed as infeasible once `infeasible_timeout_s` has passed.""
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -30,6 +31,8 @@ async def admit_round(dispatcher: Dispatcher) -> int:
     driver = {"CPU": settings.driver_cpus} if settings.driver_cpus > 0 else {}
     launches: list[Launch] = []
     async with dispatcher.sessions() as session, session.begin():
+        await repo.lock_admission(session)
+        now = await repo.db_now(session)
         held_cpus, held_gpus = await repo.held_resources(session)
         total = cluster.total()
         budget = {"CPU": total.get("CPU", 0.0) - held_cpus, "GPU": total.get("GPU", 0.0) - held_gpus}
@@ -47,12 +50,12 @@ async def admit_round(dispatcher: Dispatcher) -> int:
                 cluster.reserve(admission.placement)
                 budget["CPU"] -= job.gang_cpus
                 budget["GPU"] -= job.gang_gpus
-                launches.append(await launch.start_attempt(dispatcher, session, job, spec))
+                launches.append(await launch.start_attempt(dispatcher, session, job, spec, now))
             elif admission.decision is Decision.wait:
                 job.infeasible_since = None
                 job.pending_reason = admission.reason
             else:
-                await _infeasible(dispatcher, session, job, admission.reason)
+                await _infeasible(dispatcher, session, job, admission.reason, now)
     # The attempt rows are committed: only now may Ray hear of them.
     for one in launches:
         await launch.submit(dispatcher, one)
@@ -63,11 +66,11 @@ def _within(budget: dict[str, float], job: Job) -> bool:
     return job.gang_cpus <= budget["CPU"] + 1e-9 and job.gang_gpus <= budget["GPU"] + 1e-9
 
 
-async def _infeasible(dispatcher: Dispatcher, session: AsyncSession, job: Job, reason: str) -> None:
+async def _infeasible(dispatcher: Dispatcher, session: AsyncSession, job: Job, reason: str, now: datetime) -> None:
     if job.infeasible_since is None:
-        job.infeasible_since = repo.now()
+        job.infeasible_since = now
         await record_event(session, job, "infeasible", reason)
-    waited = (repo.now() - job.infeasible_since).total_seconds()
+    waited = (now - job.infeasible_since).total_seconds()
     left = dispatcher.settings.infeasible_timeout_s - waited
     if left <= 0:
         await transition(

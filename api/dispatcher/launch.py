@@ -8,7 +8,7 @@ import logging
 import shlex
 import sys
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +18,6 @@ from api.auth.service import create_job_token
 from api.code_packages import archive
 from api.code_packages import repository as code_repository
 from api.db.models import Job, JobAttempt
-from api.dispatcher import repository as repo
 from api.dispatcher.backend import Launch, RayUnavailable
 from api.jobs.status import record_event, transition
 from api.settings import Settings
@@ -35,13 +34,15 @@ def submission_id(job_id: uuid.UUID, n: int) -> str:
     return f"tm-{job_id}-{n}"
 
 
-async def start_attempt(dispatcher: Dispatcher, session: AsyncSession, job: Job, spec: JobSpec) -> Launch:
+async def start_attempt(
+    dispatcher: Dispatcher, session: AsyncSession, job: Job, spec: JobSpec, now: datetime
+) -> Launch:
     """A new attempt row (committed by the caller before any submit) and the launch that goes with it."""
     n = max((a.n for a in job.attempts), default=0) + 1
     sub_id = submission_id(job.id, n)
     session.add(JobAttempt(job_id=job.id, n=n, ray_submission_id=sub_id, status=AttemptStatus.pending))
     job.lease_owner = dispatcher.owner
-    job.lease_expires_at = repo.now() + timedelta(seconds=dispatcher.settings.lease_s)
+    job.lease_expires_at = now + timedelta(seconds=dispatcher.settings.lease_s)
     job.pending_reason = None
     job.infeasible_since = None
     await transition(session, job, JobStatus.starting, message=f"admitted; attempt {n} ({sub_id})")

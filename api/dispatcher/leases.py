@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -26,6 +27,7 @@ class Held:
     session: AsyncSession
     job: Job
     attempt: JobAttempt | None
+    now: datetime  # the database's clock, read in this transaction
 
 
 @asynccontextmanager
@@ -36,4 +38,4 @@ async def leased(
         job = await repository.lock_if_leased(session, job_id, owner)
         attempt = repository.latest_attempt(job) if job is not None else None
         stale = submission_id is not None and (attempt is None or attempt.ray_submission_id != submission_id)
-        yield None if job is None or stale else Held(session, job, attempt)
+        yield None if job is None or stale else Held(session, job, attempt, await repository.db_now(session))

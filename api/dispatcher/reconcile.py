@@ -11,7 +11,9 @@ import asyncio
 import json
 import logging
 import re
+import time
 import uuid
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -32,7 +34,9 @@ log = logging.getLogger("trainmaster.dispatcher")
 
 async def reconcile_round(dispatcher: Dispatcher) -> None:
     async with dispatcher.sessions() as session, session.begin():
-        job_ids = await repo.claim_active(session, dispatcher.owner, dispatcher.settings.lease_s)
+        job_ids = await repo.claim_active(
+            session, dispatcher.owner, dispatcher.settings.lease_s, dispatcher.settings.reconcile_batch
+        )
     for job_id in job_ids:
         try:
             await reconcile_job(dispatcher, job_id)
@@ -45,17 +49,16 @@ async def reconcile_round(dispatcher: Dispatcher) -> None:
 
 async def _ray_down(dispatcher: Dispatcher, job_ids: list[uuid.UUID], error: str) -> None:
     """Past ray_unreachable_timeout_s without Ray, active attempts are lost: retried or failed."""
-    now = repo.now()
     if dispatcher.ray_down_since is None:
-        dispatcher.ray_down_since = now
-    down_for = (now - dispatcher.ray_down_since).total_seconds()
+        dispatcher.ray_down_since = time.monotonic()  # how long this dispatcher has seen Ray down
+    down_for = time.monotonic() - dispatcher.ray_down_since
     if down_for < dispatcher.settings.ray_unreachable_timeout_s:
         return
     for job_id in job_ids:
         async with dispatcher.leased(job_id) as held:
             if held is None or held.attempt is None or held.job.status not in repo.ACTIVE:
                 continue
-            held.attempt.status, held.attempt.finished_at = AttemptStatus.lost, now
+            held.attempt.status, held.attempt.finished_at = AttemptStatus.lost, held.now
             held.attempt.error = f"lost: the Ray cluster has been unreachable for {down_for:.0f} s ({error})"
             await _after_failure(held.session, held.job, held.attempt.error)
 
@@ -79,7 +82,7 @@ async def reconcile_job(dispatcher: Dispatcher, job_id: uuid.UUID) -> None:
             return
         final = info is not None and info.state.terminal
         await _copy_logs(held.session, held.job, held.attempt, logs, final=final)
-        await _apply(held.session, held.job, held.attempt, info, logs, wants_stop)
+        await _apply(held.session, held.job, held.attempt, info, logs, wants_stop, held.now)
 
 
 async def _resubmit_pending(dispatcher: Dispatcher, job_id: uuid.UUID, sub_id: str, spec: JobSpec) -> None:
@@ -89,12 +92,12 @@ async def _resubmit_pending(dispatcher: Dispatcher, job_id: uuid.UUID, sub_id: s
             return
         job, attempt = held.job, held.attempt
         if job.status is JobStatus.cancelling:  # never launched: nothing to stop
-            attempt.status, attempt.finished_at = AttemptStatus.stopped, repo.now()
+            attempt.status, attempt.finished_at = AttemptStatus.stopped, held.now
             await _finish(held.session, job, JobStatus.cancelled, None, "cancelled before launch")
             return
-        waited = (repo.now() - attempt.created_at).total_seconds()
+        waited = (held.now - attempt.created_at).total_seconds()
         if waited > dispatcher.settings.launch_timeout_s:
-            attempt.status, attempt.finished_at = AttemptStatus.failed, repo.now()
+            attempt.status, attempt.finished_at = AttemptStatus.failed, held.now
             attempt.error = f"not launched within {waited:.0f} s: {attempt.error or 'Ray did not accept it'}"
             await _after_failure(held.session, job, attempt.error)
             return
@@ -111,7 +114,7 @@ async def _stop_if_asked(dispatcher: Dispatcher, job_id: uuid.UUID, sub_id: str,
         reason = None
         if job.status is JobStatus.cancelling or job.cancel_requested:
             reason = "cancel"
-        elif attempt.status is AttemptStatus.timing_out or _timed_out(job, attempt):
+        elif attempt.status is AttemptStatus.timing_out or _timed_out(job, attempt, held.now):
             reason = "timeout"
             if attempt.status is not AttemptStatus.timing_out:
                 attempt.status = AttemptStatus.timing_out
@@ -139,8 +142,8 @@ async def _apply(
     info: RayJobInfo | None,
     logs: str,
     wants_stop: str | None,
+    now: datetime,
 ) -> None:
-    now = repo.now()
     if info is None:
         attempt.status, attempt.finished_at = AttemptStatus.lost, now
         attempt.error = "lost: Ray no longer knows this attempt (the cluster restarted or the job was deleted)"
@@ -201,12 +204,12 @@ async def _finish(session: AsyncSession, job: Job, status: JobStatus, error: str
     await transition(session, job, status, message=message, error=error)
 
 
-def _timed_out(job: Job, attempt: JobAttempt) -> bool:
+def _timed_out(job: Job, attempt: JobAttempt, now: datetime) -> bool:
     limit = job.spec.get("timeout_s")
     started = attempt.started_at or job.started_at
     if not limit or started is None:
         return False
-    return (repo.now() - started).total_seconds() > float(limit)
+    return (now - started).total_seconds() > float(limit)
 
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -15,8 +15,18 @@ from trainmaster.models import JobStatus
 ACTIVE = (JobStatus.starting, JobStatus.running, JobStatus.cancelling)
 
 
-def now() -> datetime:
-    return datetime.now(timezone.utc)
+ADMISSION_LOCK = 0x746D_6164  # "tmad": one admission round at a time across every dispatcher
+
+
+async def db_now(session: AsyncSession) -> datetime:
+    """The database's clock: every time the dispatcher writes or compares comes from here."""
+    return (await session.execute(select(func.now()))).scalar_one()
+
+
+async def lock_admission(session: AsyncSession) -> None:
+    """Serialise admission rounds (held until the transaction ends): the resources already held are
+    read and added to under this lock, so two dispatchers never admit against the same free capacity."""
+    await session.execute(select(func.pg_advisory_xact_lock(ADMISSION_LOCK)))
 
 
 async def held_resources(session: AsyncSession) -> tuple[float, float]:
@@ -66,15 +76,19 @@ async def lock_queued(session: AsyncSession, limit: int) -> list[Job]:
 
 
 async def claim_active(session: AsyncSession, owner: str, lease_s: float, limit: int = 200) -> list[uuid.UUID]:
-    """Take (or renew) the lease of active jobs that are ours or whose lease ran out."""
-    expires = now() + timedelta(seconds=lease_s)
+    """Take (or renew) the lease of active jobs that are ours or whose lease ran out.
+
+    The least recently renewed come first, so past `limit` active jobs every one is still reached
+    in turn: renewing a lease moves the job to the back.
+    """
+    expires = func.now() + timedelta(seconds=lease_s)
     candidates = (
         select(Job.id)
         .where(
             Job.status.in_(ACTIVE),
             or_(Job.lease_owner == owner, Job.lease_owner.is_(None), Job.lease_expires_at < func.now()),
         )
-        .order_by(Job.created_at)
+        .order_by(Job.lease_expires_at.asc().nulls_first(), Job.created_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
@@ -105,5 +119,5 @@ def latest_attempt(job: Job) -> JobAttempt | None:
 
 async def revoke_job_tokens(session: AsyncSession, job_id: uuid.UUID) -> None:
     await session.execute(
-        update(ApiToken).where(ApiToken.job_id == job_id, ApiToken.revoked_at.is_(None)).values(revoked_at=now())
+        update(ApiToken).where(ApiToken.job_id == job_id, ApiToken.revoked_at.is_(None)).values(revoked_at=func.now())
     )

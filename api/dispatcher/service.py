@@ -15,7 +15,6 @@ from __future__ import annotations
 import uuid
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -31,7 +30,7 @@ class Dispatcher:
     sessions: async_sessionmaker[AsyncSession]
     ray: RayBackend
     owner: str
-    ray_down_since: datetime | None = None
+    ray_down_since: float | None = None  # time.monotonic() when Ray was first found unreachable
 
     def leased(self, job_id: uuid.UUID, submission_id: str | None = None) -> AbstractAsyncContextManager[Held | None]:
         return leased(self.sessions, job_id, self.owner, submission_id)

@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from api.auth.repository import get_or_create_project
 from api.auth.service import Principal
@@ -294,5 +295,64 @@ def test_ray_unreachable_past_the_bound_loses_active_attempts(database_url: str)
             assert job.status is JobStatus.queued  # a retry, under a new attempt id once Ray is back
             [attempt] = await world.attempts(job_id)
             assert attempt.status == "lost" and "unreachable" in (attempt.error or "")
+
+    run(scenario())
+
+
+def test_past_the_reconcile_batch_every_active_job_is_followed_in_turn(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url, reconcile_batch=2) as world:
+            world.ray.cpus = 8
+            ids = [await world.submit(**one_worker()) for _ in range(5)]
+            dispatcher = world.dispatcher()
+            assert await dispatcher.admit_round() == 5
+            for sub_id in world.ray.jobs:
+                world.ray.jobs[sub_id] = RayJobState.RUNNING
+            for _ in range(3):  # 3 rounds x 2 jobs reach all 5
+                await dispatcher.reconcile_round()
+            statuses = [(await world.job(job_id)).status for job_id in ids]
+            assert statuses == [JobStatus.running] * 5
+
+    run(scenario())
+
+
+def test_two_dispatchers_admitting_at_once_never_overcommit_the_cluster(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url, admit_batch=4) as world:
+            world.ray.cpus = 4  # Ray's own view lags: only the jobs already held count against it
+            ids = [await world.submit(**one_worker()) for _ in range(8)]
+            admitted = await asyncio.gather(world.dispatcher("d1").admit_round(), world.dispatcher("d2").admit_round())
+            assert sum(admitted) == 4
+            starting = [(await world.job(job_id)).status is JobStatus.starting for job_id in ids]
+            assert sum(starting) == 4
+
+    run(scenario())
+
+
+class SkewedClock(datetime):
+    """A dispatcher host whose clock runs an hour ahead of the database's."""
+
+    @classmethod
+    def now(cls, tz: Any = None) -> SkewedClock:  # type: ignore[override]
+        return cls.fromtimestamp(datetime.now(tz).timestamp() + 3600, tz)
+
+
+def test_leases_are_written_with_the_database_clock(database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from api.dispatcher import admission, launch, leases, reconcile, repository
+
+    for module in (admission, launch, leases, reconcile, repository):
+        monkeypatch.setattr(module, "datetime", SkewedClock, raising=False)
+
+    async def scenario() -> None:
+        async with World(database_url, lease_s=30) as world:
+            job_id = await world.submit(**one_worker())
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+            await dispatcher.reconcile_round()
+            async with world.sessions() as session:
+                left = await session.scalar(
+                    select(func.extract("epoch", Job.lease_expires_at - func.now())).where(Job.id == job_id)
+                )
+            assert left is not None and 0 < float(left) <= 30
 
     run(scenario())
