@@ -50,8 +50,13 @@ ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # --------------------------------------------------------------------------- the run and its facts
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The script's docstring as written, and each option's default."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The script's docstring as written, and each option's default (where it has one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, argparse.SUPPRESS):
+            return action.help or ""
+        return f"{action.help} (default: %(default)s)"
 
 
 def parser(doc: str | None, database: bool = False) -> argparse.ArgumentParser:
@@ -60,8 +65,8 @@ def parser(doc: str | None, database: bool = False) -> argparse.ArgumentParser:
     if database:
         parser.add_argument("--database-url", default=ADMIN_URL, help="PostgreSQL server for the tm_bench_* database")
     parser.add_argument("--quiet-load", type=float, default=1.5, help="first wait for a 1-minute load below this")
-    parser.add_argument("--quiet-timeout", type=float, default=300.0, help="longest wait for it, s (0: none)")
-    parser.add_argument("--output", type=Path, help="results file (default: bench/results/<name>.json)")
+    parser.add_argument("--quiet-timeout", type=float, default=300.0, help="longest wait for it, in seconds")
+    parser.add_argument("--output", type=Path, help="results file; by default bench/results/<name>.json")
     return parser
 
 
@@ -304,8 +309,11 @@ def local_stack() -> Iterator[Stack]:
         failed = False
     finally:
         print("stopping the stack", flush=True)
-        with contextlib.suppress(RuntimeError, subprocess.SubprocessError):
+        try:
             cli("down", env=env, timeout=300)
+        except (RuntimeError, subprocess.SubprocessError) as exc:
+            print(f"WARNING: {exc}", file=sys.stderr)
+            failed = True
         if failed:
             print(f"the stack's logs are kept in {home / 'logs'}", file=sys.stderr)
         else:

@@ -37,7 +37,7 @@ def cell(value: Any) -> str:
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """A Markdown table, a column per key; numbers right-aligned, a `ratio` column with an x."""
     columns = list(dict.fromkeys(key for row in rows for key in row))
-    numeric = {c for c in columns if all(isinstance(row.get(c), int | float | None) for row in rows)}
+    numeric = {c for c in columns if all(type(row.get(c)) in (int, float, type(None)) for row in rows)}
     lines = [
         "| " + " | ".join(column.replace("_", " ") for column in columns) + " |",
         "|" + "|".join("---:" if column in numeric else "---" for column in columns) + "|",
