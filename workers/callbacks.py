@@ -1,7 +1,13 @@
-"""Forwards what Ray Train's controller sees to trainmaster: reported metrics and checkpoints.
+"""What Ray Train's controller sees, forwarded to trainmaster.
 
 Runs inside the TrainController actor (registered through RunConfig.callbacks), whose environment
 carries the job's id and token like every other process of the job.
+
+- `TrainmasterCallback` (Ray's public `UserCallback`): reported metrics and checkpoints.
+- `PlacementCallback` (Ray Train's controller and worker-group hooks, pinned with ray 2.60.*): when
+  the gang waits for its placement group, which node each worker landed on (the event
+  `workers_started` is also what moves the job from `starting` to `running`), and which workers and
+  nodes were lost when Ray Train restarts the group.
 """
 
 from __future__ import annotations
@@ -10,9 +16,12 @@ import math
 from typing import Any
 
 from ray.train import UserCallback
+from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 
 import trainmaster
-from trainmaster.context import record_checkpoint
+from trainmaster.context import post_event, record_checkpoint
+
+MAX_LISTED_WORKERS = 64  # event data stays small for a gang of 1,024
 
 
 class TrainmasterCallback(UserCallback):
@@ -32,3 +41,62 @@ def _step_of(metrics: dict[str, Any]) -> int | None:
         if isinstance(value, int) and value >= 0:
             return value
     return None
+
+
+class PlacementCallback(ControllerCallback, WorkerGroupCallback):
+    def __init__(self) -> None:
+        self.node_of_rank: dict[int, dict[str, str]] = {}
+        self.group_starts = 0
+
+    def after_controller_state_update(self, previous_state: Any, current_state: Any) -> None:
+        kind = type(current_state).__name__
+        if kind == "SchedulingState" and self.group_starts == 0:
+            decision = getattr(current_state, "scaling_decision", None)
+            workers = getattr(decision, "num_workers", None)
+            resources = getattr(decision, "resources_per_worker", None)
+            post_event(
+                "gang_pending",
+                f"waiting for a placement group of {workers} x {resources}",
+                {"num_workers": workers, "resources_per_worker": resources},
+            )
+        elif kind in ("RestartingState", "ReschedulingState"):
+            error = getattr(current_state, "training_failed_error", None)
+            post_event("workers_lost", *lost_workers(error, self.node_of_rank))
+
+    def after_worker_group_start(self, worker_group: Any) -> None:
+        self.group_starts += 1
+        workers = [describe_worker(worker) for worker in worker_group.get_workers()]
+        self.node_of_rank = {w["rank"]: w for w in workers if isinstance(w.get("rank"), int)}
+        nodes = sorted({w["node_ip"] for w in workers})
+        restart = f" (restart {self.group_starts - 1})" if self.group_starts > 1 else ""
+        post_event(
+            "workers_started",
+            f"{len(workers)} worker(s) on {len(nodes)} node(s): {', '.join(nodes)}{restart}",
+            {"workers": workers[:MAX_LISTED_WORKERS], "num_workers": len(workers), "nodes": nodes},
+        )
+
+
+def describe_worker(worker: Any) -> dict[str, Any]:
+    metadata = worker.metadata
+    context = worker.distributed_context
+    return {
+        "rank": getattr(context, "world_rank", None),
+        "node_rank": getattr(context, "node_rank", None),
+        "node_id": metadata.node_id,
+        "node_ip": metadata.node_ip,
+        "hostname": metadata.hostname,
+        "pid": metadata.pid,
+        "gpu_ids": [str(g) for g in metadata.gpu_ids],
+    }
+
+
+def lost_workers(error: Any, node_of_rank: dict[int, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """The event text for a restart: which ranks failed, on which nodes, and why."""
+    failures = getattr(error, "worker_failures", None) or {}
+    ranks = sorted(int(rank) for rank in failures)
+    nodes = sorted({node_of_rank[rank]["node_ip"] for rank in ranks if rank in node_of_rank})
+    first = str(next(iter(failures.values()), error) or "").strip().splitlines()
+    reason = first[-1][:300] if first else "unknown"
+    where = f" on node(s) {', '.join(nodes)}" if nodes else ""
+    message = f"worker rank(s) {ranks or '?'} failed{where}: {reason}; Ray Train restarts the group"
+    return message, {"ranks": ranks, "nodes": nodes, "error": reason}

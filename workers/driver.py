@@ -47,6 +47,9 @@ def train_worker(config: dict[str, Any]) -> Any:
             f"training on {context.get_world_size()} worker(s), backend {dist.get_backend()}, {device['device']}",
             {"backend": dist.get_backend(), "world_size": context.get_world_size(), **device},
         )
+        resumed = ray.train.get_checkpoint()
+        if resumed is not None:
+            post_event("resumed", f"resuming from checkpoint {resumed.path}", {"checkpoint": str(resumed.path)})
     stop_sampling = threading.Event()
     system_metrics.start(stop_sampling)
     try:
@@ -62,7 +65,7 @@ def build_trainer(spec: JobSpec, context: JobContext) -> Any:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from workers.callbacks import TrainmasterCallback
+    from workers.callbacks import PlacementCallback, TrainmasterCallback
 
     if spec.entrypoint.startswith("script:"):
         tm = {
@@ -89,7 +92,7 @@ def build_trainer(spec: JobSpec, context: JobContext) -> Any:
             storage_path=storage_path(context),
             failure_config=FailureConfig(max_failures=spec.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.num_to_keep),
-            callbacks=[TrainmasterCallback()],  # type: ignore[list-item]
+            callbacks=[TrainmasterCallback(), PlacementCallback()],  # type: ignore[list-item]
         ),
     )
 

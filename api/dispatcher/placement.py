@@ -29,6 +29,17 @@ class Node:
     total: Resources
     free: Resources
 
+    @property
+    def label(self) -> str:
+        """`<ip>/<first 8 of the id>`: several raylets may share one machine's address."""
+        ips = [
+            name.removeprefix("node:")
+            for name in self.total
+            if name.startswith("node:") and name != "node:__internal_head__"
+        ]
+        short = self.node_id[:8]
+        return f"{ips[0]}/{short}" if ips else short
+
 
 @dataclass
 class Cluster:
@@ -76,13 +87,25 @@ def admit(spec: JobSpec, cluster: Cluster, driver: Resources) -> Admission:
         )
     placement = _place(bundles, [node.free for node in cluster.nodes], strategy, spec.scaling.num_workers)
     if placement is None:
+        fragmented = _fits(_sum(bundles), cluster.free())
+        why = (
+            "free resources add up, but no placement of the bundles fits the nodes" if fragmented else "not enough free"
+        )
         return Admission(
             Decision.wait,
-            f"waiting for resources: needs {need}; the cluster has {_fmt(cluster.free())} free"
-            f" of {_fmt(cluster.total())}",
+            f"waiting for resources: needs {need}; {why}; the cluster has {_fmt(cluster.free())} free"
+            f" of {_fmt(cluster.total())}; nodes free: {nodes_free(cluster)}",
         )
     by_node = {cluster.nodes[index].node_id: node_bundles for index, node_bundles in placement.items()}
     return Admission(Decision.admit, f"fits: {need}", by_node)
+
+
+def nodes_free(cluster: Cluster, limit: int = 8) -> str:
+    """Each node's free resources, the most free first, for reasons a person reads."""
+    ranked = sorted(cluster.nodes, key=lambda n: (-n.free.get("GPU", 0.0), -n.free.get("CPU", 0.0)))
+    shown = [f"{node.label} {_fmt(node.free)}" for node in ranked[:limit]]
+    more = f" and {len(ranked) - limit} more" if len(ranked) > limit else ""
+    return ", ".join(shown) + more if shown else "no nodes"
 
 
 def describe(spec: JobSpec) -> str:

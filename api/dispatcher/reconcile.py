@@ -13,6 +13,7 @@ import logging
 import re
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from api.db.models import Job, JobAttempt
 from api.dispatcher import launch
 from api.dispatcher import repository as repo
 from api.dispatcher.backend import RayJobInfo, RayJobState, RayUnavailable
+from api.dispatcher.placement import describe, nodes_free
 from api.jobs.status import record_event, transition
 from api.logs import repository as logs_repository
 from trainmaster.models import AttemptStatus, JobSpec, JobStatus
@@ -71,18 +73,41 @@ async def reconcile_job(dispatcher: Dispatcher, job_id: uuid.UUID) -> None:
             await transition(held.session, held.job, JobStatus.failed, error="active job without an attempt")
             return
         sub_id, attempt_status, spec = held.attempt.ray_submission_id, held.attempt.status, held.job.spec
+        starting = held.job.status is JobStatus.starting
     info = await asyncio.to_thread(dispatcher.ray.info, sub_id)
     if info is None and attempt_status is AttemptStatus.pending:
         await _resubmit_pending(dispatcher, job_id, sub_id, JobSpec.model_validate(spec))
         return
     wants_stop = await _stop_if_asked(dispatcher, job_id, sub_id, info)
     logs = await asyncio.to_thread(dispatcher.ray.logs, sub_id) if info is not None else ""
+    gang = Gang(reported=bool(dispatcher.settings.api_url))
+    if starting and gang.reported and info is not None and info.state is RayJobState.RUNNING:
+        gang.pending_reason = await _gang_pending_reason(dispatcher, JobSpec.model_validate(spec))
     async with dispatcher.leased(job_id, sub_id) as held:
         if held is None or held.attempt is None:
             return
         final = info is not None and info.state.terminal
         await _copy_logs(held.session, held.job, held.attempt, logs, final=final)
-        await _apply(held.session, held.job, held.attempt, info, logs, wants_stop, held.now)
+        await _apply(held.session, held.job, held.attempt, info, logs, wants_stop, held.now, gang)
+
+
+@dataclass
+class Gang:
+    """What decides that a job runs: with an API address, jobs report their worker group started
+    (`workers_started`); without one, the Ray driver running is all the dispatcher can know."""
+
+    reported: bool
+    pending_reason: str | None = None
+
+
+async def _gang_pending_reason(dispatcher: Dispatcher, spec: JobSpec) -> str:
+    """Why a launched gang may still be waiting: its placement group against each node's free room."""
+    try:
+        cluster = await asyncio.to_thread(dispatcher.ray.cluster)
+        nodes = f"; nodes free: {nodes_free(cluster)}"
+    except RayUnavailable:
+        nodes = ""
+    return f"placement group pending: {describe(spec)}{nodes}"
 
 
 async def _resubmit_pending(dispatcher: Dispatcher, job_id: uuid.UUID, sub_id: str, spec: JobSpec) -> None:
@@ -143,16 +168,22 @@ async def _apply(
     logs: str,
     wants_stop: str | None,
     now: datetime,
+    gang: Gang,
 ) -> None:
     if info is None:
         attempt.status, attempt.finished_at = AttemptStatus.lost, now
         attempt.error = "lost: Ray no longer knows this attempt (the cluster restarted or the job was deleted)"
         await _after_failure(session, job, attempt.error)
         return
-    if info.state is RayJobState.RUNNING and attempt.status in (AttemptStatus.pending, AttemptStatus.submitted):
-        attempt.status, attempt.started_at = AttemptStatus.running, now
+    if info.state is RayJobState.RUNNING:
+        if attempt.status in (AttemptStatus.pending, AttemptStatus.submitted):
+            attempt.status, attempt.started_at = AttemptStatus.running, now  # the driver runs
         if job.status is JobStatus.starting:
-            await transition(session, job, JobStatus.running, message=f"attempt {attempt.n} running")
+            if not gang.reported or await repo.workers_started(session, job.id, attempt.n):
+                job.pending_reason = None
+                await transition(session, job, JobStatus.running, message=f"attempt {attempt.n}: workers started")
+            else:
+                job.pending_reason = gang.pending_reason
         return
     if not info.state.terminal:
         if attempt.status is AttemptStatus.pending:
@@ -205,11 +236,14 @@ async def _finish(session: AsyncSession, job: Job, status: JobStatus, error: str
 
 
 def _timed_out(job: Job, attempt: JobAttempt, now: datetime) -> bool:
+    """`timeout_s` is per job: counted from the first attempt's start, so a retry does not restart it.
+    A user's limit is on the whole job's running time; time spent queued between attempts counts too,
+    which keeps a job that keeps failing and retrying inside the limit it was given."""
     limit = job.spec.get("timeout_s")
-    started = attempt.started_at or job.started_at
-    if not limit or started is None:
+    starts = [a.started_at for a in job.attempts if a.started_at is not None]
+    if not limit or not starts:
         return False
-    return (now - started).total_seconds() > float(limit)
+    return (now - min(starts)).total_seconds() > float(limit)
 
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

@@ -9,7 +9,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from api.db.models import ApiToken, Job, JobAttempt
+from api.db.models import ApiToken, Job, JobAttempt, JobEvent
 from trainmaster.models import JobStatus
 
 ACTIVE = (JobStatus.starting, JobStatus.running, JobStatus.cancelling)
@@ -121,3 +121,13 @@ async def revoke_job_tokens(session: AsyncSession, job_id: uuid.UUID) -> None:
     await session.execute(
         update(ApiToken).where(ApiToken.job_id == job_id, ApiToken.revoked_at.is_(None)).values(revoked_at=func.now())
     )
+
+
+async def workers_started(session: AsyncSession, job_id: uuid.UUID, attempt: int) -> bool:
+    """Whether the attempt's worker group reported that it started (the `workers_started` event)."""
+    query = select(JobEvent.id).where(
+        JobEvent.job_id == job_id,
+        JobEvent.kind == "workers_started",
+        JobEvent.data["attempt"].as_integer() == attempt,
+    )
+    return (await session.execute(query.limit(1))).first() is not None

@@ -220,7 +220,7 @@ def to_wire(job: JobRow, project_name: str, queue_position: int | None = None) -
             )
             for a in job.attempts
         ],
-        pending_reason=job.pending_reason if job.status is JobStatus.queued else None,
+        pending_reason=job.pending_reason if job.status in (JobStatus.queued, JobStatus.starting) else None,
         error=job.error,
         latest_metrics=job.latest_metrics,
         queue_position=queue_position,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import pytest
@@ -354,5 +354,76 @@ def test_leases_are_written_with_the_database_clock(database_url: str, monkeypat
                     select(func.extract("epoch", Job.lease_expires_at - func.now())).where(Job.id == job_id)
                 )
             assert left is not None and 0 < float(left) <= 30
+
+    run(scenario())
+
+
+def test_running_means_the_workers_started_and_until_then_a_placement_reason(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url, api_url="http://api:8000") as world:
+            job_id = await world.submit(scaling={"num_workers": 2, "placement_strategy": "SPREAD"})
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+            [sub_id] = world.ray.jobs
+            world.ray.jobs[sub_id] = RayJobState.RUNNING  # the driver runs; its gang may not be placed
+            await dispatcher.reconcile_round()
+            job = await world.job(job_id)
+            assert job.status is JobStatus.starting
+            assert (job.pending_reason or "").startswith("placement group pending: 2 CPU as 2 x {CPU: 1} SPREAD")
+            assert "nodes free: " in (job.pending_reason or "")
+            [attempt] = await world.attempts(job_id)
+            assert attempt.status == "running"  # the attempt's driver does run
+
+            async def started(session: Any) -> None:
+                from api.jobs.status import record_event
+
+                row = await session.get(Job, job_id)
+                await record_event(session, row, "workers_started", "2 workers", {"attempt": 1})
+
+            await world.execute(started)
+            await dispatcher.reconcile_round()
+            job = await world.job(job_id)
+            assert job.status is JobStatus.running and job.pending_reason is None
+
+    run(scenario())
+
+
+def test_timeout_is_per_job_and_a_retry_does_not_restart_it(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            job_id = await world.submit(timeout_s=30, max_retries=2, **one_worker())
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+            [first] = world.ray.jobs
+            world.ray.jobs[first] = RayJobState.RUNNING
+            await dispatcher.reconcile_round()
+            await world.execute(  # the first attempt started 25 s ago, then failed
+                lambda s: s.execute(
+                    update(JobAttempt)
+                    .where(JobAttempt.job_id == job_id)
+                    .values(started_at=func.now() - timedelta(seconds=25))
+                )
+            )
+            world.ray.jobs[first] = RayJobState.FAILED
+            await dispatcher.reconcile_round()
+            assert (await world.job(job_id)).status is JobStatus.queued  # retried
+            await dispatcher.admit_round()
+            second = f"tm-{job_id}-2"
+            world.ray.jobs[second] = RayJobState.RUNNING
+            await dispatcher.reconcile_round()
+            assert (await world.job(job_id)).status is JobStatus.running  # 25 s of 30 used
+            await world.execute(
+                lambda s: s.execute(
+                    update(JobAttempt)
+                    .where(JobAttempt.job_id == job_id, JobAttempt.n == 1)
+                    .values(started_at=func.now() - timedelta(seconds=40))
+                )
+            )
+            await dispatcher.reconcile_round()  # 40 s since the job first started: stop it
+            assert second in world.ray.stopped
+            await dispatcher.reconcile_round()
+            job = await world.job(job_id)
+            assert job.status is JobStatus.timed_out
+            assert [a.status for a in await world.attempts(job_id)] == ["failed", "timed_out"]
 
     run(scenario())
