@@ -10,10 +10,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
 from api.db.models import ApiToken, Job, JobAttempt, JobEvent
+from api.jobs.repository import ACTIVE, admission_order
 from trainmaster.models import JobStatus
-
-ACTIVE = (JobStatus.starting, JobStatus.running, JobStatus.cancelling)
-
 
 ADMISSION_LOCK = 0x746D_6164  # "tmad": one admission round at a time across every dispatcher
 
@@ -42,32 +40,14 @@ async def held_resources(session: AsyncSession) -> tuple[float, float]:
 
 
 async def lock_queued(session: AsyncSession, limit: int) -> list[Job]:
-    """Queued jobs in admission order, locked; rows another dispatcher holds are skipped.
-
-    Order: priority (high first), then fair share (the project holding the fewest GPUs, then CPUs,
-    in active jobs first), then age.
-    """
-    usage = (
-        select(
-            Job.project_id.label("project_id"),
-            func.sum(Job.gang_gpus).label("gpus"),
-            func.sum(Job.gang_cpus).label("cpus"),
-        )
-        .where(Job.status.in_(ACTIVE))
-        .group_by(Job.project_id)
-        .subquery()
-    )
+    """Queued jobs in admission order (`admission_order`), locked; rows another dispatcher holds are
+    skipped."""
+    usage, order = admission_order()
     query = (
         select(Job)
         .outerjoin(usage, usage.c.project_id == Job.project_id)
         .where(Job.status == JobStatus.queued)
-        .order_by(
-            Job.priority.desc(),
-            func.coalesce(usage.c.gpus, 0),
-            func.coalesce(usage.c.cpus, 0),
-            Job.created_at,
-            Job.id,
-        )
+        .order_by(*order)
         .limit(limit)
         .with_for_update(of=Job, skip_locked=True)
         .options(selectinload(Job.attempts))

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, func, select, tuple_
+from sqlalchemy import Select, Subquery, func, select, tuple_
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
@@ -72,16 +72,45 @@ async def list_jobs(
     return list((await session.execute(query)).scalars())
 
 
+ACTIVE = (JobStatus.starting, JobStatus.running, JobStatus.cancelling)
+
+
+def admission_order() -> tuple[Subquery, tuple[Any, ...]]:
+    """The order the dispatcher admits queued jobs in, and the per-project usage it depends on.
+
+    Priority (high first), then fair share (the project holding the fewest GPUs, then CPUs, in
+    active jobs first), then age. Admission and `queue_position` both use this, so the position a
+    user sees is the order admission takes.
+    """
+    usage = (
+        select(
+            Job.project_id.label("project_id"),
+            func.sum(Job.gang_gpus).label("gpus"),
+            func.sum(Job.gang_cpus).label("cpus"),
+        )
+        .where(Job.status.in_(ACTIVE))
+        .group_by(Job.project_id)
+        .subquery()
+    )
+    order = (
+        Job.priority.desc(),
+        func.coalesce(usage.c.gpus, 0),
+        func.coalesce(usage.c.cpus, 0),
+        Job.created_at,
+        Job.id,
+    )
+    return usage, order
+
+
 async def queue_positions(session: AsyncSession, jobs: Sequence[Job]) -> dict[uuid.UUID, int]:
-    """1-based place in the queue for each queued job: higher priority first, then older first."""
+    """1-based place in the queue for each queued job, in admission order."""
     wanted = [job.id for job in jobs if job.status is JobStatus.queued]
     if not wanted:
         return {}
+    usage, order = admission_order()
     ranked = (
-        select(
-            Job.id.label("id"),
-            func.row_number().over(order_by=(Job.priority.desc(), Job.created_at, Job.id)).label("position"),
-        )
+        select(Job.id.label("id"), func.row_number().over(order_by=order).label("position"))
+        .outerjoin(usage, usage.c.project_id == Job.project_id)
         .where(Job.status == JobStatus.queued)
         .subquery()
     )

@@ -64,6 +64,20 @@ def test_queue_position_follows_priority_then_age(http: TestClient, auth: dict[s
     assert http.get(f"/v1/jobs/{low['id']}", headers=auth).json()["queue_position"] == 2
 
 
+def test_queue_position_is_the_admission_order_with_fair_share(
+    http: TestClient, auth: dict[str, str], other_token: str, database_url: str
+) -> None:
+    beta = {"Authorization": f"Bearer {other_token}"}
+    busy = submit(http, auth, name="alpha-running")
+    with psycopg.connect(libpq(database_url)) as conn:  # alpha already holds a running gang
+        conn.execute("UPDATE jobs SET status = 'running' WHERE id = %s", (busy["id"],))
+    alpha_older = submit(http, auth, name="alpha-older")
+    beta_newer = submit(http, beta, name="beta-newer")
+    # Admission takes beta first (it holds nothing), so beta's job is first in the queue.
+    assert http.get(f"/v1/jobs/{beta_newer['id']}", headers=beta).json()["queue_position"] == 1
+    assert http.get(f"/v1/jobs/{alpha_older['id']}", headers=auth).json()["queue_position"] == 2
+
+
 def test_cancel_queued_is_immediate_and_cancel_of_finished_is_409(http: TestClient, auth: dict[str, str]) -> None:
     job = submit(http, auth)
     response = http.post(f"/v1/jobs/{job['id']}/cancel", headers=auth)
