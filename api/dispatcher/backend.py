@@ -57,6 +57,7 @@ class RayBackend(Protocol):
 
     def stop(self, submission_id: str) -> None: ...
 
-    def logs(self, submission_id: str) -> str:
-        """Everything the Ray job printed so far (driver and forwarded worker output)."""
+    def logs(self, submission_id: str, offset: int = 0, final: bool = False) -> str:
+        """What the Ray job printed (driver and forwarded worker output) after its first `offset`
+        characters; `final` once the job ended, when the rest must be complete."""
         ...

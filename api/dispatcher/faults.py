@@ -47,8 +47,8 @@ class DyingRay:
     def stop(self, submission_id: str) -> None:
         self.ray.stop(submission_id)
 
-    def logs(self, submission_id: str) -> str:
-        return self.ray.logs(submission_id)
+    def logs(self, submission_id: str, offset: int = 0, final: bool = False) -> str:
+        return self.ray.logs(submission_id, offset, final)
 
 
 def with_faults(ray: RayBackend) -> RayBackend:

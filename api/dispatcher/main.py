@@ -19,6 +19,7 @@ from api.dispatcher.ray_jobs import RayJobsBackend
 from api.dispatcher.service import Dispatcher
 from api.jobs.status import JOB_CHANNEL
 from api.settings import Settings, get_settings, libpq_url
+from api.telemetry.service import start_telemetry
 
 log = logging.getLogger("trainmaster.dispatcher")
 
@@ -64,6 +65,7 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
     wakeup = Wakeup(settings.database_url)
+    telemetry = start_telemetry(settings, "trainmaster-dispatcher")  # OpenTelemetry / MLflow, when configured
     log.info(json.dumps({"event": "dispatcher_started", "owner": owner, "ray": settings.ray_address}))
     try:
         while not stopping.is_set():
@@ -80,6 +82,7 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
             for task in (waiter, stop_waiter):
                 task.cancel()
     finally:
+        await telemetry.stop()
         await wakeup.close()
         await engine.dispose()
         log.info(json.dumps({"event": "dispatcher_stopped", "owner": owner}))

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from api.dispatcher.backend import Launch, RayJobInfo, RayJobState, RayUnavailable
+from api.dispatcher.log_tail import LogTails
 from api.dispatcher.placement import Cluster, Node
 
 log = logging.getLogger("trainmaster.dispatcher.ray")
@@ -45,6 +46,7 @@ class RayJobsBackend:
             if os.environ.pop(name, None):
                 log.warning("ignoring %s in the dispatcher's environment; using %s", name, self.address)
         self._client: Any = None
+        self.tails = LogTails(self.address, self.headers)
 
     def _jobs(self) -> Any:
         if self._client is None:
@@ -112,9 +114,17 @@ class RayJobsBackend:
             if not _NOT_FOUND.search(str(exc)):
                 raise RayUnavailable(f"stop {submission_id}: {_short(exc)}") from exc
 
-    def logs(self, submission_id: str) -> str:
+    def logs(self, submission_id: str, offset: int = 0, final: bool = False) -> str:
+        """While the job runs, from its websocket tail (only the new part crosses the wire); once it
+        ended, the whole log one last time, so nothing that arrived late is missed."""
+        if not final:
+            new = self.tails.since(submission_id, offset)
+            if new is not None:
+                return new
+        else:
+            self.tails.forget(submission_id)
         try:
-            return str(self._call("get_job_logs", submission_id))
+            return str(self._call("get_job_logs", submission_id))[offset:]
         except (RuntimeError, RayUnavailable):
             return ""
 

@@ -74,21 +74,23 @@ async def reconcile_job(dispatcher: Dispatcher, job_id: uuid.UUID) -> None:
             return
         sub_id, attempt_status, spec = held.attempt.ray_submission_id, held.attempt.status, held.job.spec
         starting = held.job.status is JobStatus.starting
+        log_offset = held.attempt.log_offset
     info = await asyncio.to_thread(dispatcher.ray.info, sub_id)
     if info is None and attempt_status is AttemptStatus.pending:
         await _resubmit_pending(dispatcher, job_id, sub_id, JobSpec.model_validate(spec))
         return
     wants_stop = await _stop_if_asked(dispatcher, job_id, sub_id, info)
-    logs = await asyncio.to_thread(dispatcher.ray.logs, sub_id) if info is not None else ""
+    final = info is not None and info.state.terminal
+    new_output = await asyncio.to_thread(dispatcher.ray.logs, sub_id, log_offset, final) if info is not None else ""
     gang = Gang(reported=bool(dispatcher.settings.api_url))
     if starting and gang.reported and info is not None and info.state is RayJobState.RUNNING:
         gang.pending_reason = await _gang_pending_reason(dispatcher, JobSpec.model_validate(spec))
     async with dispatcher.leased(job_id, sub_id) as held:
         if held is None or held.attempt is None:
             return
-        final = info is not None and info.state.terminal
-        await _copy_logs(held.session, held.job, held.attempt, logs, final=final)
-        await _apply(held.session, held.job, held.attempt, info, logs, wants_stop, held.now, gang)
+        if held.attempt.log_offset == log_offset:  # else another round stored this output already
+            await _copy_logs(held.session, held.job, held.attempt, new_output, final=final)
+        await _apply(held.session, held.job, held.attempt, info, wants_stop, held.now, gang)
 
 
 @dataclass
@@ -149,9 +151,8 @@ async def _stop_if_asked(dispatcher: Dispatcher, job_id: uuid.UUID, sub_id: str,
     return reason
 
 
-async def _copy_logs(session: AsyncSession, job: Job, attempt: JobAttempt, text: str, final: bool) -> None:
-    """Store the Ray job's new output lines, so logs outlive the cluster."""
-    new = text[attempt.log_offset :]
+async def _copy_logs(session: AsyncSession, job: Job, attempt: JobAttempt, new: str, final: bool) -> None:
+    """Store the Ray job's new output (what came after `log_offset`), so logs outlive the cluster."""
     if not final:
         new = new[: new.rfind("\n") + 1]  # complete lines only; the rest comes next round
     if not new:
@@ -165,7 +166,6 @@ async def _apply(
     job: Job,
     attempt: JobAttempt,
     info: RayJobInfo | None,
-    logs: str,
     wants_stop: str | None,
     now: datetime,
     gang: Gang,
@@ -202,7 +202,7 @@ async def _apply(
         await _finish(session, job, JobStatus.succeeded, None, f"attempt {attempt.n} succeeded")
     else:
         attempt.status = AttemptStatus.failed
-        attempt.error = error_text(info, logs)
+        attempt.error = error_text(info, "\n".join(await repo.last_log_lines(session, job.id, attempt.n)))
         await _after_failure(session, job, attempt.error)
 
 

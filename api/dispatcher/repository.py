@@ -9,7 +9,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from api.db.models import ApiToken, Job, JobAttempt, JobEvent
+from api.db.models import ApiToken, Job, JobAttempt, JobEvent, LogLine
 from api.jobs.repository import ACTIVE, admission_order
 from trainmaster.models import JobStatus
 
@@ -111,3 +111,14 @@ async def workers_started(session: AsyncSession, job_id: uuid.UUID, attempt: int
         JobEvent.data["attempt"].as_integer() == attempt,
     )
     return (await session.execute(query.limit(1))).first() is not None
+
+
+async def last_log_lines(session: AsyncSession, job_id: uuid.UUID, attempt: int, limit: int = 200) -> list[str]:
+    """The attempt's last stored output lines, oldest first (where a failure's error text is)."""
+    query = (
+        select(LogLine.line)
+        .where(LogLine.job_id == job_id, LogLine.attempt == attempt)
+        .order_by(LogLine.seq.desc())
+        .limit(limit)
+    )
+    return list(reversed((await session.execute(query)).scalars().all()))

@@ -21,6 +21,7 @@ class FakeRay:
     outputs: dict[str, str] = field(default_factory=dict)
     down: bool = False
     refuse_submit: bool = False
+    log_reads: list[tuple[str, int]] = field(default_factory=list)
 
     def _check(self) -> None:
         if self.down:
@@ -53,8 +54,9 @@ class FakeRay:
         if submission_id in self.jobs and not self.jobs[submission_id].terminal:
             self.jobs[submission_id] = RayJobState.STOPPED
 
-    def logs(self, submission_id: str) -> str:
-        return self.outputs.get(submission_id, "")
+    def logs(self, submission_id: str, offset: int = 0, final: bool = False) -> str:
+        self.log_reads.append((submission_id, offset))
+        return self.outputs.get(submission_id, "")[offset:]
 
     def restart(self) -> None:
         """A new head: every submission forgotten."""

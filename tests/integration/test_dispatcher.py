@@ -427,3 +427,37 @@ def test_timeout_is_per_job_and_a_retry_does_not_restart_it(database_url: str) -
             assert [a.status for a in await world.attempts(job_id)] == ["failed", "timed_out"]
 
     run(scenario())
+
+
+def test_logs_are_read_incrementally_and_stored_once_in_order(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            job_id = await world.submit(**one_worker())
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+            [sub_id] = world.ray.jobs
+            world.ray.jobs[sub_id] = RayJobState.RUNNING
+            world.ray.outputs[sub_id] = "line 1\nline 2\npart"
+            await dispatcher.reconcile_round()
+            world.ray.outputs[sub_id] += "ial 3\nline 4\n"
+            await dispatcher.reconcile_round()
+            world.ray.outputs[sub_id] += "[trainmaster] error: training failed: boom\n"
+            world.ray.jobs[sub_id] = RayJobState.FAILED
+            await dispatcher.reconcile_round()
+            offsets = [offset for read, offset in world.ray.log_reads if read == sub_id]
+            assert offsets == [0, len("line 1\nline 2\n"), len("line 1\nline 2\npartial 3\nline 4\n")]
+            async with world.sessions() as session:
+                from api.db.models import LogLine
+
+                rows = await session.execute(select(LogLine.line).where(LogLine.job_id == job_id).order_by(LogLine.seq))
+                assert list(rows.scalars()) == [
+                    "line 1",
+                    "line 2",
+                    "partial 3",
+                    "line 4",
+                    "[trainmaster] error: training failed: boom",
+                ]
+            job = await world.job(job_id)
+            assert job.status is JobStatus.failed and job.error == "training failed: boom"
+
+    run(scenario())

@@ -1,0 +1,86 @@
+"""LogTails against a real websocket server that speaks like Ray's `/api/jobs/{id}/logs/tail`."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from aiohttp import web
+
+from api.dispatcher.log_tail import LogTails
+from api.stack.processes import free_port
+
+
+class FakeRayLogs:
+    """Sends each job's chunks as they are added; closes the socket when the job is marked ended."""
+
+    def __init__(self) -> None:
+        self.chunks: dict[str, list[str]] = {}
+        self.ended: set[str] = set()
+        self.tokens: list[str | None] = []
+
+    async def tail(self, request: web.Request) -> web.WebSocketResponse:
+        self.tokens.append(request.headers.get("Authorization"))
+        socket = web.WebSocketResponse()
+        await socket.prepare(request)
+        job, sent = request.match_info["job"], 0
+        while True:
+            chunks = self.chunks.get(job, [])
+            for chunk in chunks[sent:]:
+                await socket.send_str(chunk)
+            sent = len(chunks)
+            if job in self.ended:
+                await socket.close()
+                return socket
+            await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def ray_logs() -> Iterator[tuple[FakeRayLogs, str]]:
+    fake, port = FakeRayLogs(), free_port()
+    app = web.Application()
+    app.router.add_get("/api/jobs/{job}/logs/tail", fake.tail)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield fake, f"http://127.0.0.1:{port}"
+    fake.ended |= set(fake.chunks)  # let open sockets close
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
+    loop.call_soon_threadsafe(loop.stop)
+
+
+def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_since_returns_only_what_is_not_stored_yet(ray_logs: tuple[FakeRayLogs, str]) -> None:
+    fake, address = ray_logs
+    tails = LogTails(address, {"Authorization": "Bearer ray-token"})
+    fake.chunks["tm-1"] = ["a\nb\n"]
+    assert tails.since("tm-1", 0) is None  # no tail yet: the caller reads the whole log this once
+    eventually(lambda: tails.since("tm-1", 0) == "a\nb\n")
+    fake.chunks["tm-1"].append("c\n")
+    eventually(lambda: tails.since("tm-1", 4) == "c\n")  # 4 characters are stored: only the new line
+    assert tails.tails["tm-1"].text == "c\n"  # what is stored is no longer kept
+    assert tails.since("tm-1", 6) == ""
+    fake.ended.add("tm-1")
+    eventually(lambda: tails.finished("tm-1"))
+    assert fake.tokens == ["Bearer ray-token"]
+
+
+def test_a_store_ahead_of_the_tail_gets_nothing_twice(ray_logs: tuple[FakeRayLogs, str]) -> None:
+    fake, address = ray_logs
+    tails = LogTails(address, {})
+    fake.chunks["tm-2"] = ["0123456789\n"]
+    tails.follow("tm-2")  # a dispatcher that took over: 8 characters were stored by the one before
+    eventually(lambda: tails.since("tm-2", 8) == "89\n")
+    assert tails.since("tm-2", 2) is None  # behind what the tail dropped: read the whole log instead
