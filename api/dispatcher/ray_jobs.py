@@ -46,7 +46,14 @@ class RayJobsBackend:
             if os.environ.pop(name, None):
                 log.warning("ignoring %s in the dispatcher's environment; using %s", name, self.address)
         self._client: Any = None
-        self.tails = LogTails(self.address, self.headers)
+        self._tails: LogTails | None = None
+
+    @property
+    def tails(self) -> LogTails:
+        """Started on first use: only the dispatcher follows logs (the cluster route never does)."""
+        if self._tails is None:
+            self._tails = LogTails(self.address, self.headers)
+        return self._tails
 
     def _jobs(self) -> Any:
         if self._client is None:
