@@ -27,6 +27,7 @@ from api.ops.routes import router as ops_router
 from api.settings import Settings, get_settings
 from api.streaming.broker import Broker
 from api.streaming.limits import StreamLimiter
+from api.telemetry.service import start_telemetry
 
 log = logging.getLogger("trainmaster.api")
 
@@ -41,9 +42,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.sessions = session_factory(engine)
         app.state.broker = Broker(settings.database_url)
         app.state.stream_limiter = StreamLimiter(settings.max_streams_per_token)
+        telemetry = start_telemetry(settings, "trainmaster-api")
         try:
             yield
         finally:
+            await telemetry.stop()
             await app.state.broker.stop()
             await engine.dispose()
 

@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     db_connect_timeout_s: float = 5.0
     page_limit_default: int = 50
     page_limit_max: int = 500
+    mlflow_tracking_uri: str | None = None  # mirror every job's params and metrics to this MLflow server
+    telemetry_interval_s: float = 5.0  # how often OpenTelemetry and MLflow export follow the database
 
 
 @lru_cache(maxsize=1)

@@ -1,13 +1,26 @@
-"""Prometheus metrics for the service: requests by route and status, jobs by status."""
+"""Prometheus metrics for the service: requests by route and status, jobs by status, and the platform
+figures that OpenTelemetry exports too (queue depth and GPUs held by project; time queued, admission
+latency and job durations as histograms), computed from the database at each scrape."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.telemetry.repository import Gauges
 from trainmaster.models import JobStatus
+
+BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0)
+HISTOGRAMS = {  # figure → (name, help): the same figures as OpenTelemetry's trainmaster.job.* histograms
+    "queued": ("trainmaster_job_queued_seconds", "Time a job waited in the queue until admitted"),
+    "admission": ("trainmaster_job_admission_seconds", "Time from admission until the job's workers run"),
+    "duration": ("trainmaster_job_duration_seconds", "Duration of finished jobs, by final status"),
+}
 
 
 class ServiceMetrics:
@@ -26,10 +39,47 @@ class ServiceMetrics:
             registry=self.registry,
         )
         self.jobs = Gauge("trainmaster_jobs", "Jobs by status", ["status"], registry=self.registry)
+        self.platform = PlatformCollector()
+        self.registry.register(self.platform)
 
     def set_job_counts(self, counts: dict[JobStatus, int]) -> None:
         for status in JobStatus:
             self.jobs.labels(status=status.value).set(counts.get(status, 0))
+
+
+class PlatformCollector(Collector):
+    """Yields the figures of the latest scrape (`update` is called just before rendering)."""
+
+    def __init__(self) -> None:
+        self.gauges = Gauges({}, {}, {})
+        self.histograms: dict[tuple[str, str, str], tuple[list[int], float]] = {}
+
+    def update(self, gauges: Gauges, histograms: dict[tuple[str, str, str], tuple[list[int], float]]) -> None:
+        self.gauges, self.histograms = gauges, histograms
+
+    def collect(self) -> Iterator[Metric]:
+        queue = GaugeMetricFamily("trainmaster_queue_depth", "Queued jobs by project", labels=["project"])
+        gpus = GaugeMetricFamily(
+            "trainmaster_gpus_held", "GPUs held by admitted jobs (starting, running, cancelling)", labels=["project"]
+        )
+        for project, depth in sorted(self.gauges.queue_depth.items()):
+            queue.add_metric([project], depth)
+        for project, held in sorted(self.gauges.gpus_held.items()):
+            gpus.add_metric([project], held)
+        yield queue
+        yield gpus
+        for figure, (name, help_text) in HISTOGRAMS.items():
+            labels = ["project", "status"] if figure == "duration" else ["project"]
+            family = HistogramMetricFamily(name, help_text, labels=labels)
+            for (kind, project, status), (counts, total) in sorted(self.histograms.items()):
+                if kind != figure:
+                    continue
+                cumulative, buckets = 0, []
+                for bound, count in zip([*map(str, BUCKETS), "+Inf"], counts, strict=True):
+                    cumulative += count
+                    buckets.append((bound, float(cumulative)))
+                family.add_metric([project, status] if figure == "duration" else [project], buckets, total)
+            yield family
 
 
 class RequestMetricsMiddleware:
