@@ -41,6 +41,7 @@ def register(app: typer.Typer) -> None:
     app.command()(api)
     app.command()(dispatcher)
     app.command()(up)
+    app.command()(join)
     app.command()(status)
     app.command()(down)
     db_app.command("upgrade")(db_upgrade)
@@ -97,12 +98,27 @@ def up(
     num_cpus: Annotated[int | None, typer.Option(help="CPUs for the Ray head (default: detected)")] = None,
     num_gpus: Annotated[int | None, typer.Option(help="GPUs for the Ray head (default: detected)")] = None,
     api_port: Annotated[int, typer.Option(help="API port (the next free one if taken)")] = 8000,
+    nodes: Annotated[int, typer.Option(min=1, help="Ray nodes on this machine: the head and N-1 workers")] = 1,
+    cpus_per_node: Annotated[float, typer.Option(min=0, help="CPUs of each extra worker node")] = 1.0,
+    resources: Annotated[
+        str | None, typer.Option(help='custom resources of each worker node, JSON: {"ssd": 1}')
+    ] = None,
+    node_ip: Annotated[str, typer.Option(help="this machine's address for Ray (set it for other machines to join)")] = (
+        "127.0.0.1"
+    ),
 ) -> None:
-    """Start the whole platform locally: PostgreSQL, a Ray head, the API and a dispatcher."""
+    """Start the whole platform locally: PostgreSQL, a Ray head (and worker nodes), the API and a dispatcher."""
     stack = _server("api.stack.local")
     try:
         state, started = stack.up(
-            num_cpus=num_cpus, num_gpus=num_gpus, api_port=api_port, say=lambda msg: console.print(f"[dim]•[/] {msg}")
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            api_port=api_port,
+            nodes=nodes,
+            cpus_per_node=cpus_per_node,
+            node_resources=_json_resources(resources, "--resources"),
+            node_ip=node_ip,
+            say=lambda msg: console.print(f"[dim]•[/] {msg}"),
         )
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         raise _fail(f"{exc}\n(`trainmaster down` cleans up a half-started stack)") from exc
@@ -111,6 +127,50 @@ def up(
     )
     console.print(f"config written to {stack.client_config.config_path()}; logs in {stack.home() / 'logs'}")
     console.print("next: [bold]trainmaster submit builtin:mlp --workers 2 --follow[/]")
+    console.print(f"add a machine: {stack.join_line(state)}")
+
+
+def join(
+    address: Annotated[str, typer.Argument(help="the head's GCS address, host:port (`trainmaster up` prints it)")],
+    token: Annotated[str | None, typer.Option(help="the cluster's Ray token", envvar="RAY_AUTH_TOKEN")] = None,
+    token_file: Annotated[str | None, typer.Option(help="a file holding the cluster's Ray token")] = None,
+    num_cpus: Annotated[float | None, typer.Option(help="CPUs to offer (default: detected)")] = None,
+    num_gpus: Annotated[int | None, typer.Option(help="GPUs to offer (default: detected)")] = None,
+    resources: Annotated[str | None, typer.Option(help='custom resources, JSON: {"ssd": 1}')] = None,
+    node_ip: Annotated[str | None, typer.Option(help="this machine's address, as the head reaches it")] = None,
+) -> None:
+    """Add this machine to a trainmaster Ray cluster as a worker node (token auth on)."""
+    from pathlib import Path
+
+    if token is None and token_file is None:
+        raise _fail("give --token or --token-file (on the head: ~/.trainmaster/ray_auth_token)")
+    secret = token if token is not None else Path(token_file or "").expanduser().read_text()
+    stack = _server("api.stack.local")
+    try:
+        command = stack.join(
+            address,
+            secret,
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            resources=_json_resources(resources, "--resources"),
+            node_ip=node_ip,
+        )
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        raise _fail(f"{exc}\n(check that {address} is reachable from here and the token is the head's)") from exc
+    console.print(f"[green]joined[/] {address}; `trainmaster down` takes this machine out again")
+    console.print("[dim]the same by hand: RAY_AUTH_MODE=token RAY_AUTH_TOKEN=<token> " + " ".join(command[1:]) + "[/]")
+
+
+def _json_resources(raw: str | None, option: str) -> dict[str, float] | None:
+    if raw is None:
+        return None
+    import json
+
+    try:
+        parsed = json.loads(raw)
+        return {str(name): float(amount) for name, amount in parsed.items()}
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise _fail(f'{option} expects a JSON object of numbers, e.g. {{"ssd": 1}}: {exc}') from exc
 
 
 def status() -> None:

@@ -376,6 +376,7 @@ class CodeUpload(_Response):
 
 class ClusterNode(_Response):
     node_id: str
+    ip: str | None = None
     total: dict[str, float]
     free: dict[str, float]
 

@@ -26,7 +26,10 @@ async def describe(session: AsyncSession, principal: Principal, settings: Settin
         return ClusterInfo(reachable=False, error=str(exc), queue_depth=depth, project_queue_depth=mine)
     return ClusterInfo(
         reachable=True,
-        nodes=[ClusterNode(node_id=n.node_id, total=visible(n.total), free=visible(n.free)) for n in cluster.nodes],
+        nodes=[
+            ClusterNode(node_id=n.node_id, ip=n.ip or None, total=visible(n.total), free=visible(n.free))
+            for n in cluster.nodes
+        ],
         total=visible(cluster.total()),
         free=visible(cluster.free()),
         queue_depth=depth,

@@ -28,17 +28,12 @@ class Node:
     node_id: str
     total: Resources
     free: Resources
+    ip: str = ""
 
     @property
     def label(self) -> str:
         """`<ip>/<first 8 of the id>`: several raylets may share one machine's address."""
-        ips = [
-            name.removeprefix("node:")
-            for name in self.total
-            if name.startswith("node:") and name != "node:__internal_head__"
-        ]
-        short = self.node_id[:8]
-        return f"{ips[0]}/{short}" if ips else short
+        return f"{self.ip}/{self.node_id[:8]}" if self.ip else self.node_id[:8]
 
 
 @dataclass

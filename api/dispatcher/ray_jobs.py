@@ -30,9 +30,10 @@ def read_token() -> str | None:
         return None
 
 
-def _unmangle(name: str) -> str:
-    # The dashboard camel-cases resource names; the ones admission reads are restored here.
-    return {"objectStoreMemory": "object_store_memory"}.get(name, name)
+def _camel(name: str) -> str:
+    """The dashboard's `to_camel_case`, which its cluster report applies to resource names."""
+    first, *rest = name.split("_")
+    return first + "".join(part.title() for part in rest)
 
 
 class RayJobsBackend:
@@ -75,18 +76,34 @@ class RayJobsBackend:
             raise RayUnavailable(f"Ray Jobs API at {self.address}: {_short(exc)}") from exc
 
     def cluster(self) -> Cluster:
+        """Alive nodes with total and free resources, custom resource names as the user wrote them.
+
+        Free resources come from the autoscaler's report (`/api/cluster_status`), which camel-cases
+        resource names (`tm_node_1` arrives as `tmNode1`); the state API (`/api/v0/nodes`) has the
+        true names, and each is mapped back through the dashboard's own camel-casing rule.
+        """
         try:
-            response = httpx.get(f"{self.address}/api/cluster_status", headers=self.headers, timeout=self.timeout_s)
-            response.raise_for_status()
-            report = response.json()["data"]["clusterStatus"]["loadMetricsReport"]
+            report = self._get("/api/cluster_status")["data"]["clusterStatus"]["loadMetricsReport"]
+            states = self._get("/api/v0/nodes", params={"detail": "1", "limit": "10000"})
+            alive = {n["node_id"]: n for n in states["data"]["result"]["result"] if n.get("state") == "ALIVE"}
         except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
             raise RayUnavailable(f"cluster status from {self.address}: {_short(exc)}") from exc
         nodes = []
         for node_id, usage in (report.get("usageByNode") or {}).items():
-            total = {_unmangle(name): float(pair[1]) for name, pair in usage.items()}
-            free = {_unmangle(name): float(pair[1]) - float(pair[0]) for name, pair in usage.items()}
-            nodes.append(Node(node_id=node_id, total=total, free=free))
+            state = alive.get(node_id)
+            if state is None:
+                continue
+            names = {_camel(name): name for name in state.get("resources_total") or {}}
+            names.setdefault("objectStoreMemory", "object_store_memory")
+            total = {names.get(name, name): float(pair[1]) for name, pair in usage.items()}
+            free = {names.get(name, name): float(pair[1]) - float(pair[0]) for name, pair in usage.items()}
+            nodes.append(Node(node_id=node_id, total=total, free=free, ip=state.get("node_ip") or ""))
         return Cluster(nodes=nodes)
+
+    def _get(self, path: str, params: dict[str, str] | None = None) -> Any:
+        response = httpx.get(f"{self.address}{path}", headers=self.headers, params=params, timeout=self.timeout_s)
+        response.raise_for_status()
+        return response.json()
 
     def submit(self, launch: Launch) -> bool:
         try:

@@ -33,6 +33,7 @@ class StackState:
     ray_gcs: str
     api_url: str
     ray_temp_dir: str = ""  # every process of the stack's Ray head names it on its command line
+    worker_nodes: list[str] = field(default_factory=list)  # temp dirs of the extra local Ray nodes
     supervisor_pid: int | None = None
     components: dict[str, Any] = field(default_factory=dict)
 
@@ -93,9 +94,22 @@ def server_env(state: StackState) -> dict[str, str]:
 
 
 def up(
-    *, num_cpus: int | None = None, num_gpus: int | None = None, api_port: int = 8000, say: Any = print
+    *,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    api_port: int = 8000,
+    nodes: int = 1,
+    cpus_per_node: float = 1.0,
+    node_resources: dict[str, float] | None = None,
+    node_ip: str = "127.0.0.1",
+    say: Any = print,
 ) -> tuple[StackState, bool]:
-    """Start what is not running; returns (state, started_anything)."""
+    """Start what is not running; returns (state, started_anything).
+
+    `nodes` > 1 adds nodes - 1 Ray worker nodes on this machine, each its own raylet with
+    `cpus_per_node` CPUs, a resource `tm_node_<i>: 1` naming it, and `node_resources`: multi-node
+    behaviour (spread gangs, fragmentation, a lost node) on one laptop.
+    """
     existing = load_state()
     if existing is not None and all(component["healthy"] for component in status(existing).values()):
         return existing, False
@@ -115,8 +129,29 @@ def up(
 
     say("starting the Ray head (token auth on)")
     head = ray_head.start(
-        ray_temp_dir(), ray_token_path(), num_cpus=num_cpus, num_gpus=num_gpus, log_path=root / "logs" / "ray-start.log"
+        ray_temp_dir(),
+        ray_token_path(),
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        node_ip=node_ip,
+        log_path=root / "logs" / "ray-start.log",
     )
+    worker_dirs = []
+    for index in range(1, nodes):
+        say(f"adding Ray worker node {index} of {nodes - 1}")
+        folder = Path(f"{ray_temp_dir()}-n{index}")
+        ray_head.join(
+            head.gcs_address,
+            ray_token_path(),
+            folder,
+            num_cpus=cpus_per_node,
+            num_gpus=0,
+            resources={f"tm_node_{index}": 1.0, **(node_resources or {})},
+            node_ip=node_ip,
+            log_path=root / "logs" / "ray-start.log",
+        )
+        worker_dirs.append(str(folder))
+    wait_for(lambda: len(_nodes(head)) >= nodes, 120, f"{nodes} Ray node(s) to register", where=str(root / "logs"))
     state = StackState(
         home=str(root),
         database_url=database_url,
@@ -124,6 +159,7 @@ def up(
         ray_dashboard=head.dashboard,
         ray_gcs=head.gcs_address,
         ray_temp_dir=str(head.temp_dir),
+        worker_nodes=worker_dirs,
         api_url=f"http://127.0.0.1:{free_port(api_port)}",
     )
 
@@ -160,12 +196,16 @@ def status(state: StackState | None = None) -> dict[str, dict[str, Any]]:
     head = ray_head.RayHead(state.ray_dashboard, state.ray_gcs, ray_token_path(), ray_temp_dir())
     used_total = head.cpus()
     cpus = used_total[1] if used_total else None
+    node_count = len(_nodes(head)) if cpus is not None else 0
     components: dict[str, dict[str, Any]] = {
         "postgres": {
             "healthy": postgres.reachable(state.database_url),
             "detail": "embedded" if state.embedded_postgres else "external",
         },
-        "ray": {"healthy": cpus is not None, "detail": f"{state.ray_dashboard} ({cpus or 0:g} CPU)"},
+        "ray": {
+            "healthy": cpus is not None and node_count >= 1 + len(state.worker_nodes),
+            "detail": f"{state.ray_dashboard}: {node_count} node(s), {cpus or 0:g} CPU",
+        },
         "api": {"healthy": api_ready(state.api_url), "detail": state.api_url},
     }
     pids = _supervised_pids()
@@ -175,13 +215,16 @@ def status(state: StackState | None = None) -> dict[str, dict[str, Any]]:
 
 
 def down(say: Any = print) -> bool:
+    left = leave(say)
     state = load_state()
     if state is None:
-        return False
+        return left
     if state.supervisor_pid and alive(state.supervisor_pid):
         say("stopping the API and the dispatcher")
         kill_group(state.supervisor_pid)
-    say("stopping the Ray head")
+    for folder in state.worker_nodes:
+        ray_head.stop(Path(folder))
+    say("stopping the Ray head" + (f" and {len(state.worker_nodes)} worker node(s)" if state.worker_nodes else ""))
     ray_head.stop(Path(state.ray_temp_dir) if state.ray_temp_dir else ray_temp_dir(), state.ray_gcs)
     if state.embedded_postgres:
         say("stopping embedded PostgreSQL")
@@ -195,3 +238,66 @@ def _supervised_pids() -> dict[str, int]:
         return {k: int(v) for k, v in json.loads((home() / "supervised.json").read_text()).items()}
     except (OSError, ValueError):
         return {}
+
+
+def _nodes(head: ray_head.RayHead) -> list[Any]:
+    from api.dispatcher.backend import RayUnavailable
+    from api.dispatcher.ray_jobs import RayJobsBackend
+
+    try:
+        return RayJobsBackend(head.dashboard, token=head.token_path.read_text().strip(), timeout_s=5).cluster().nodes
+    except (RayUnavailable, OSError):
+        return []
+
+
+# -- joining another machine's cluster ------------------------------------------------------------
+
+
+def join_line(state: StackState) -> str:
+    """What another machine runs to add itself to this stack's Ray cluster."""
+    return f"trainmaster join {state.ray_gcs} --token-file {ray_token_path()}  (copy the token file there first)"
+
+
+def node_state_path() -> Path:
+    return home() / "node.json"
+
+
+def join(
+    gcs_address: str,
+    token: str,
+    *,
+    num_cpus: float | None = None,
+    num_gpus: int | None = None,
+    resources: dict[str, float] | None = None,
+    node_ip: str | None = None,
+) -> list[str]:
+    """Add this machine to a cluster as a Ray worker node; `trainmaster down` takes it out again."""
+    root = home()
+    token_path = root / "ray_auth_token"
+    token_path.parent.mkdir(parents=True, exist_ok=True)
+    token_path.write_text(token.strip())
+    token_path.chmod(0o600)
+    folder = Path(f"{ray_temp_dir()}-joined")
+    command = ray_head.join(
+        gcs_address,
+        token_path,
+        folder,
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        resources=resources,
+        node_ip=node_ip,
+        log_path=root / "logs" / "ray-join.log",
+    )
+    node_state_path().write_text(json.dumps({"gcs_address": gcs_address, "temp_dir": str(folder)}))
+    return command
+
+
+def leave(say: Any = print) -> bool:
+    try:
+        node = json.loads(node_state_path().read_text())
+    except (OSError, ValueError):
+        return False
+    say(f"leaving the Ray cluster at {node['gcs_address']}")
+    ray_head.stop(Path(node["temp_dir"]))
+    node_state_path().unlink(missing_ok=True)
+    return True

@@ -5,6 +5,7 @@ Used by `trainmaster up` and by the test suite, so both run Ray the same way.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -97,6 +98,7 @@ def start(
     num_cpus: int | None = None,
     num_gpus: int | None = None,
     ports: tuple[int, int] | None = None,
+    node_ip: str = "127.0.0.1",
     log_path: Path | None = None,
     ready_timeout_s: float = 120.0,
 ) -> RayHead:
@@ -115,12 +117,12 @@ def start(
         "start",
         "--head",
         f"--port={gcs_port}",
-        "--dashboard-host=127.0.0.1",
         f"--dashboard-port={dashboard_port}",
         "--include-dashboard=true",
         "--disable-usage-stats",
         f"--temp-dir={temp_dir}",
-        "--node-ip-address=127.0.0.1",  # loopback only: never expose the dashboard
+        f"--node-ip-address={node_ip}",  # loopback unless other machines are to join
+        "--dashboard-host=127.0.0.1",  # never expose the dashboard, whatever the node address
         *ray_port_flags(),
     ]
     if num_cpus is not None:
@@ -128,14 +130,7 @@ def start(
     if num_gpus is not None:
         command.append(f"--num-gpus={num_gpus}")
     head = RayHead(f"http://127.0.0.1:{dashboard_port}", f"127.0.0.1:{gcs_port}", token_path, temp_dir)
-    result = subprocess.run(command, env=head.env, capture_output=True, text=True, timeout=180)
-    if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("a") as log:
-            log.write(result.stdout + result.stderr)
-    if result.returncode != 0:
-        tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
-        raise RuntimeError("`ray start --head` failed: " + " | ".join(tail))
+    _run(command, head.env, log_path, "`ray start --head`")
     wanted = float(num_cpus) if num_cpus is not None else None
 
     def ready() -> bool:
@@ -144,6 +139,51 @@ def start(
 
     wait_for(ready, ready_timeout_s, "the Ray head to report its resources", where=str(log_path or temp_dir))
     return head
+
+
+def join(
+    gcs_address: str,
+    token_path: Path,
+    temp_dir: Path,
+    *,
+    num_cpus: float | None = None,
+    num_gpus: int | None = None,
+    resources: dict[str, float] | None = None,
+    node_ip: str | None = None,
+    log_path: Path | None = None,
+) -> list[str]:
+    """Add a node to the cluster whose GCS is at `gcs_address` (this machine or another), with token
+    auth. Several nodes may run on one machine, each with its own `temp_dir` (which is also how
+    `stop` finds its processes). Returns the `ray start` command, for people to repeat by hand."""
+    command = [
+        bin_path("ray"),
+        "start",
+        f"--address={gcs_address}",
+        f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
+        *ray_port_flags(),
+    ]
+    if node_ip:
+        command.append(f"--node-ip-address={node_ip}")
+    if num_cpus is not None:
+        command.append(f"--num-cpus={num_cpus:g}")
+    if num_gpus is not None:
+        command.append(f"--num-gpus={num_gpus}")
+    if resources:
+        command.append(f"--resources={json.dumps(resources)}")
+    _run(command, ray_env(token_path), log_path, f"`ray start --address={gcs_address}`")
+    return command
+
+
+def _run(command: list[str], env: dict[str, str], log_path: Path | None, what: str) -> None:
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("a") as log:
+            log.write(result.stdout + result.stderr)
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
+        raise RuntimeError(f"{what} failed: " + " | ".join(tail))
 
 
 def stop(temp_dir: Path, gcs_address: str | None = None, timeout: float = 5.0) -> None:
