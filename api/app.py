@@ -28,6 +28,8 @@ from api.settings import Settings, get_settings
 from api.streaming.broker import Broker
 from api.streaming.limits import StreamLimiter
 from api.telemetry.service import start_telemetry
+from api.ui.routes import UI_PREFIX, UiSecurityHeaders, static_files
+from api.ui.routes import router as ui_router
 
 log = logging.getLogger("trainmaster.api")
 
@@ -61,10 +63,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(logs_router)
     app.include_router(checkpoints_router)
     app.include_router(cluster_router)
+    app.include_router(ui_router)
+    app.mount(UI_PREFIX, static_files(), name="ui")
 
     _install_error_handlers(app)
     app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)
     app.add_middleware(BodyLimitMiddleware, limit_for_path=_body_limits(settings))
+    app.add_middleware(UiSecurityHeaders)
     return app
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, Subquery, func, select, tuple_
+from sqlalchemy import Select, String, Subquery, cast, func, select, tuple_
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
@@ -60,8 +60,11 @@ async def list_jobs(
     labels: dict[str, str],
     limit: int,
     after: tuple[datetime, uuid.UUID] | None,
+    id_prefix: str | None = None,
 ) -> list[Job]:
     query = _with_relations(select(Job).where(Job.project_id == project_id))
+    if id_prefix:
+        query = query.where(cast(Job.id, String).startswith(id_prefix, autoescape=True))
     if statuses:
         query = query.where(Job.status.in_(statuses))
     if labels:

@@ -46,10 +46,13 @@ async def list_jobs(
     label: Annotated[list[str], Query(description="key:value, repeatable (all must match)")] = [],  # noqa: B006
     limit: Annotated[int | None, Query(ge=1)] = None,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
+    id_prefix: Annotated[
+        str | None, Query(description="only jobs whose id starts with this (hex digits and dashes, as `ls` shows them)")
+    ] = None,
 ) -> JobList:
     page_size = min(limit or settings.page_limit_default, settings.page_limit_max)
     items, next_cursor = await service.list_page(
-        session, principal, statuses=status_filter, labels=label, limit=page_size, cursor=cursor
+        session, principal, statuses=status_filter, labels=label, limit=page_size, cursor=cursor, id_prefix=id_prefix
     )
     return JobList(items=items, next_cursor=next_cursor)
 

@@ -6,6 +6,7 @@ import base64
 import binascii
 import hashlib
 import json
+import re
 import uuid
 from datetime import datetime
 
@@ -143,6 +144,16 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
         raise ValidationError.field(["query", "cursor"], "not a cursor returned by this API") from None
 
 
+ID_PREFIX = re.compile(r"^[0-9a-f-]{1,36}$")
+
+
+def parse_id_prefix(raw: str) -> str:
+    prefix = raw.strip().lower()
+    if not ID_PREFIX.match(prefix):
+        raise ValidationError.field(["query", "id_prefix"], "must be 1-36 hex digits or dashes, the start of a job id")
+    return prefix
+
+
 def parse_labels(raw: list[str]) -> dict[str, str]:
     labels: dict[str, str] = {}
     for item in raw:
@@ -161,6 +172,7 @@ async def list_page(
     labels: list[str],
     limit: int,
     cursor: str | None,
+    id_prefix: str | None = None,
 ) -> tuple[list[Job], str | None]:
     after = decode_cursor(cursor) if cursor else None
     rows = await repository.list_jobs(
@@ -170,6 +182,7 @@ async def list_page(
         labels=parse_labels(labels),
         limit=limit + 1,
         after=after,
+        id_prefix=parse_id_prefix(id_prefix) if id_prefix is not None else None,
     )
     page, more = rows[:limit], len(rows) > limit
     positions = await repository.queue_positions(session, page)

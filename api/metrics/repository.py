@@ -6,6 +6,7 @@ import json
 import math
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -83,22 +84,38 @@ async def merge_latest(session: AsyncSession, job_id: uuid.UUID, latest: dict[st
     )
 
 
+@dataclass(frozen=True)
+class Window:
+    """Which points a chart asks for: a step range (inclusive) and one rank, each optional."""
+
+    since_step: int | None = None
+    until_step: int | None = None
+    rank: int | None = None
+
+    def clauses(self, params: dict[str, Any]) -> list[str]:
+        clauses = []
+        for column, op, key in (("step", ">=", "since_step"), ("step", "<=", "until_step"), ("rank", "=", "rank")):
+            value = getattr(self, key)
+            if value is not None:
+                clauses.append(f"{column} {op} :{key}")
+                params[key] = value
+        return clauses
+
+
 async def read_after(
     session: AsyncSession,
     job_id: uuid.UUID,
     after_seq: int,
     limit: int,
     names: Sequence[str] = (),
-    since_step: int | None = None,
+    window: Window = Window(),
 ) -> list[Any]:
     clauses = ["job_id = :job", "seq > :after"]
     params: dict[str, Any] = {"job": job_id, "after": after_seq, "limit": limit}
     if names:
         clauses.append("name = ANY(:names)")
         params["names"] = list(names)
-    if since_step is not None:
-        clauses.append("step >= :since_step")
-        params["since_step"] = since_step
+    clauses += window.clauses(params)
     query = (
         "SELECT seq, step, rank, name, value, ts FROM metric_points WHERE "
         + " AND ".join(clauses)
@@ -112,7 +129,7 @@ async def read_downsampled(
     job_id: uuid.UUID,
     max_points: int,
     names: Sequence[str] = (),
-    since_step: int | None = None,
+    window: Window = Window(),
 ) -> list[Any]:
     """At most about `max_points` per name: each of max_points/2 buckets keeps its min and max."""
     buckets = max(1, max_points // 2)
@@ -121,9 +138,7 @@ async def read_downsampled(
     if names:
         clauses.append("name = ANY(:names)")
         params["names"] = list(names)
-    if since_step is not None:
-        clauses.append("step >= :since_step")
-        params["since_step"] = since_step
+    clauses += window.clauses(params)
     where = " AND ".join(clauses)
     query = f"""
         WITH ranked AS (

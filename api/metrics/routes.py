@@ -38,6 +38,8 @@ async def read_metrics(
     principal: ProjectPrincipal,
     name: Annotated[list[str], Query(description="metric names, repeatable")] = [],  # noqa: B006
     since_step: Annotated[int | None, Query(ge=0)] = None,
+    until_step: Annotated[int | None, Query(ge=0, description="last step (inclusive), for a zoomed chart")] = None,
+    rank: Annotated[int | None, Query(ge=0, description="one worker's points only")] = None,
     max_points: Annotated[
         int | None, Query(ge=2, le=100_000, description="downsample, keeping minima and maxima")
     ] = None,
@@ -50,6 +52,8 @@ async def read_metrics(
         job_id,
         names=name,
         since_step=since_step,
+        until_step=until_step,
+        rank=rank,
         max_points=max_points,
         after_seq=after_seq,
         limit=limit,

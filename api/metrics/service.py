@@ -10,6 +10,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.service import Principal
+from api.errors import ValidationError
 from api.jobs import service as jobs
 from api.metrics import repository
 from api.streaming.broker import METRICS_CHANNEL
@@ -54,12 +55,17 @@ async def read(
     max_points: int | None,
     after_seq: int,
     limit: int,
+    until_step: int | None = None,
+    rank: int | None = None,
 ) -> list[MetricValue]:
     job = await jobs.get_owned(session, principal, raw_id)
+    if since_step is not None and until_step is not None and until_step < since_step:
+        raise ValidationError.field(["query", "until_step"], f"must be at least since_step ({since_step})")
+    window = repository.Window(since_step=since_step, until_step=until_step, rank=rank)
     if max_points is not None:
-        rows = await repository.read_downsampled(session, job.id, max_points, names, since_step)
+        rows = await repository.read_downsampled(session, job.id, max_points, names, window)
     else:
-        rows = await repository.read_after(session, job.id, after_seq, limit, names, since_step)
+        rows = await repository.read_after(session, job.id, after_seq, limit, names, window)
     return [to_value(row) for row in rows]
 
 
