@@ -44,6 +44,7 @@ def register(app: typer.Typer) -> None:
     app.command()(join)
     app.command()(status)
     app.command()(down)
+    app.command()(ui)
     db_app.command("upgrade")(db_upgrade)
     token_app.command("create")(token_create)
 
@@ -196,3 +197,22 @@ def down() -> None:
         console.print("nothing was running")
         return
     console.print("[green]stopped[/]")
+
+
+def ui(
+    open_browser: Annotated[bool, typer.Option("--open/--no-open", help="open a browser or just print")] = True,
+) -> None:
+    """Open the dashboard: the local stack's (`trainmaster up`), else the API in TRAINMASTER_API_URL."""
+    import webbrowser
+
+    from trainmaster import config as client_config
+
+    state = _server("api.stack.local").load_state()
+    api_url = state.api_url if state else client_config.resolve().api_url
+    if not _server("api.stack.local").api_ready(api_url):
+        raise _fail(f"no API answers at {api_url}: start the local stack with `trainmaster up`")
+    url = f"{api_url}/ui/"
+    console.print(f"dashboard: {url}")
+    console.print(f"sign in with the token in {client_config.config_path()} (or `trainmaster token create`)")
+    if open_browser and not webbrowser.open(url):
+        console.print("[yellow]no browser could be opened here; open the address above yourself[/]")

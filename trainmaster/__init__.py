@@ -2,6 +2,7 @@
 
 from trainmaster.client import Client, JobHandle
 from trainmaster.errors import (
+    AmbiguousJobId,
     ApiError,
     Conflict,
     ConnectionFailed,
@@ -30,6 +31,7 @@ from trainmaster.models import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AmbiguousJobId",
     "ApiError",
     "Attempt",
     "CheckpointPolicy",

@@ -15,8 +15,10 @@ from trainmaster import config as client_config
 from trainmaster import sse
 from trainmaster.archive import zip_directory
 from trainmaster.errors import (
+    AmbiguousJobId,
     ConnectionFailed,
     JobFailed,
+    JobNotFound,
     ServiceUnavailable,
     TrainmasterError,
     WaitTimeout,
@@ -43,6 +45,7 @@ from trainmaster.models import (
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 SUBMIT_ATTEMPTS = 4
 METRICS_PAGE = 10_000
+AMBIGUOUS_SHOWN = 5
 
 
 class Client:
@@ -116,6 +119,27 @@ class Client:
         content = zip_directory(Path(working_dir))
         data = self._request("POST", "/v1/code", content=content, headers={"Content-Type": "application/zip"})
         return CodeUpload.model_validate(data)
+
+    def resolve_id(self, id_or_prefix: str) -> str:
+        """The full id of the one job whose id starts with `id_or_prefix` (as `trainmaster ls` shows
+        8 characters, any unambiguous prefix works, as in git and docker).
+
+        Raises JobNotFound when none matches and AmbiguousJobId when several do.
+        """
+        wanted = id_or_prefix.strip().lower()
+        try:
+            return str(uuid.UUID(wanted))
+        except ValueError:
+            pass
+        page = JobList.model_validate(
+            self._request("GET", "/v1/jobs", params={"id_prefix": wanted, "limit": AMBIGUOUS_SHOWN + 1})
+        )
+        ids = [job.id for job in page.items]
+        if not ids:
+            raise JobNotFound(f"404 JobNotFound: no job whose id starts with {id_or_prefix!r}")
+        if len(ids) > 1:
+            raise AmbiguousJobId(id_or_prefix, ids)
+        return ids[0]
 
     def get(self, job_id: str) -> JobHandle:
         return JobHandle(self, self._job(job_id))

@@ -72,6 +72,16 @@ class ServiceUnavailable(ServerError):
     status_code = 503
 
 
+class AmbiguousJobId(TrainmasterError):
+    """An id prefix matches more than one job; `candidates` are the ids it matches (up to a few)."""
+
+    def __init__(self, prefix: str, candidates: list[str]):
+        shown = ", ".join(candidates[:5]) + (", …" if len(candidates) > 5 else "")
+        super().__init__(f"job id prefix {prefix!r} is ambiguous: it matches {shown}; give more characters")
+        self.prefix = prefix
+        self.candidates = candidates
+
+
 class JobFailed(TrainmasterError):
     """A job ended in failed, cancelled or timed_out while being waited for."""
 

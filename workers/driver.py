@@ -18,7 +18,7 @@ from typing import Any
 import trainmaster
 from trainmaster.context import JobContext, post_event
 from trainmaster.models import JobSpec
-from workers import entrypoints, system_metrics
+from workers import entrypoints, job_output, system_metrics
 from workers.collectives.timeout import collective_timeout_s, explain_failure
 
 
@@ -39,6 +39,9 @@ def train_worker(config: dict[str, Any]) -> Any:
     from workers.gpu import describe_device
 
     tm = config.pop("_trainmaster")
+    job_output.print_once()
+    job = JobContext.from_env()
+    job_output.quiet_platform_requests(job.api_url if job else None)
     device = describe_device()
     context = ray.train.get_context()
     if context.get_world_rank() == 0:
@@ -102,11 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--attempt", type=int, required=True)
     args = parser.parse_args(argv)
+    job_output.keep_each_workers_lines()
     context = JobContext.from_env()
     if context is None or not context.spec_json:
         print("[trainmaster] error: the driver runs only as a trainmaster job (no job spec in its environment)")
         return 2
     spec = JobSpec.model_validate_json(context.spec_json)
+    job_output.quiet_platform_requests(context.api_url)
     print(f"[trainmaster] job {args.job_id} attempt {args.attempt}: {spec.entrypoint}", flush=True)
     started = time.monotonic()
     try:

@@ -55,6 +55,7 @@ def client_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+JobId = Annotated[str, typer.Argument(help="a job id, or any unambiguous prefix of one (ls shows 8 characters)")]
 ApiUrl = Annotated[str | None, typer.Option("--api-url", envvar="TRAINMASTER_API_URL", help="API address")]
 Token = Annotated[
     str | None, typer.Option("--token", envvar="TRAINMASTER_TOKEN", help="bearer token", show_default=False)
@@ -162,19 +163,20 @@ def list_jobs(
     elif not jobs:
         console.print("no jobs yet: submit one with `trainmaster submit builtin:mlp --workers 2`")
     else:
-        console.print(jobs_table(jobs))
+        console.print(jobs_table(jobs, width=console.width))
 
 
 @app.command()
 @client_errors
 def get(
-    job_id: str,
+    job_id: JobId,
     output_json: Annotated[bool, typer.Option("--json")] = False,
     api_url: ApiUrl = None,
     token: Token = None,
 ) -> None:
-    """Show one job: status, attempts, pending reason, latest events."""
+    """Show one job: status, attempts, pending reason, latest events (any unambiguous id prefix)."""
     with Client(api_url, token) as client:
+        job_id = client.resolve_id(job_id)
         job = client.get(job_id).info
         if output_json:
             print(job.model_dump_json(indent=2))
@@ -184,17 +186,17 @@ def get(
 
 @app.command()
 @client_errors
-def cancel(job_id: str, api_url: ApiUrl = None, token: Token = None) -> None:
+def cancel(job_id: JobId, api_url: ApiUrl = None, token: Token = None) -> None:
     """Cancel a job: queued jobs end at once, running ones are stopped."""
     with Client(api_url, token) as client:
-        job = client.cancel(job_id)
+        job = client.cancel(client.resolve_id(job_id))
     console.print(f"{job.id}: {styled_status(job.status)}")
 
 
 @app.command()
 @client_errors
 def metrics(
-    job_id: str,
+    job_id: JobId,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="live view until the job ends")] = False,
     name: Annotated[list[str], typer.Option(help="only these metrics, repeatable")] = [],  # noqa: B006
     max_points: Annotated[int | None, typer.Option(help="downsample to about this many points per metric")] = None,
@@ -204,6 +206,7 @@ def metrics(
 ) -> None:
     """Show a job's metrics; -f follows them live with a trend per metric."""
     with Client(api_url, token) as client:
+        job_id = client.resolve_id(job_id)
         if follow:
             follow_metrics(client, job_id)
             return
@@ -228,13 +231,14 @@ def metrics(
 @app.command()
 @client_errors
 def logs(
-    job_id: str,
+    job_id: JobId,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
     api_url: ApiUrl = None,
     token: Token = None,
 ) -> None:
     """Print a job's driver and worker output (stored: readable after the cluster is gone)."""
     with Client(api_url, token) as client:
+        job_id = client.resolve_id(job_id)
         if follow:
             follow_logs(client, job_id)
             return

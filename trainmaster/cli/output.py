@@ -40,24 +40,37 @@ def ago(moment: datetime | None) -> str:
     return f"{max(seconds, 0)}s ago"
 
 
-def jobs_table(jobs: Iterable[Job]) -> Table:
-    table = Table(show_edge=False, header_style="bold")
-    table.add_column("ID", no_wrap=True)
-    for column in ("NAME", "STATUS", "WORKERS", "CREATED", "DETAIL"):
-        table.add_column(column)
+SHORT_ID = 8  # like git and docker: enough to tell jobs apart, and every command takes a prefix
+NAME_WIDTH = 20
+
+
+def jobs_table(jobs: Iterable[Job], width: int = 80) -> Table:
+    """One line per job within `width` columns (80 by default): long names and details are cut
+    with an ellipsis; the detail gets whatever room the other columns leave."""
+    rows = []
     for job in jobs:
         scaling = job.spec.get("scaling", {})
         detail = job.pending_reason or job.error or ""
         if job.queue_position:
-            detail = f"#{job.queue_position} in queue: {detail}"
-        table.add_row(
-            job.id,
-            job.name,
-            styled_status(job.status),
-            str(scaling.get("num_workers", 1)),
-            ago(job.created_at),
-            detail[:80],
+            detail = f"#{job.queue_position} {detail}"
+        rows.append(
+            (
+                job.id[:SHORT_ID],
+                job.name.replace("\n", " "),
+                job.status,
+                str(scaling.get("num_workers", 1)),
+                ago(job.created_at).removesuffix(" ago"),
+                detail.replace("\n", " "),
+            )
         )
+    name_width = min(NAME_WIDTH, max([len("NAME")] + [len(r[1]) for r in rows]))
+    fixed = [SHORT_ID, name_width, len("timed_out"), max([1] + [len(r[3]) for r in rows]), 4]
+    detail_width = max(10, width - sum(fixed) - 2 * len(fixed))
+    table = Table(show_edge=False, header_style="bold", box=None, pad_edge=False, padding=(0, 2, 0, 0))
+    for header, size in zip(("ID", "NAME", "STATUS", "W", "AGE", "DETAIL"), [*fixed, detail_width], strict=True):
+        table.add_column(header, no_wrap=True, overflow="ellipsis", max_width=size)
+    for job_id, name, status, workers, age, detail in rows:
+        table.add_row(job_id, name, styled_status(status), workers, age, detail)
     return table
 
 
