@@ -60,3 +60,23 @@ def advance(settings: Settings, job_id: str, target: JobStatus, *, error: str | 
             await engine.dispose()
 
     asyncio.run(step())
+
+
+def exporting(database_url: str) -> bool:
+    """Whether some process holds the telemetry export lock on this database (it then follows new rows)."""
+    import psycopg
+
+    from api.settings import libpq_url
+    from api.telemetry.service import EXPORT_LOCK
+
+    with psycopg.connect(libpq_url(database_url)) as conn:
+        row = conn.execute(
+            """
+            SELECT count(*) FROM pg_locks
+            WHERE locktype = 'advisory' AND granted
+              AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND ((classid::bigint << 32) | objid::bigint) = %s
+            """,
+            (EXPORT_LOCK,),
+        ).fetchone()
+    return bool(row and row[0])

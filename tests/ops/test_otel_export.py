@@ -21,7 +21,7 @@ from api.telemetry.service import Telemetry, otel_enabled
 from tests.e2e.conftest import wait_until
 from tests.factories.auth import project_token
 from tests.factories.jobs import spec
-from tests.ops.jobflow import advance
+from tests.ops.jobflow import advance, exporting
 from tests.ops.otlp_receiver import Received, otlp_receiver
 from trainmaster.models import JobStatus
 
@@ -74,8 +74,8 @@ def test_platform_metrics_training_metrics_and_a_trace_per_job(database_url: str
     token = project_token(database_url, "alpha")
     gpu_scaling = {"num_workers": 2, "resources_per_worker": {"CPU": 1, "GPU": 1}}
     with TestClient(create_app(settings)) as http:
-        # The export starts with the newest rows: wait until it leads before making history.
-        wait_until(lambda: latest(receiver, "trainmaster.jobs") is not None or receiver.metrics, 20, what="export")
+        # The export follows rows newer than when it started leading: wait for that first.
+        wait_until(lambda: exporting(database_url), 20, what="the export to lead")
         watched = submit(http, token, name="watched", scaling=gpu_scaling, labels={"otel-metrics": "true"})
         quiet = submit(http, token, name="quiet")
         wait_until(
