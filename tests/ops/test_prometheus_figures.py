@@ -61,3 +61,28 @@ def test_metrics_carry_queue_depth_gpus_held_and_the_job_histograms(database_url
     assert samples[("trainmaster_job_duration_seconds_bucket", (("le", "+Inf"), *failed))] == 1
     assert ("trainmaster_job_duration_seconds_count", (("project", "alpha"), ("status", "failed"))) not in samples
     assert samples[("trainmaster_jobs", (("status", "running"),))] == 1
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_api_serves(database_url: str) -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    from api.app import create_app
+
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "platform/grafana/trainmaster.json").read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\btrainmaster_[a-z_]+", target["expr"])
+    }
+    settings = Settings(database_url=database_url)
+    token = project_token(database_url, "alpha")
+    with TestClient(create_app(settings)) as http:
+        job = submit(http, token)
+        for status in (JobStatus.starting, JobStatus.running, JobStatus.succeeded):
+            advance(settings, job, status)
+        served = {name for name, _ in scrape(http)}
+    assert len(queried) >= 7
+    assert queried <= served, queried - served
