@@ -89,7 +89,8 @@ class Telemetry:
         self.replay = replay  # start from the first row instead of the newest (tests)
         self.engine: AsyncEngine | None = None
         self.sessions: async_sessionmaker | None = None
-        self.lock_connection: psycopg.AsyncConnection | None = None
+        self.lock_connection: psycopg.AsyncConnection | None = None  # holds the export lock
+        self.candidate: psycopg.AsyncConnection | None = None  # asks for it, while another process holds it
         self.gauges: Gauges | None = None
         self.otel: OtelExport | None = None
         self.mlflow: MlflowMirror | None = None
@@ -131,8 +132,9 @@ class Telemetry:
             await asyncio.to_thread(self.otel.shutdown)  # flushes the spans and metrics still held
         if self.mlflow is not None:
             await self.mlflow.close()
-        if self.lock_connection is not None:
-            await self.lock_connection.close()
+        for connection in (self.lock_connection, self.candidate):
+            if connection is not None:
+                await connection.close()
         if self.engine is not None:
             await self.engine.dispose()
 
@@ -146,16 +148,28 @@ class Telemetry:
             await asyncio.sleep(self.settings.telemetry_interval_s)
 
     async def lead(self) -> bool:
-        """Whether this process exports: it holds the advisory lock, or takes it now."""
+        """Whether this process exports: it holds the advisory lock (checked alive each round, so a
+        connection PostgreSQL dropped, and with it the lock, is noticed), or takes it now."""
         if self.leading:
-            return True
+            assert self.lock_connection is not None
+            try:
+                await self.lock_connection.execute("SELECT 1")
+                return True
+            except psycopg.Error:
+                await self.lock_connection.close()  # the lock went with the connection
         self.lock_connection = None
-        connection = await psycopg.AsyncConnection.connect(libpq_url(self.settings.database_url), autocommit=True)
-        row = await (await connection.execute("SELECT pg_try_advisory_lock(%s)", (EXPORT_LOCK,))).fetchone()
+        if self.candidate is None or self.candidate.closed:
+            self.candidate = await psycopg.AsyncConnection.connect(
+                libpq_url(self.settings.database_url), autocommit=True
+            )
+        try:
+            row = await (await self.candidate.execute("SELECT pg_try_advisory_lock(%s)", (EXPORT_LOCK,))).fetchone()
+        except psycopg.Error:
+            await self.candidate.close()
+            raise
         if not (row and row[0]):
-            await connection.close()
             return False
-        self.lock_connection = connection
+        self.lock_connection, self.candidate = self.candidate, None
         assert self.sessions is not None
         async with self.sessions() as session:
             events = 0 if self.replay else await repo.max_event_id(session)
