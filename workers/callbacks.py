@@ -59,15 +59,16 @@ class PlacementCallback(ControllerCallback, WorkerGroupCallback):
                 f"waiting for a placement group of {workers} x {resources}",
                 {"num_workers": workers, "resources_per_worker": resources},
             )
-        elif kind in ("RestartingState", "ReschedulingState"):
+        elif kind in ("RestartingState", "ReschedulingState", "ErroredState"):
             error = getattr(current_state, "training_failed_error", None)
-            post_event("workers_lost", *lost_workers(error, self.node_of_rank))
+            if error is not None:
+                post_event("workers_lost", *lost_workers(error, self.node_of_rank, restarts=kind != "ErroredState"))
 
     def after_worker_group_start(self, worker_group: Any) -> None:
         self.group_starts += 1
         workers = [describe_worker(worker) for worker in worker_group.get_workers()]
         self.node_of_rank = {w["rank"]: w for w in workers if isinstance(w.get("rank"), int)}
-        nodes = sorted({w["node_ip"] for w in workers})
+        nodes = sorted({w["node"] for w in workers})
         restart = f" (restart {self.group_starts - 1})" if self.group_starts > 1 else ""
         post_event(
             "workers_started",
@@ -80,6 +81,7 @@ def describe_worker(worker: Any) -> dict[str, Any]:
     metadata = worker.metadata
     context = worker.distributed_context
     return {
+        "node": f"{metadata.node_ip}/{metadata.node_id[:8]}",
         "rank": getattr(context, "world_rank", None),
         "node_rank": getattr(context, "node_rank", None),
         "node_id": metadata.node_id,
@@ -90,13 +92,14 @@ def describe_worker(worker: Any) -> dict[str, Any]:
     }
 
 
-def lost_workers(error: Any, node_of_rank: dict[int, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
-    """The event text for a restart: which ranks failed, on which nodes, and why."""
+def lost_workers(error: Any, node_of_rank: dict[int, dict[str, Any]], *, restarts: bool) -> tuple[str, dict[str, Any]]:
+    """The event text for a failed worker group: which ranks failed, on which nodes, and why."""
     failures = getattr(error, "worker_failures", None) or {}
     ranks = sorted(int(rank) for rank in failures)
-    nodes = sorted({node_of_rank[rank]["node_ip"] for rank in ranks if rank in node_of_rank})
+    nodes = sorted({node_of_rank[rank]["node"] for rank in ranks if rank in node_of_rank})
     first = str(next(iter(failures.values()), error) or "").strip().splitlines()
     reason = first[-1][:300] if first else "unknown"
     where = f" on node(s) {', '.join(nodes)}" if nodes else ""
-    message = f"worker rank(s) {ranks or '?'} failed{where}: {reason}; Ray Train restarts the group"
-    return message, {"ranks": ranks, "nodes": nodes, "error": reason}
+    then = "Ray Train restarts the group" if restarts else "no failures left (max_failures): the attempt fails"
+    message = f"worker rank(s) {ranks or '?'} failed{where}: {reason}; {then}"
+    return message, {"ranks": ranks, "nodes": nodes, "error": reason, "restarts": restarts}

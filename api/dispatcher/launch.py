@@ -85,7 +85,11 @@ def build(settings: Settings, job: Job, spec: JobSpec, n: int, token: str, worki
         system_metrics_interval_s=settings.system_metrics_interval_s,
         extra_env=spec.env,
     )
-    env = {**context.to_env(), "RAY_CHDIR_TO_TRIAL_DIR": "0"}  # workers run in the job's working directory
+    env = {
+        **context.to_env(),
+        "RAY_CHDIR_TO_TRIAL_DIR": "0",  # workers run in the job's working directory
+        "RAY_DEDUP_LOGS": "0",  # every rank's line is stored: Ray would fold lines that differ in numbers
+    }
     runtime_env: dict[str, object] = {"env_vars": env}
     if working_dir is not None:
         runtime_env["working_dir"] = str(working_dir)

@@ -78,7 +78,8 @@ def admit(spec: JobSpec, cluster: Cluster, driver: Resources) -> Admission:
         return Admission(
             Decision.infeasible,
             f"can never fit this cluster as it is: needs {need}; the cluster has {total} in all"
-            f" on {len(cluster.nodes)} node(s). Add nodes with the resources, or ask for fewer.",
+            f" on {len(cluster.nodes)} node(s): {nodes_free(cluster, free=False)}."
+            " Add nodes with the resources, or ask for fewer.",
         )
     placement = _place(bundles, [node.free for node in cluster.nodes], strategy, spec.scaling.num_workers)
     if placement is None:
@@ -95,10 +96,14 @@ def admit(spec: JobSpec, cluster: Cluster, driver: Resources) -> Admission:
     return Admission(Decision.admit, f"fits: {need}", by_node)
 
 
-def nodes_free(cluster: Cluster, limit: int = 8) -> str:
-    """Each node's free resources, the most free first, for reasons a person reads."""
-    ranked = sorted(cluster.nodes, key=lambda n: (-n.free.get("GPU", 0.0), -n.free.get("CPU", 0.0)))
-    shown = [f"{node.label} {_fmt(node.free)}" for node in ranked[:limit]]
+def nodes_free(cluster: Cluster, limit: int = 8, *, free: bool = True) -> str:
+    """Each node's free (or total) resources, the most first, for reasons a person reads."""
+
+    def amounts(node: Node) -> Resources:
+        return node.free if free else node.total
+
+    ranked = sorted(cluster.nodes, key=lambda n: (-amounts(n).get("GPU", 0.0), -amounts(n).get("CPU", 0.0)))
+    shown = [f"{node.label} {_fmt(amounts(node))}" for node in ranked[:limit]]
     more = f" and {len(ranked) - limit} more" if len(ranked) > limit else ""
     return ", ".join(shown) + more if shown else "no nodes"
 

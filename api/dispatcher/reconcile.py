@@ -203,6 +203,9 @@ async def _apply(
     else:
         attempt.status = AttemptStatus.failed
         attempt.error = error_text(info, "\n".join(await repo.last_log_lines(session, job.id, attempt.n)))
+        lost = await repo.last_event(session, job.id, attempt.n, "workers_lost")
+        if lost is not None and lost.message and not lost.data.get("restarts", True):
+            attempt.error = f"{attempt.error} ({lost.message})"
         await _after_failure(session, job, attempt.error)
 
 

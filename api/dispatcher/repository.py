@@ -105,12 +105,18 @@ async def revoke_job_tokens(session: AsyncSession, job_id: uuid.UUID) -> None:
 
 async def workers_started(session: AsyncSession, job_id: uuid.UUID, attempt: int) -> bool:
     """Whether the attempt's worker group reported that it started (the `workers_started` event)."""
-    query = select(JobEvent.id).where(
-        JobEvent.job_id == job_id,
-        JobEvent.kind == "workers_started",
-        JobEvent.data["attempt"].as_integer() == attempt,
+    return await last_event(session, job_id, attempt, "workers_started") is not None
+
+
+async def last_event(session: AsyncSession, job_id: uuid.UUID, attempt: int, kind: str) -> JobEvent | None:
+    """The attempt's latest event of `kind`, as the job reported it."""
+    query = (
+        select(JobEvent)
+        .where(JobEvent.job_id == job_id, JobEvent.kind == kind, JobEvent.data["attempt"].as_integer() == attempt)
+        .order_by(JobEvent.id.desc())
+        .limit(1)
     )
-    return (await session.execute(query.limit(1))).first() is not None
+    return (await session.execute(query)).scalar_one_or_none()
 
 
 async def last_log_lines(session: AsyncSession, job_id: uuid.UUID, attempt: int, limit: int = 200) -> list[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from api.stack import ray_head
 from api.stack.ray_head import RayHead
-from tests.e2e.conftest import REPO, TRAINMASTER, stop
+from tests.e2e.conftest import REPO, TRAINMASTER, stop, wait_until
 
 
 def start_ray_head(
@@ -56,3 +56,65 @@ class Dispatchers:
         for process in self.processes:
             stop(process)
         self.processes.clear()
+
+
+@dataclass
+class MultiNode:
+    """A Ray head and worker nodes on this machine, each its own raylet (as `trainmaster up --nodes`)."""
+
+    head: RayHead
+    nodes: list[Path] = field(default_factory=list)  # temp dirs of the worker nodes
+
+    def add_node(self, num_cpus: float, resources: dict[str, float]) -> Path:
+        folder = Path(tempfile.mkdtemp(prefix="tmn-", dir="/tmp"))
+        before = len(self.node_ids())
+        ray_head.join(
+            self.head.gcs_address,
+            self.head.token_path,
+            folder / "ray",
+            num_cpus=num_cpus,
+            num_gpus=0,
+            resources=resources,
+            log_path=folder / "join.log",
+        )
+        wait_until(lambda: len(self.node_ids()) > before, 60, interval=0.5, what="the new node to register")
+        self.nodes.append(folder)
+        return folder
+
+    def node_ids(self) -> list[str]:
+        from api.dispatcher.backend import RayUnavailable
+        from api.dispatcher.ray_jobs import RayJobsBackend
+
+        try:
+            backend = RayJobsBackend(self.head.dashboard, token=self.head.token_path.read_text().strip())
+            return [node.node_id for node in backend.cluster().nodes]
+        except RayUnavailable:
+            return []
+
+    def kill_raylet(self, folder: Path) -> None:
+        """SIGKILL the node's raylet, as a machine that dies would leave it."""
+        import os
+        import re
+        import signal
+
+        from api.stack.processes import matching
+
+        raylets = [
+            pid
+            for pid in matching([re.escape(str(folder))])
+            if "raylet" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[0]
+        ]
+        assert raylets, f"no raylet under {folder}"
+        for pid in raylets:
+            os.kill(pid, signal.SIGKILL)
+
+    def stop_node(self, folder: Path) -> None:
+        ray_head.stop(folder / "ray")
+        shutil.rmtree(folder, ignore_errors=True)
+        if folder in self.nodes:
+            self.nodes.remove(folder)
+
+    def stop(self) -> None:
+        for folder in list(self.nodes):
+            self.stop_node(folder)
+        stop_ray_head(self.head)

@@ -1,0 +1,200 @@
+"""Past one box: a Ray head and worker nodes on this machine, each its own raylet with its own
+resources, under the real API and dispatcher processes.
+
+The cluster is shared by the module: a head with 1 CPU and two worker nodes with 1 CPU each (the
+machine has 2 cores; Ray counts the CPUs it is told). Tests that need more add nodes and remove them.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import trainmaster as tm
+from tests.e2e.conftest import Stack, running_stack, wait_until
+from tests.e2e.ray_stack import MultiNode, start_ray_head
+from tests.e2e.test_ray_jobs import TERMINAL, small_mlp, wait_for
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[MultiNode]:
+    multi = MultiNode(start_ray_head(num_cpus=1))
+    try:
+        for index in (1, 2):
+            multi.add_node(1, {f"tm_node_{index}": 1})
+        yield multi
+    finally:
+        multi.stop()
+
+
+@pytest.fixture(scope="module")
+def mstack(pg_server_url: str, cluster: MultiNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    # A gang that can never fit waits for the cluster to grow instead of failing within seconds.
+    with running_stack(
+        pg_server_url, cluster.head, tmp_path_factory.mktemp("multinode"), {"TRAINMASTER_INFEASIBLE_TIMEOUT_S": "600"}
+    ) as running:
+        yield running
+
+
+def started_events(client: tm.Client, job_id: str) -> list[Any]:
+    return [e for e in client.events(job_id) if e.kind == "workers_started"]
+
+
+def all_cpus_free(cluster: MultiNode) -> None:
+    wait_until(
+        lambda: cluster.head.free_cpus() == cluster.head.total_cpus(), 90, interval=0.5, what="every CPU free again"
+    )
+
+
+SPREAD_SCRIPT = textwrap.dedent(
+    """
+    import os, socket
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    total = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(total)
+    print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} ran {os.path.basename(__file__)}"
+          f" on {socket.gethostname()}: sum {total.item():g}", flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_strict_spread_gang_runs_one_worker_per_node_with_the_uploaded_code(
+    mstack: Stack, cluster: MultiNode, tmp_path: Path
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "spread.py").write_text(SPREAD_SCRIPT)
+    with mstack.client() as client:
+        nodes = client.cluster().nodes
+        assert len(nodes) == 3 and {n.node_id for n in nodes} == set(cluster.node_ids())
+        job = client.submit(
+            name="spread-3",
+            entrypoint="script:spread.py",
+            working_dir=code,
+            scaling=tm.Scaling(num_workers=3, placement_strategy="STRICT_SPREAD"),
+        )
+        done = wait_for(client, job.id, TERMINAL, timeout=300)
+        assert done.status is tm.JobStatus.succeeded, done.error
+        [started] = started_events(client, job.id)
+        workers = started.data["workers"]
+        assert sorted(w["rank"] for w in workers) == [0, 1, 2]
+        assert len({w["node_id"] for w in workers}) == 3, workers  # one worker on each node
+        assert {w["node_id"] for w in workers} == set(cluster.node_ids())
+        lines = [line.line for line in client.logs(job.id)]
+        ran = [line for line in lines if "ran spread.py" in line]
+        for rank in range(3):  # each node ran the uploaded script and its output was stored
+            assert any(re.search(rf"rank {rank} of 3 ran spread.py .*: sum 6", line) for line in ran), ran
+        statuses = [e.status.value for e in client.events(job.id) if e.status]
+        assert statuses == ["queued", "starting", "running", "succeeded"]
+    all_cpus_free(cluster)
+
+
+def test_gang_fitting_no_single_node_waits_with_node_reasons_until_a_node_joins(
+    mstack: Stack, cluster: MultiNode
+) -> None:
+    with mstack.client() as client:
+        job = client.submit(
+            name="pack-2",
+            entrypoint="builtin:mlp",
+            scaling=tm.Scaling(num_workers=2, placement_strategy="STRICT_PACK"),
+            config=small_mlp(epochs=1),
+        )
+        waiting = wait_until(
+            lambda: (r := client.get(job.id).info.pending_reason) and "can never fit" in r and r,
+            60,
+            interval=0.5,
+            what="the per-node reason",
+        )
+        assert "on 3 node(s): " in waiting, waiting
+        assert len(re.findall(r"/[0-9a-f]{8} \{CPU: 1[,}]", waiting)) == 3, waiting  # each node's room
+        assert client.get(job.id).status is tm.JobStatus.queued
+        bigger = cluster.add_node(2, {"tm_big": 1})  # the cluster grows: the gang fits on the new node
+        try:
+            done = wait_for(client, job.id, TERMINAL, timeout=300)
+            assert done.status is tm.JobStatus.succeeded, done.error
+            assert [a.n for a in done.attempts] == [1]  # admitted as it was, never resubmitted
+            [started] = started_events(client, job.id)
+            assert len({w["node_id"] for w in started.data["workers"]}) == 1
+        finally:
+            all_cpus_free(cluster)
+            cluster.stop_node(bigger)
+
+
+def fault_nodes(cluster: MultiNode) -> dict[str, Path]:
+    """Two nodes that each fit the whole 2-worker gang: whichever dies, the other takes the group."""
+    before = set(cluster.node_ids())
+    folders = {}
+    for _ in range(2):
+        folder = cluster.add_node(1, {"tm_fault": 2})
+        [node_id] = set(cluster.node_ids()) - before - set(folders)
+        folders[node_id] = folder
+    return folders
+
+
+def run_until_checkpoint_then_kill_a_node(
+    client: tm.Client, cluster: MultiNode, folders: dict[str, Path], max_failures: int, tmp_path: Path
+) -> tuple[str, str]:
+    job = client.submit(
+        name=f"node-loss-{max_failures}",
+        entrypoint="builtin:mlp",
+        scaling=tm.Scaling(
+            num_workers=2, placement_strategy="SPREAD", resources_per_worker={"CPU": 0.5, "tm_fault": 1}
+        ),
+        config=small_mlp(epochs=8, epoch_sleep_s=2),
+        max_failures=max_failures,
+    )
+    wait_until(lambda: client.checkpoints(job.id), 240, interval=0.5, what="a checkpoint registered")
+    [started] = started_events(client, job.id)
+    victim = next(w["node_id"] for w in started.data["workers"] if w["node_id"] in folders)
+    cluster.kill_raylet(folders[victim])
+    return job.id, victim
+
+
+def test_node_lost_after_a_checkpoint_resumes_on_the_remaining_node(
+    mstack: Stack, cluster: MultiNode, tmp_path: Path
+) -> None:
+    folders = fault_nodes(cluster)
+    try:
+        with mstack.client() as client:
+            job_id, victim = run_until_checkpoint_then_kill_a_node(client, cluster, folders, 1, tmp_path)
+            done = wait_for(client, job_id, TERMINAL, timeout=420)
+            assert done.status is tm.JobStatus.succeeded, done.error
+            assert [a.n for a in done.attempts] == [1]  # Ray Train absorbed the loss inside the attempt
+            events = client.events(job_id)
+            lost = [e for e in events if e.kind == "workers_lost"]
+            assert lost and victim[:8] in (lost[0].message or ""), [e.message for e in lost]
+            resumed = [e for e in events if e.kind == "resumed"]
+            assert resumed and resumed[0].data["checkpoint"], "no event says which checkpoint it resumed from"
+            _, *later = started_events(client, job_id)
+            assert later and all(w["node_id"] != victim for w in later[-1].data["workers"])
+    finally:
+        for folder in folders.values():
+            cluster.stop_node(folder)
+    all_cpus_free(cluster)
+
+
+def test_node_lost_without_failures_left_fails_naming_the_node(
+    mstack: Stack, cluster: MultiNode, tmp_path: Path
+) -> None:
+    folders = fault_nodes(cluster)
+    try:
+        with mstack.client() as client:
+            job_id, victim = run_until_checkpoint_then_kill_a_node(client, cluster, folders, 0, tmp_path)
+            done = wait_for(client, job_id, TERMINAL, timeout=300)
+            assert done.status is tm.JobStatus.failed
+            assert victim[:8] in (done.error or ""), done.error
+    finally:
+        for folder in folders.values():
+            cluster.stop_node(folder)
+    all_cpus_free(cluster)
