@@ -13,7 +13,7 @@ from api.db.models import Job
 from api.dispatcher import launch
 from api.dispatcher import repository as repo
 from api.dispatcher.backend import Launch, RayUnavailable
-from api.dispatcher.placement import Decision, admit
+from api.dispatcher.placement import Cluster, Decision, admit
 from api.jobs.status import record_event, transition
 from trainmaster.models import JobSpec, JobStatus
 
@@ -51,6 +51,8 @@ async def admit_round(dispatcher: Dispatcher) -> int:
                 budget["CPU"] -= job.gang_cpus
                 budget["GPU"] -= job.gang_gpus
                 launches.append(await launch.start_attempt(dispatcher, session, job, spec, now))
+                if warning := storage_warning(settings.storage_path, cluster):
+                    await record_event(session, job, "storage_warning", warning)
             elif admission.decision is Decision.wait:
                 job.infeasible_since = None
                 job.pending_reason = admission.reason
@@ -60,6 +62,22 @@ async def admit_round(dispatcher: Dispatcher) -> int:
     for one in launches:
         await launch.submit(dispatcher, one)
     return len(launches)
+
+
+def storage_warning(storage_path: str, cluster: Cluster) -> str | None:
+    """Checkpoints must be reachable from every node. A URI (s3://, gs://, …) is; a local path is only
+    if it is a shared mount on every host, which the dispatcher cannot see. So the job runs (the path
+    may well be NFS) and the job's events say what to check: a refusal would stop every cluster that
+    mounts its storage at the same path everywhere, which is the usual way to run."""
+    hosts = {node.ip for node in cluster.nodes if node.ip}
+    if "://" in storage_path or len(hosts) < 2:
+        return None
+    return (
+        f"checkpoints go to the local path {storage_path} while the cluster spans {len(hosts)} hosts "
+        f"({', '.join(sorted(hosts)[:4])}{', …' if len(hosts) > 4 else ''}): a retry or a restarted worker on "
+        "another host finds them only if that path is a shared mount (NFS, Weka, VAST, DDN) on every host. "
+        "Otherwise set TRAINMASTER_STORAGE_PATH to a shared mount or an s3:// or gs:// URI."
+    )
 
 
 def _within(budget: dict[str, float], job: Job) -> bool:

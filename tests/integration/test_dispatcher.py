@@ -461,3 +461,68 @@ def test_logs_are_read_incrementally_and_stored_once_in_order(database_url: str)
             assert job.status is JobStatus.failed and job.error == "training failed: boom"
 
     run(scenario())
+
+
+def test_a_local_storage_path_on_a_cluster_of_several_hosts_is_flagged_before_the_job_runs(
+    database_url: str,
+) -> None:
+    from api.dispatcher.placement import Cluster, Node
+
+    async def scenario() -> None:
+        async with World(database_url, storage_path="/var/tm/ckpt") as world:
+            two_hosts = Cluster(
+                [
+                    Node("a" * 56, {"CPU": 2}, {"CPU": 2}, ip="10.0.0.1"),
+                    Node("b" * 56, {"CPU": 2}, {"CPU": 2}, ip="10.0.0.2"),
+                ]
+            )
+            world.ray.cluster = lambda: two_hosts  # type: ignore[method-assign]
+            flagged = await world.submit(**one_worker())
+            await world.dispatcher().admit_round()
+            [warning] = [e for e in await world.events(flagged) if e.kind == "storage_warning"]
+            assert "/var/tm/ckpt" in (warning.message or "") and "2 hosts" in (warning.message or "")
+            assert (await world.job(flagged)).status is JobStatus.starting  # warned, not refused
+
+        async with World(database_url, storage_path="s3://bucket/ckpt") as world:
+            world.ray.cluster = lambda: two_hosts  # type: ignore[method-assign]
+            shared = await world.submit(**one_worker())
+            await world.dispatcher().admit_round()
+            assert not [e for e in await world.events(shared) if e.kind == "storage_warning"]
+
+    run(scenario())
+
+
+def test_250_active_jobs_are_all_reconciled_cancelled_and_timed_out_in_bounds(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url, admit_batch=300, reconcile_batch=200) as world:
+            world.ray.cpus = 1000
+            ids = [await world.submit(timeout_s=5 if i % 2 else None, **one_worker()) for i in range(250)]
+            dispatcher = world.dispatcher()
+            assert await dispatcher.admit_round() == 250
+            for sub_id in world.ray.jobs:
+                world.ray.jobs[sub_id] = RayJobState.RUNNING
+            for _ in range(2):  # 250 jobs at 200 a round: two rounds reach every one
+                await dispatcher.reconcile_round()
+            assert {(await world.job(i)).status for i in ids} == {JobStatus.running}
+            timed = ids[1::2]
+            await world.execute(  # the odd ones have run past their 5 s
+                lambda s: s.execute(
+                    update(JobAttempt)
+                    .where(JobAttempt.job_id.in_(timed))
+                    .values(started_at=func.now() - timedelta(seconds=10))
+                )
+            )
+            cancelled = ids[0::2]
+            await world.execute(
+                lambda s: s.execute(update(Job).where(Job.id.in_(cancelled)).values(status="cancelling"))
+            )
+            for _ in range(2):  # asked to stop: every Ray job is stopped within two rounds
+                await dispatcher.reconcile_round()
+            assert len(set(world.ray.stopped)) == 250
+            for _ in range(2):  # and ends within two more
+                await dispatcher.reconcile_round()
+            final = {i: (await world.job(i)).status for i in ids}
+            assert {final[i] for i in cancelled} == {JobStatus.cancelled}
+            assert {final[i] for i in timed} == {JobStatus.timed_out}
+
+    run(scenario())
