@@ -293,7 +293,7 @@ class Stack:
 
 
 @contextlib.contextmanager
-def local_stack() -> Iterator[Stack]:
+def local_stack(nodes: int = 1) -> Iterator[Stack]:
     """`trainmaster up --api-port 0` in a fresh TRAINMASTER_HOME; `trainmaster down` at the end. The home is
     removed unless the block failed (its logs/ then stay for reading)."""
     home = Path(tempfile.mkdtemp(prefix="tm-bench-"))
@@ -302,7 +302,7 @@ def local_stack() -> Iterator[Stack]:
     failed = True
     try:
         print(f"starting a stack in {home}", flush=True)
-        cli("up", "--api-port", "0", env=env, timeout=600)
+        cli("up", "--api-port", "0", "--nodes", str(nodes), env=env, timeout=600)
         config = json.loads((home / "config").read_text())  # the SDK's config file
         state = json.loads((home / "stack.json").read_text())  # the stack's own record of its addresses
         yield Stack(home, config["api_url"], config["token"], state["database_url"], state["ray_gcs"])

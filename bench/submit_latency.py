@@ -9,11 +9,15 @@ platform  `client.submit(entrypoint="first_step_job:train_loop_per_worker", work
 direct    the peer: this process connects to the same Ray cluster (`ray.init` with the same working_dir,
           timed apart and not counted), then t0, `TorchTrainer(...)` and `fit()`.
 
-"First step" is the wall-clock time rank 0 appends to a file just before its first step. `--warmup` runs
+"First step" is the wall-clock time rank 0 appends to a file just before its first step; "all started"
+is the latest such time over every rank (the whole gang running). With `--nodes 3 --strategy
+STRICT_SPREAD --workers 3` the stack has three Ray nodes on this machine (`trainmaster up --nodes 3`)
+and the gang takes one worker on each. `--warmup` runs
 of each path, then `--runs` of each, interleaved; before each run every Ray CPU is free again. For the
 platform the job's events give when it was admitted (`starting`) and when rank 0 was up (`runtime`).
 
     .venv/bin/python bench/submit_latency.py [--runs 5] [--warmup 1] [--workers 2]
+    .venv/bin/python bench/submit_latency.py --nodes 3 --workers 3 --strategy STRICT_SPREAD
 """
 
 from __future__ import annotations
@@ -38,11 +42,13 @@ ENTRYPOINT = "first_step_job:train_loop_per_worker"
 MARKS = {"starting": "admitted (status starting)", "runtime": "rank 0 up (event runtime)"}
 
 
-def first_step(stamp: Path) -> float:
-    lines = stamp.read_text().split() if stamp.exists() else []
-    if len(lines) != 1:
-        raise RuntimeError(f"{stamp}: expected one first-step stamp, found {len(lines)}")
-    return float(lines[0])
+def stamps(stamp: Path, workers: int) -> tuple[float, float]:
+    """(rank 0's first step, the last rank's first step) from the run's stamp file."""
+    lines = [line.split() for line in stamp.read_text().splitlines()] if stamp.exists() else []
+    by_rank = {int(rank): float(at) for rank, at in lines}
+    if len(lines) != workers or sorted(by_rank) != list(range(workers)):
+        raise RuntimeError(f"{stamp}: expected one first-step stamp per rank of {workers}, found {lines}")
+    return by_rank[0], max(by_rank.values())
 
 
 def platform_run(client: tm.Client, workdir: Path, stamp: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -51,7 +57,7 @@ def platform_run(client: tm.Client, workdir: Path, stamp: Path, args: argparse.N
         name="bench-first-step",
         entrypoint=ENTRYPOINT,
         working_dir=workdir,
-        scaling=tm.Scaling(num_workers=args.workers),
+        scaling=tm.Scaling(num_workers=args.workers, placement_strategy=args.strategy),
         config={"stamp_path": str(stamp)},
     )
     submitted = time.time()
@@ -65,7 +71,8 @@ def platform_run(client: tm.Client, workdir: Path, stamp: Path, args: argparse.N
         mark = event.status.value if event.kind == "status" and event.status is not None else event.kind
         if mark in MARKS and MARKS[mark] not in marks:
             marks[MARKS[mark]] = event.created_at.timestamp() - t0
-    return {"first_step_s": first_step(stamp) - t0, "marks_s": marks}
+    first, everyone = stamps(stamp, args.workers)
+    return {"first_step_s": first - t0, "all_started_s": everyone - t0, "marks_s": marks}
 
 
 def direct_run(stack: Stack, workdir: Path, stamp: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -82,7 +89,7 @@ def direct_run(stack: Stack, workdir: Path, stamp: Path, args: argparse.Namespac
         trainer = TorchTrainer(
             train_loop_per_worker=train_loop_per_worker,
             train_loop_config={"stamp_path": str(stamp)},
-            scaling_config=ScalingConfig(num_workers=args.workers),
+            scaling_config=ScalingConfig(num_workers=args.workers, placement_strategy=args.strategy),
             run_config=RunConfig(
                 name=f"bench-first-step-{uuid.uuid4().hex[:8]}", storage_path=str(stack.home / "direct")
             ),
@@ -92,7 +99,8 @@ def direct_run(stack: Stack, workdir: Path, stamp: Path, args: argparse.Namespac
         ray.shutdown()
     if result.error is not None:
         raise RuntimeError(f"the direct run failed: {result.error}")
-    return {"first_step_s": first_step(stamp) - t0, "connect_s": t0 - began}
+    first, everyone = stamps(stamp, args.workers)
+    return {"first_step_s": first - t0, "all_started_s": everyone - t0, "connect_s": t0 - began}
 
 
 def measure(args: argparse.Namespace, stack: Stack) -> dict[str, list[dict[str, Any]]]:
@@ -124,8 +132,11 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=1, help="unmeasured runs of each path first")
     p.add_argument("--workers", type=int, default=2, help="Ray Train workers")
     p.add_argument("--job-timeout", type=float, default=300.0, help="seconds one run may take")
+    p.add_argument("--nodes", type=int, default=1, help="Ray nodes of the local stack (trainmaster up --nodes)")
+    p.add_argument("--strategy", default="PACK", help="placement strategy of the gang, both paths")
     args = p.parse_args()
-    with run("submit_latency", args) as record, local_stack() as stack:
+    name = "submit_latency" if args.nodes == 1 else f"submit_latency_{args.nodes}nodes"
+    with run(name, args) as record, local_stack(nodes=args.nodes) as stack:
         record.read_postgres(stack.database_url)
         runs = measure(args, stack)
         record.tables["first step"] = [
@@ -135,12 +146,19 @@ def main() -> int:
                 "median_s": statistics.median(r["first_step_s"] for r in records),
                 "min_s": min(r["first_step_s"] for r in records),
                 "max_s": max(r["first_step_s"] for r in records),
+                "all_started_median_s": statistics.median(r["all_started_s"] for r in records),
             }
             for path, records in runs.items()
         ]
         platform, direct = record.tables["first step"]
         record.ratio(
             "platform: submit to first step, median s", platform["median_s"], "direct fit()", direct["median_s"]
+        )
+        record.ratio(
+            f"platform: submit to all {args.workers} workers started ({args.strategy}, {args.nodes} node(s)), median s",
+            platform["all_started_median_s"],
+            "direct fit()",
+            direct["all_started_median_s"],
         )
         marks = [r["marks_s"] for r in runs["platform"]]
         record.tables["platform, from t0 (medians)"] = [
