@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -209,16 +210,32 @@ def test_two_dispatchers_launch_each_job_exactly_once(stack: Stack, tmp_path: Pa
                 ).id
                 for i in range(20)
             ]
+            held: list[int] = []  # jobs holding the cluster, sampled while the two dispatchers admit
+            stop_sampling = threading.Event()
+
+            def sample() -> None:
+                with stack.client() as sampler:
+                    while not stop_sampling.wait(0.3):
+                        held.append(len(list(sampler.list(status=["starting", "running", "cancelling"]))))
+
+            watcher = threading.Thread(target=sample, daemon=True)
+            watcher.start()
             deadline = time.monotonic() + 900
-            for job_id in ids:
-                done = wait_for(client, job_id, TERMINAL, timeout=max(1, deadline - time.monotonic()))
-                assert done.status is tm.JobStatus.succeeded, done.error
-                assert len(done.attempts) == 1
+            try:
+                for job_id in ids:
+                    done = wait_for(client, job_id, TERMINAL, timeout=max(1, deadline - time.monotonic()))
+                    assert done.status is tm.JobStatus.succeeded, done.error
+                    assert len(done.attempts) == 1
+            finally:
+                stop_sampling.set()
+                watcher.join(5)
     finally:
         stack.dispatchers.processes[-1].terminate()
     launches = Counter(line[0] for line in ledger_lines(ledger))
     assert sorted(launches) == sorted(ids)
     assert set(launches.values()) == {1}
+    # 1-CPU gangs on a 4-CPU cluster: two dispatchers together never admitted more than fits.
+    assert held and max(held) <= stack.ray.total_cpus(), max(held)
 
 
 def test_logs_stay_readable_after_the_ray_cluster_is_gone(pg_server_url: str, tmp_path: Path) -> None:
