@@ -32,6 +32,12 @@ class Settings(BaseSettings):
     system_metrics_interval_s: float = 5.0  # per-worker CPU, memory and GPU sampling; 0 turns it off
     driver_cpus: float = 0.0
     admit_batch: int = 50
+    # Preemption: a higher-priority gang that cannot fit may stop lower-priority running jobs, which
+    # checkpoint, return to the queue and resume. Off by default. A project's guaranteed share
+    # ({"project": {"GPU": 8, "CPU": 64}}) is never preempted.
+    preemption: bool = False
+    preemption_grace_s: float = 60.0  # how long a preempted job has to checkpoint before it is stopped
+    guaranteed_shares: dict[str, dict[str, float]] = {}
     reconcile_batch: int = 200  # active jobs followed per round; the least recently followed first
     sse_heartbeat_s: float = 15.0
     sse_send_timeout_s: float = 30.0

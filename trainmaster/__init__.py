@@ -1,6 +1,7 @@
 """trainmaster: submit PyTorch training jobs to a Ray cluster and watch them live."""
 
 from trainmaster.client import Client, JobHandle
+from trainmaster.control import should_checkpoint
 from trainmaster.errors import (
     AmbiguousJobId,
     ApiError,
@@ -56,4 +57,5 @@ __all__ = [
     "WaitTimeout",
     "flush",
     "log",
+    "should_checkpoint",
 ]

@@ -125,6 +125,9 @@ class JobApi:
     def post_metrics(self, batch: dict[str, Any]) -> httpx.Response:
         return self.http.post(f"{self.job_url}/metrics", json=batch)
 
+    def control(self) -> httpx.Response:
+        return self.http.get(f"{self.job_url}/control")
+
     def close(self) -> None:
         self.http.close()
 

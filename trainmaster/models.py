@@ -264,6 +264,13 @@ class JobEvent(_Response):
     created_at: datetime
 
 
+class JobControl(_Response):
+    """What the platform asks of a running job's code (read with the job token)."""
+
+    checkpoint: bool = False  # checkpoint now: the job is being preempted and will be stopped
+    reason: str | None = None
+
+
 class JobEventIn(_StoredRequest):
     """A notable event reported from inside a job (runtime placement, topology, dropped points)."""
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.models import Job
-from api.dispatcher import launch
+from api.dispatcher import launch, preemption
 from api.dispatcher import repository as repo
 from api.dispatcher.backend import Launch, RayUnavailable
 from api.dispatcher.placement import Cluster, Decision, admit
@@ -56,6 +56,8 @@ async def admit_round(dispatcher: Dispatcher) -> int:
             elif admission.decision is Decision.wait:
                 job.infeasible_since = None
                 job.pending_reason = admission.reason
+                if settings.preemption and (room := await preemption.make_room(dispatcher, session, job, cluster, now)):
+                    job.pending_reason = room
             else:
                 await _infeasible(dispatcher, session, job, admission.reason, now)
     # The attempt rows are committed: only now may Ray hear of them.

@@ -146,6 +146,11 @@ async def _stop_if_asked(dispatcher: Dispatcher, job_id: uuid.UUID, sub_id: str,
             if attempt.status is not AttemptStatus.timing_out:
                 attempt.status = AttemptStatus.timing_out
                 await record_event(held.session, job, "timeout", f"timeout_s={job.spec.get('timeout_s')} reached")
+        elif job.preempt_requested_at is not None:
+            waited = (held.now - job.preempt_requested_at).total_seconds()
+            checkpointed = await repo.checkpoint_since(held.session, job.id, job.preempt_requested_at)
+            if checkpointed or waited > dispatcher.settings.preemption_grace_s:
+                reason = "preempt"
     if reason is not None and info is not None and not info.state.terminal:
         await asyncio.to_thread(dispatcher.ray.stop, sub_id)
     return reason
@@ -193,6 +198,8 @@ async def _apply(
     if wants_stop == "cancel":
         attempt.status = AttemptStatus.stopped
         await _finish(session, job, JobStatus.cancelled, None, "cancelled; Ray job stopped")
+    elif wants_stop == "preempt" and info.state is not RayJobState.SUCCEEDED:  # finishing first wins
+        await _preempted(session, job, attempt)
     elif wants_stop == "timeout":
         attempt.status = AttemptStatus.timed_out
         error = f"timed out after timeout_s={job.spec.get('timeout_s')} s; the Ray job was stopped"
@@ -215,7 +222,8 @@ async def _after_failure(session: AsyncSession, job: Job, error: str) -> None:
     if job.status is JobStatus.cancelling:
         await _finish(session, job, JobStatus.cancelled, None, "cancelled")
         return
-    retries_used = len(job.attempts) - 1
+    # Preempted attempts end `stopped` and are not retries: only failures and losses count.
+    retries_used = sum(a.status in (AttemptStatus.failed, AttemptStatus.lost) for a in job.attempts) - 1
     if retries_used < spec.max_retries:
         job.lease_owner = None
         job.lease_expires_at = None
@@ -234,8 +242,28 @@ async def _after_failure(session: AsyncSession, job: Job, error: str) -> None:
 async def _finish(session: AsyncSession, job: Job, status: JobStatus, error: str | None, message: str) -> None:
     job.lease_owner = None
     job.lease_expires_at = None
+    job.preempted_by = job.preempt_requested_at = None
     await repo.revoke_job_tokens(session, job.id)
     await transition(session, job, status, message=message, error=error)
+
+
+async def _preempted(session: AsyncSession, job: Job, attempt: JobAttempt) -> None:
+    """Back to the queue, priority kept; the next attempt resumes from the latest checkpoint."""
+    by = str(job.preempted_by)
+    attempt.status = AttemptStatus.stopped
+    attempt.error = f"preempted by {by}"
+    job.lease_owner = None
+    job.lease_expires_at = None
+    job.preempted_by = job.preempt_requested_at = None
+    await repo.revoke_job_tokens(session, job.id)
+    await transition(
+        session,
+        job,
+        JobStatus.queued,
+        message=f"preempted by {by}; resumes from its latest checkpoint (not a retry)",
+        data={"preempted_by": by},
+    )
+    job.pending_reason = f"preempted by {by}; waits to be admitted again"
 
 
 def _timed_out(job: Job, attempt: JobAttempt, now: datetime) -> bool:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import func, or_, select, true, update
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import selectinload
+from sqlalchemy.orm import aliased, selectinload
 
-from api.db.models import ApiToken, Job, JobAttempt, JobEvent, LogLine
+from api.db.models import ApiToken, Checkpoint, Job, JobAttempt, JobEvent, LogLine, Project, ProjectUsage
 from api.jobs.repository import ACTIVE, admission_order
 from trainmaster.models import JobStatus
 
@@ -128,3 +128,9 @@ async def last_log_lines(session: AsyncSession, job_id: uuid.UUID, attempt: int,
         .limit(limit)
     )
     return list(reversed((await session.execute(query)).scalars().all()))
+
+
+async def checkpoint_since(session: AsyncSession, job_id: uuid.UUID, since: datetime) -> bool:
+    """Whether the job registered a checkpoint after `since` (a preempted job saving its work)."""
+    query = select(Checkpoint.id).where(Checkpoint.job_id == job_id, Checkpoint.created_at > since).limit(1)
+    return (await session.execute(query)).first() is not None

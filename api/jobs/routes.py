@@ -11,7 +11,7 @@ from api.db.session import Session
 from api.deps import AppSettings
 from api.errors import UnsupportedMediaType, error_responses
 from api.jobs import service
-from trainmaster.models import EventList, Job, JobEvent, JobEventIn, JobList, JobSpec, JobStatus
+from trainmaster.models import EventList, Job, JobControl, JobEvent, JobEventIn, JobList, JobSpec, JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(400, 401, 404, 409, 413, 415, 422, 503))
 
@@ -83,3 +83,10 @@ async def job_events(job_id: str, session: Session, principal: ProjectPrincipal)
 async def add_job_event(job_id: str, event: JobEventIn, session: Session, principal: AnyPrincipal) -> JobEvent:
     """Record a notable event from inside the job (job token or project token)."""
     return await service.add_event(session, principal, job_id, event)
+
+
+@router.get("/{job_id}/control", response_model=JobControl)
+async def job_control(job_id: str, session: Session, principal: AnyPrincipal) -> JobControl:
+    """What the platform asks of the running job (job token or project token): `checkpoint` turns true
+    when the job is preempted, so `trainmaster.should_checkpoint()` can save its work in time."""
+    return await service.control(session, principal, job_id)

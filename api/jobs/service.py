@@ -19,7 +19,7 @@ from api.db.models import JobEvent as EventRow
 from api.errors import IdempotencyKeyReused, IllegalTransition, JobNotFound, ValidationError
 from api.jobs import repository
 from api.jobs.status import notify, record_event, transition
-from trainmaster.models import Attempt, Job, JobEvent, JobEventIn, JobSpec, JobStatus
+from trainmaster.models import Attempt, Job, JobControl, JobEvent, JobEventIn, JobSpec, JobStatus
 
 MAX_IDEMPOTENCY_KEY = 256
 
@@ -122,6 +122,13 @@ async def get_writable(session: AsyncSession, principal: Principal, raw_id: str)
     if principal.job_id is not None and str(principal.job_id) != raw_id:
         raise JobNotFound(f"no job {raw_id!r} for this job token")
     return await get_owned(session, principal, raw_id)
+
+
+async def control(session: AsyncSession, principal: Principal, raw_id: str) -> JobControl:
+    job = await get_writable(session, principal, raw_id)
+    if job.preempt_requested_at is None:
+        return JobControl()
+    return JobControl(checkpoint=True, reason=f"preempted by {job.preempted_by}")
 
 
 async def add_event(session: AsyncSession, principal: Principal, raw_id: str, event: JobEventIn) -> JobEvent:

@@ -5,7 +5,9 @@ checkpoint is reported every epoch and a rerun resumes after the last one.
 
 Config: epochs (5), samples (4096), features (32), classes (4), hidden (64), batch_size (64),
 lr (0.05), seed (0), epoch_sleep_s (0: stretch epochs for demos and tests), ledger_path, progress_path,
-fail_at_epoch / fail_on_attempt (fault injection).
+fail_at_epoch / fail_on_attempt (fault injection). When the job is preempted
+(`trainmaster.should_checkpoint()`), every rank checkpoints at the current batch and waits to be
+stopped; the resumed run continues at that batch, so it trains exactly the steps of an unpreempted run.
 """
 
 from __future__ import annotations
@@ -36,6 +38,24 @@ def make_model(features: int, hidden: int, classes: int) -> nn.Module:
     )
 
 
+def asked_to_checkpoint() -> bool:
+    """`trainmaster.should_checkpoint()` agreed by every rank (one tiny all-reduce), so all of them
+    report the same checkpoint at the same step."""
+    import torch.distributed as dist
+
+    asked = torch.tensor([1.0 if trainmaster.should_checkpoint() else 0.0])
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(asked, op=dist.ReduceOp.MAX)
+    return bool(asked.item())
+
+
+def wait_to_be_stopped(limit_s: float = 300.0) -> None:
+    """After a preemption checkpoint, train no further: the platform stops the job shortly."""
+    deadline = time.monotonic() + limit_s
+    while trainmaster.should_checkpoint() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
@@ -49,26 +69,37 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     model = make_model(features, int(config.get("hidden", 64)), classes)
     optimizer = torch.optim.SGD(model.parameters(), lr=float(config.get("lr", 0.05)), momentum=0.9)
 
-    start_epoch = 0
+    start_epoch, skip_batches = 0, 0
     state = load_latest()
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        start_epoch = int(state["epoch"]) + 1
-        print(f"resumed from the checkpoint of epoch {state['epoch']}", flush=True)
+        # A preempted run saved mid-epoch (`batch`): it resumes at that very batch; otherwise after the epoch.
+        mid_epoch = "batch" in state
+        skip_batches = int(state["batch"]) if mid_epoch else 0
+        start_epoch = int(state["epoch"]) + (0 if mid_epoch else 1)
+        where = f"epoch {state['epoch']}" + (f", batch {skip_batches}" if mid_epoch else "")
+        print(f"resumed from the checkpoint of {where}", flush=True)
     model = ray.train.torch.prepare_model(model)
     rank = ray.train.get_context().get_world_rank()
     if rank == 0:
         append_ledger(config.get("ledger_path"), start_epoch=start_epoch)
 
     loss_fn = nn.CrossEntropyLoss()
-    step = start_epoch * len(loader)
+    step = start_epoch * len(loader) + skip_batches
     for epoch in range(start_epoch, epochs):
         if ray.train.get_context().get_world_size() > 1:
             loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
         model.train()
         total, correct, loss_sum, batches = 0, 0, 0.0, 0
-        for inputs, labels in loader:
+        for index, (inputs, labels) in enumerate(loader):
+            if epoch == start_epoch and index < skip_batches:
+                continue  # done before the preemption
+            if asked_to_checkpoint():
+                inner_model: nn.Module = getattr(model, "module", model)
+                state = {"epoch": epoch, "batch": index, "model": inner_model.state_dict()}
+                report({"epoch": epoch, "step": step, "preempted": 1}, {**state, "optimizer": optimizer.state_dict()})
+                wait_to_be_stopped()
             optimizer.zero_grad()
             logits = model(inputs)
             loss = loss_fn(logits, labels)

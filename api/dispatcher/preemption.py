@@ -1,0 +1,112 @@
+"""Priority preemption (the `preemption` setting, off by default).
+
+When a queued gang cannot fit, lower-priority *running* jobs may be asked to make room: each chosen
+one is told to checkpoint (`trainmaster.should_checkpoint()` turns true in its training code, through
+`GET /v1/jobs/{id}/control`), and reconcile stops it once a new checkpoint is registered or
+`preemption_grace_s` has passed. It then returns to `queued` with the reason "preempted by <job>",
+keeps its priority, and resumes from its latest checkpoint when admitted again; a preemption never
+counts as a retry. Victims are the lowest priority first, then the most recently started (the least
+work at risk). A job is never preempted when that would take its project below its guaranteed
+share (`guaranteed_shares`).
+
+Room is counted in totals (CPU, GPU), not per node: the victims' resources come back wherever they
+ran, and the waiting gang is admitted by the normal admission round once its placement fits.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.db.models import Job, Project
+from api.dispatcher.placement import Cluster
+from api.jobs.repository import ACTIVE
+from api.jobs.status import record_event
+from trainmaster.models import JobStatus
+
+if TYPE_CHECKING:
+    from api.dispatcher.service import Dispatcher
+
+EPSILON = 1e-9
+
+
+async def make_room(
+    dispatcher: Dispatcher, session: AsyncSession, job: Job, cluster: Cluster, now: datetime
+) -> str | None:
+    """Ask lower-priority running jobs to make room for `job`; the reason to show it, or None."""
+    already = await _victims_of(session, job)
+    if already:
+        names = ", ".join(str(v)[:8] for v in already)
+        return f"preempting {len(already)} lower-priority job(s) ({names}): waiting for them to checkpoint and stop"
+    free = cluster.free()
+    room = {"CPU": free.get("CPU", 0.0), "GPU": free.get("GPU", 0.0)}
+    need = {"CPU": job.gang_cpus, "GPU": job.gang_gpus}
+    held = await _held_by_project(session)
+    shares = dispatcher.settings.guaranteed_shares
+    chosen: list[Job] = []
+    for victim, project in await _candidates(session, job.priority):
+        if _covers(room, need):
+            break
+        share = shares.get(project, {})
+        usage = held.setdefault(project, {"CPU": 0.0, "GPU": 0.0})
+        if any(usage[r] - _gang(victim)[r] < share.get(r, 0.0) - EPSILON for r in ("CPU", "GPU")):
+            continue  # within its project's guaranteed share
+        chosen.append(victim)
+        for resource, amount in _gang(victim).items():
+            room[resource] += amount
+            usage[resource] -= amount
+    if not chosen or not _covers(room, need):
+        return None
+    for victim in chosen:
+        victim.preempted_by = job.id
+        victim.preempt_requested_at = now
+        await record_event(
+            session,
+            victim,
+            "preempt_requested",
+            f"preempted by {job.id} (priority {job.priority} > {victim.priority}): checkpoint now; "
+            f"stopped within {dispatcher.settings.preemption_grace_s:g} s",
+            {"preempted_by": str(job.id)},
+        )
+    names = ", ".join(str(v.id)[:8] for v in chosen)
+    await record_event(
+        session, job, "preempting", f"preempting {names} to make room", {"jobs": [str(v.id) for v in chosen]}
+    )
+    return f"preempting {len(chosen)} lower-priority job(s) ({names}): waiting for them to checkpoint and stop"
+
+
+def _gang(job: Job) -> dict[str, float]:
+    return {"CPU": job.gang_cpus, "GPU": job.gang_gpus}
+
+
+def _covers(room: dict[str, float], need: dict[str, float]) -> bool:
+    return all(room[r] + EPSILON >= need[r] for r in need)
+
+
+async def _victims_of(session: AsyncSession, job: Job) -> list[object]:
+    query = select(Job.id).where(Job.preempted_by == job.id, Job.status.in_(ACTIVE))
+    return list((await session.execute(query)).scalars())
+
+
+async def _candidates(session: AsyncSession, priority: int) -> list[tuple[Job, str]]:
+    query = (
+        select(Job, Project.name)
+        .join(Project, Project.id == Job.project_id)
+        .where(Job.status == JobStatus.running, Job.priority < priority, Job.preempt_requested_at.is_(None))
+        .order_by(Job.priority, Job.started_at.desc())
+        .with_for_update(of=Job, skip_locked=True)
+    )
+    return [(row[0], row[1]) for row in (await session.execute(query)).all()]
+
+
+async def _held_by_project(session: AsyncSession) -> dict[str, dict[str, float]]:
+    query = (
+        select(Project.name, func.sum(Job.gang_cpus), func.sum(Job.gang_gpus))
+        .join(Project, Project.id == Job.project_id)
+        .where(Job.status.in_(ACTIVE))
+        .group_by(Project.name)
+    )
+    return {name: {"CPU": float(cpus), "GPU": float(gpus)} for name, cpus, gpus in (await session.execute(query)).all()}
