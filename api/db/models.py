@@ -28,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from trainmaster.models import AttemptStatus, JobStatus
+from trainmaster.models import AttemptStatus, JobStatus, SweepStatus
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -43,6 +43,9 @@ job_status_enum = Enum(
 )
 attempt_status_enum = Enum(
     AttemptStatus, name="attempt_status", values_callable=lambda e: [m.value for m in e], validate_strings=True
+)
+sweep_status_enum = Enum(
+    SweepStatus, name="sweep_status", values_callable=lambda e: [m.value for m in e], validate_strings=True
 )
 
 
@@ -205,4 +208,43 @@ class Checkpoint(Base):
     path: Mapped[str] = mapped_column(Text)
     step: Mapped[int | None] = mapped_column(BigInteger)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    created_at: Mapped[datetime] = _now()
+
+
+class Sweep(Base):
+    """A hyperparameter sweep: `request` is the SweepSpec as submitted; its trials are jobs."""
+
+    __tablename__ = "sweeps"
+    __table_args__ = (
+        Index("ix_sweeps_project_id_created_at_id", "project_id", text("created_at DESC"), text("id DESC")),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True, default=uuid.uuid4)
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    status: Mapped[SweepStatus] = mapped_column(sweep_status_enum, index=True)
+    request: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    parameter_names: Mapped[list[str]] = mapped_column(JSONB)  # JSONB objects do not keep key order
+    max_trials: Mapped[int] = mapped_column(Integer)
+    max_concurrent: Mapped[int] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class SweepTrial(Base):
+    """One trial: its job, its parameters, and what the controller has read of its metric so far."""
+
+    __tablename__ = "sweep_trials"
+
+    sweep_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), primary_key=True)
+    n: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), unique=True)
+    params: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    metric_seq: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))  # metric_points read up to
+    last_step: Mapped[int | None] = mapped_column(BigInteger)
+    last_value: Mapped[float | None] = mapped_column(Double)
+    milestones: Mapped[dict[str, float | None]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    stopped_reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
