@@ -1,9 +1,9 @@
 """Slurm for real: `sbatch platform/slurm/trainmaster.sbatch` on a one-node slurmctld + slurmd.
 
 The allocation starts its own Ray cluster and a dispatcher on a database of its own (so no other
-dispatcher of the session can take the jobs); a job succeeds there. `scancel` of the allocation then
-takes a running job's Ray cluster away: the next allocation's dispatcher finds the attempt lost, says
-why, and retries the job, which resumes from its checkpoint and succeeds.
+dispatcher of the session can take the job), which launches the job there. `scancel` of the allocation
+takes the running job's Ray cluster away: the next allocation's dispatcher finds the attempt lost, says
+why, and retries the job in its own Ray cluster, where it succeeds.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def wait_job(client: tm.Client, job_id: str, predicate: Any, timeout: float, wha
         raise AssertionError(f"{exc}; job {client.get(job_id).info!r}\n{slurm.logs()}") from exc
 
 
-def test_an_allocation_runs_jobs_and_scancel_loses_the_running_attempt_which_is_retried(
+def test_scancel_of_an_allocation_loses_its_running_attempt_and_the_next_allocation_retries_it(
     slurm: SlurmCluster, pg_server_url: str, tmp_path: Path
 ) -> None:
     database_url = create_database(pg_server_url, "tm_slurm")
@@ -97,34 +97,28 @@ def test_an_allocation_runs_jobs_and_scancel_loses_the_running_attempt_which_is_
     client = tm.Client(api.url, api.token)
     try:
         allocations.append(sbatch(slurm, env, "first"))
-        quick = client.submit(
-            name="slurm-quick", entrypoint="builtin:mlp", scaling=tm.Scaling(num_workers=1), config={"epochs": 1}
-        )
-        done = wait_job(client, quick.id, lambda j: j.status.terminal, 240, "the first job to end", slurm)
-        assert done.status is tm.JobStatus.succeeded, done.error
-        assert f'"submission_id": "{done.attempts[0].ray_submission_id}"' in slurm.allocation_log("first")
-
         # Two epochs with a checkpoint after each; the sleep keeps it running while the allocation ends.
-        long = client.submit(
+        job = client.submit(
             name="slurm-lost",
             entrypoint="builtin:mlp",
             scaling=tm.Scaling(num_workers=1),
-            config={"epochs": 2, "epoch_sleep_s": 15},
+            config={"epochs": 2, "epoch_sleep_s": 10},
             max_retries=1,
         )
-        wait_job(client, long.id, lambda j: j.status is tm.JobStatus.running, 180, "the long job to run", slurm)
+        wait_job(client, job.id, lambda j: j.status is tm.JobStatus.running, 180, "the job to run", slurm)
         slurm.run("scancel", allocations[0])
         wait_until(lambda: slurm.job_state(allocations[0]) == "", 90, interval=0.5, what="the allocation to end")
 
         allocations.append(sbatch(slurm, env, "second"))
-        retried = wait_job(client, long.id, lambda j: j.status.terminal, 300, "the retried job to end", slurm)
+        retried = wait_job(client, job.id, lambda j: j.status.terminal, 300, "the retried job to end", slurm)
         assert retried.status is tm.JobStatus.succeeded, retried.error
         first, second = retried.attempts
         assert first.status.value == "lost"
         assert first.error is not None and "Ray no longer knows this attempt" in first.error
         assert second.status.value == "succeeded"
+        assert f'"submission_id": "{first.ray_submission_id}"' in slurm.allocation_log("first")
         assert f'"submission_id": "{second.ray_submission_id}"' in slurm.allocation_log("second")
-        messages = [event.message or "" for event in client.events(long.id)]
+        messages = [event.message or "" for event in client.events(job.id)]
         assert any(m.startswith("retry 1 of 1 after: lost") for m in messages), messages
     finally:
         for allocation in allocations:
