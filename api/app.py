@@ -27,6 +27,7 @@ from api.ops.routes import router as ops_router
 from api.settings import Settings, get_settings
 from api.streaming.broker import Broker
 from api.streaming.limits import StreamLimiter
+from api.sweeps.routes import router as sweeps_router
 from api.telemetry.service import start_telemetry
 from api.ui.routes import UI_PREFIX, UiSecurityHeaders, static_files
 from api.ui.routes import router as ui_router
@@ -63,6 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(logs_router)
     app.include_router(checkpoints_router)
     app.include_router(cluster_router)
+    app.include_router(sweeps_router)
     app.include_router(ui_router)
     app.mount(UI_PREFIX, static_files(), name="ui")
 

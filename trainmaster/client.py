@@ -40,7 +40,11 @@ from trainmaster.models import (
     MetricList,
     MetricValue,
     Scaling,
+    Sweep,
+    SweepList,
+    SweepStatus,
 )
+from trainmaster.sweeps import SweepHandle, sweep_request
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 SUBMIT_ATTEMPTS = 4
@@ -193,6 +197,54 @@ class Client:
     def cluster(self) -> ClusterInfo:
         """Ray nodes with total and free resources, and the queue depth."""
         return ClusterInfo.model_validate(self._request("GET", "/v1/cluster"))
+
+    # -- sweeps -----------------------------------------------------------------------------------
+
+    def sweep(
+        self,
+        spec: JobSpec | dict[str, Any],
+        *,
+        parameters: dict[str, Any],
+        metric: str,
+        mode: str = "min",
+        name: str | None = None,
+        max_trials: int | None = None,
+        max_concurrent: int | None = None,
+        early_stopping: dict[str, Any] | None = None,
+        seed: int | None = None,
+    ) -> SweepHandle:
+        """Start a hyperparameter sweep: trials are jobs running `spec` with `config` updated by their
+        parameters (`{"values": [...]}`, `{"uniform": [lo, hi]}`, `{"log_uniform": [lo, hi]}`; values
+        alone make a grid). `early_stopping={"policy": "asha"|"median", "grace_steps", "reduction_factor"}`
+        stops losing trials from their logged `metric`."""
+        request = sweep_request(
+            spec,
+            name=name,
+            parameters=parameters,
+            metric=metric,
+            mode=mode,
+            max_trials=max_trials,
+            max_concurrent=max_concurrent,
+            early_stopping=early_stopping,
+            seed=seed,
+        )
+        data = self._request("POST", "/v1/sweeps", json=request.model_dump(mode="json", exclude_none=True))
+        return SweepHandle(self, Sweep.model_validate(data))
+
+    def get_sweep(self, sweep_id: str) -> SweepHandle:
+        return SweepHandle(self, Sweep.model_validate(self._request("GET", f"/v1/sweeps/{sweep_id}")))
+
+    def sweeps(self, *, status: SweepStatus | str | None = None, limit: int | None = None) -> builtins.list[Sweep]:
+        """Sweeps newest first, with trial counts and the best trial (the full trial list: get_sweep)."""
+        params: dict[str, Any] = {"status": [status.value if isinstance(status, SweepStatus) else status]}
+        if status is None:
+            params = {}
+        if limit is not None:
+            params["limit"] = limit
+        return SweepList.model_validate(self._request("GET", "/v1/sweeps", params=params)).items
+
+    def cancel_sweep(self, sweep_id: str) -> Sweep:
+        return Sweep.model_validate(self._request("POST", f"/v1/sweeps/{sweep_id}/cancel"))
 
     # -- metrics, logs, checkpoints -------------------------------------------------------------
 

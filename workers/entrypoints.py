@@ -17,6 +17,7 @@ BUILTINS = {
     "mlp": "workers.templates.mlp:train_loop_per_worker",
     "tiny-gpt": "workers.templates.tiny_gpt:train_loop_per_worker",
     "collectives": "workers.collectives.job:train_loop_per_worker",
+    "toy-curve": "workers.templates.toy_curve:train_loop_per_worker",
 }
 
 

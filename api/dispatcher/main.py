@@ -19,6 +19,7 @@ from api.dispatcher.ray_jobs import RayJobsBackend
 from api.dispatcher.service import Dispatcher
 from api.jobs.status import JOB_CHANNEL
 from api.settings import Settings, get_settings, libpq_url
+from api.sweeps.controller import sweep_round
 from api.telemetry.service import start_telemetry
 
 log = logging.getLogger("trainmaster.dispatcher")
@@ -71,6 +72,7 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
         while not stopping.is_set():
             started = time.monotonic()
             try:
+                await sweep_round(dispatcher.sessions)  # stops losing trials, queues new ones; never asks Ray
                 await dispatcher.reconcile_round()
                 await dispatcher.admit_round()
             except Exception as exc:  # one bad round must not end the dispatcher

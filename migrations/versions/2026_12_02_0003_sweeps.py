@@ -60,9 +60,7 @@ def upgrade() -> None:
         ),
         sa.Column("stopped_reason", sa.Text(), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["job_id"], ["jobs.id"], name=op.f("fk_sweep_trials_job_id_jobs"), ondelete="CASCADE"
-        ),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name=op.f("fk_sweep_trials_job_id_jobs"), ondelete="CASCADE"),
         sa.ForeignKeyConstraint(
             ["sweep_id"], ["sweeps.id"], name=op.f("fk_sweep_trials_sweep_id_sweeps"), ondelete="CASCADE"
         ),

@@ -1,0 +1,83 @@
+"""`client.sweep(...)` and the `SweepHandle` it returns."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from trainmaster.errors import WaitTimeout
+from trainmaster.models import JobSpec, Sweep, SweepSpec, SweepStatus, SweepTrial
+
+if TYPE_CHECKING:
+    from trainmaster.client import Client
+
+
+def sweep_request(
+    spec: JobSpec | dict[str, Any],
+    *,
+    name: str | None,
+    parameters: dict[str, Any],
+    metric: str,
+    mode: str,
+    max_trials: int | None,
+    max_concurrent: int | None,
+    early_stopping: dict[str, Any] | None,
+    seed: int | None,
+) -> SweepSpec:
+    job_spec = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
+    given: dict[str, Any] = {
+        "name": name or job_spec.name,
+        "spec": job_spec,
+        "parameters": parameters,
+        "metric": metric,
+        "mode": mode,
+        "max_trials": max_trials,
+        "max_concurrent": max_concurrent,
+        "early_stopping": early_stopping,
+        "seed": seed,
+    }
+    return SweepSpec.model_validate({k: v for k, v in given.items() if v is not None})
+
+
+class SweepHandle:
+    """A sweep: its last known state (trials ranked best first) plus the calls that act on it."""
+
+    def __init__(self, client: Client, sweep: Sweep):
+        self._client = client
+        self.info = sweep
+
+    def __repr__(self) -> str:
+        return f"SweepHandle(id={self.id!r}, name={self.info.name!r}, status={self.status.value!r})"
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def status(self) -> SweepStatus:
+        return self.info.status
+
+    @property
+    def trials(self) -> list[SweepTrial]:
+        return self.info.trials
+
+    @property
+    def best(self) -> SweepTrial | None:
+        return self.info.best
+
+    def refresh(self) -> Sweep:
+        self.info = self._client.get_sweep(self.id).info
+        return self.info
+
+    def wait(self, *, timeout: float | None = None, poll_interval: float = 2.0) -> Sweep:
+        """Block until the sweep ends (every trial ended, or it was cancelled); return it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.refresh().status is SweepStatus.running:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"sweep {self.id} still running after {timeout} s")
+            time.sleep(poll_interval)
+        return self.info
+
+    def cancel(self) -> Sweep:
+        self.info = self._client.cancel_sweep(self.id)
+        return self.info
