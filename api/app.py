@@ -24,6 +24,7 @@ from api.metrics.routes import router as metrics_router
 from api.ops.body_limit import BodyLimitMiddleware
 from api.ops.prometheus import RequestMetricsMiddleware, ServiceMetrics
 from api.ops.routes import router as ops_router
+from api.retention.service import start_retention
 from api.settings import Settings, get_settings
 from api.streaming.broker import Broker
 from api.streaming.limits import StreamLimiter
@@ -46,9 +47,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.broker = Broker(settings.database_url)
         app.state.stream_limiter = StreamLimiter(settings.max_streams_per_token)
         telemetry = start_telemetry(settings, "trainmaster-api")
+        retention = start_retention(settings, app.state.sessions)
         try:
             yield
         finally:
+            await retention.stop()
             await telemetry.stop()
             await app.state.broker.stop()
             await engine.dispose()

@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     page_limit_max: int = 500
     mlflow_tracking_uri: str | None = None  # mirror every job's params and metrics to this MLflow server
     telemetry_interval_s: float = 5.0  # how often OpenTelemetry and MLflow export follow the database
+    retention_days: float | None = None  # drop metric points and logs of jobs finished this long ago; unset: keep
+    retention_batch: int = 5000  # rows deleted per transaction (short ones: ingest never waits on them)
+    retention_interval_s: float = 300.0  # how often the API looks for jobs past retention
 
 
 @lru_cache(maxsize=1)

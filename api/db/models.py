@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     DateTime,
     Double,
     Enum,
@@ -18,6 +19,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    Numeric,
     SmallInteger,
     String,
     Text,
@@ -87,6 +89,23 @@ class Job(Base):
         Index("ix_jobs_project_id_created_at_id", "project_id", text("created_at DESC"), text("id DESC")),
         Index("ix_jobs_queue", "priority", "created_at", postgresql_where=text("status = 'queued'")),
         Index("ix_jobs_labels", "labels", postgresql_using="gin"),
+        # Scale (0005): a status-filtered page, each project's queue in its own order, retention's work list.
+        Index(
+            "ix_jobs_project_id_status_created_at_id", "project_id", "status", text("created_at DESC"), text("id DESC")
+        ),
+        Index(
+            "ix_jobs_queued_by_project",
+            "project_id",
+            text("priority DESC"),
+            "created_at",
+            "id",
+            postgresql_where=text("status = 'queued'"),
+        ),
+        Index(
+            "ix_jobs_unpurged_finished_at",
+            "finished_at",
+            postgresql_where=text("purged_at IS NULL AND finished_at IS NOT NULL"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True, default=uuid.uuid4)
@@ -113,6 +132,7 @@ class Job(Base):
     created_at: Mapped[datetime] = _now()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    purged_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # retention dropped its points and logs
 
     project: Mapped[Project] = relationship(lazy="raise")
     attempts: Mapped[list[JobAttempt]] = relationship(lazy="raise", order_by="JobAttempt.n", back_populates="job")
@@ -160,6 +180,57 @@ class MetricPoint(Base):
     name: Mapped[str] = mapped_column(String(256))
     value: Mapped[float] = mapped_column(Double)
     ts: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class MetricBlock(Base):
+    """The minimum and maximum point of each name and rank per block of 4096 sequence numbers
+    (`seq >> 12`), kept by a statement trigger on metric_points, so a downsampled read of millions of
+    points reads thousands of blocks. `stepped` counts the points that have a step."""
+
+    __tablename__ = "metric_blocks"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(256), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    block: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    n: Mapped[int] = mapped_column(Integer)
+    stepped: Mapped[int] = mapped_column(Integer)
+    min_step: Mapped[int | None] = mapped_column(BigInteger)
+    max_step: Mapped[int | None] = mapped_column(BigInteger)
+    lo_value: Mapped[float] = mapped_column(Double)
+    lo_seq: Mapped[int] = mapped_column(BigInteger)
+    lo_step: Mapped[int | None] = mapped_column(BigInteger)
+    lo_ts: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    hi_value: Mapped[float] = mapped_column(Double)
+    hi_seq: Mapped[int] = mapped_column(BigInteger)
+    hi_step: Mapped[int | None] = mapped_column(BigInteger)
+    hi_ts: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class QueueCount(Base):
+    """Queued jobs per priority and project, kept by a deferred trigger on jobs. Each job counts in
+    one of 8 shards (by its id) so concurrent submissions of one project do not queue on one row."""
+
+    __tablename__ = "queue_counts"
+
+    priority: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
+    shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    queued: Mapped[int] = mapped_column(Integer)
+
+
+class ProjectUsage(Base):
+    """CPUs and GPUs held by each project's active jobs (starting, running, cancelling), kept by a
+    deferred trigger on jobs: fair share reads one row per project instead of summing active jobs.
+    Numeric, so adding and taking away fractions returns exactly to zero."""
+
+    __tablename__ = "project_usage"
+    __table_args__ = (CheckConstraint("active >= 0", name="active_not_negative"),)
+
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
+    active: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[float] = mapped_column(Numeric(asdecimal=False))
+    cpus: Mapped[float] = mapped_column(Numeric(asdecimal=False))
 
 
 class MetricBatch(Base):

@@ -28,12 +28,11 @@ async def lock_admission(session: AsyncSession) -> None:
 
 
 async def held_resources(session: AsyncSession) -> tuple[float, float]:
-    """CPUs and GPUs held by active trainmaster jobs (their placement may not show in Ray yet)."""
+    """CPUs and GPUs held by active trainmaster jobs (their placement may not show in Ray yet): the
+    sum of `project_usage`, which a trigger keeps equal to the active jobs' gangs."""
     row = (
         await session.execute(
-            select(func.coalesce(func.sum(Job.gang_cpus), 0), func.coalesce(func.sum(Job.gang_gpus), 0)).where(
-                Job.status.in_(ACTIVE)
-            )
+            select(func.coalesce(func.sum(ProjectUsage.cpus), 0), func.coalesce(func.sum(ProjectUsage.gpus), 0))
         )
     ).one()
     return float(row[0]), float(row[1])
@@ -41,12 +40,26 @@ async def held_resources(session: AsyncSession) -> tuple[float, float]:
 
 async def lock_queued(session: AsyncSession, limit: int) -> list[Job]:
     """Queued jobs in admission order (`admission_order`), locked; rows another dispatcher holds are
-    skipped."""
+    skipped.
+
+    Within one project usage is the same for every job, so the project's jobs come in the admission
+    order by (priority, age) alone: the first `limit` of all are among the first `limit` of each
+    project. Those are read per project on ix_jobs_queued_by_project and only they are sorted, so a
+    round reads projects x limit rows however long the queue is."""
     usage, order = admission_order()
+    queued = aliased(Job)
+    firsts = (
+        select(queued.id)
+        .where(queued.project_id == Project.id, queued.status == JobStatus.queued)
+        .order_by(queued.priority.desc(), queued.created_at, queued.id)
+        .limit(limit)
+        .lateral()
+    )
+    candidates = select(firsts.c.id).select_from(Project).join(firsts, true())
     query = (
         select(Job)
         .outerjoin(usage, usage.c.project_id == Job.project_id)
-        .where(Job.status == JobStatus.queued)
+        .where(Job.id.in_(candidates), Job.status == JobStatus.queued)
         .order_by(*order)
         .limit(limit)
         .with_for_update(of=Job, skip_locked=True)

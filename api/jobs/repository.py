@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, String, Subquery, cast, func, select, tuple_
+from sqlalchemy import FromClause, Select, String, cast, func, select, text, tuple_
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from api.db.models import Job, JobEvent, Project
+from api.db.models import Job, JobEvent, Project, ProjectUsage
 from trainmaster.models import JobStatus
 
 
@@ -78,23 +78,15 @@ async def list_jobs(
 ACTIVE = (JobStatus.starting, JobStatus.running, JobStatus.cancelling)
 
 
-def admission_order() -> tuple[Subquery, tuple[Any, ...]]:
+def admission_order() -> tuple[FromClause, tuple[Any, ...]]:
     """The order the dispatcher admits queued jobs in, and the per-project usage it depends on.
 
     Priority (high first), then fair share (the project holding the fewest GPUs, then CPUs, in
     active jobs first), then age. Admission and `queue_position` both use this, so the position a
-    user sees is the order admission takes.
+    user sees is the order admission takes. Usage is `project_usage`, one row per project kept by a
+    trigger on jobs (migration 0005), so the order costs no sum over the active jobs.
     """
-    usage = (
-        select(
-            Job.project_id.label("project_id"),
-            func.sum(Job.gang_gpus).label("gpus"),
-            func.sum(Job.gang_cpus).label("cpus"),
-        )
-        .where(Job.status.in_(ACTIVE))
-        .group_by(Job.project_id)
-        .subquery()
-    )
+    usage = ProjectUsage.__table__
     order = (
         Job.priority.desc(),
         func.coalesce(usage.c.gpus, 0),
@@ -105,19 +97,55 @@ def admission_order() -> tuple[Subquery, tuple[Any, ...]]:
     return usage, order
 
 
+# The jobs ahead of each one in `admission_order`, counted without reading the queue: whole
+# (priority, project) groups ahead (higher priority, or the same priority and less usage) come from
+# `queue_counts`; only projects with the same priority and exactly the same usage interleave by
+# age, and those are counted on ix_jobs_queued_by_project, from the front of each such project up to
+# this job. A job shares that tie with its own project's older jobs at its priority (always) and
+# with other projects' only while their usage is equal to its project's (e.g. both hold nothing).
+QUEUE_POSITIONS = text(
+    """
+    WITH me AS (
+        SELECT j.id, j.priority, j.project_id, j.created_at,
+               coalesce(u.gpus, 0) AS gpus, coalesce(u.cpus, 0) AS cpus
+        FROM jobs j LEFT JOIN project_usage u ON u.project_id = j.project_id
+        WHERE j.id = ANY(:ids) AND j.status = 'queued'
+    ),
+    groups AS (
+        SELECT q.priority, q.project_id, sum(q.queued) AS queued,
+               coalesce(min(u.gpus), 0) AS gpus, coalesce(min(u.cpus), 0) AS cpus
+        FROM queue_counts q LEFT JOIN project_usage u ON u.project_id = q.project_id
+        GROUP BY q.priority, q.project_id
+        HAVING sum(q.queued) > 0
+    )
+    SELECT me.id,
+        1 + coalesce((
+            SELECT sum(g.queued) FROM groups g
+            WHERE g.priority > me.priority
+               OR (g.priority = me.priority AND (g.gpus, g.cpus) < (me.gpus, me.cpus))
+        ), 0) + (
+            SELECT count(*) FROM (
+                SELECT g.project_id FROM groups g
+                WHERE g.priority = me.priority AND g.gpus = me.gpus AND g.cpus = me.cpus
+                UNION SELECT me.project_id
+            ) tied
+            CROSS JOIN LATERAL (
+                SELECT 1 FROM jobs t
+                WHERE t.status = 'queued' AND t.project_id = tied.project_id AND t.priority = me.priority
+                  AND (t.created_at, t.id) < (me.created_at, me.id)
+            ) ahead
+        ) AS position
+    FROM me
+    """
+)
+
+
 async def queue_positions(session: AsyncSession, jobs: Sequence[Job]) -> dict[uuid.UUID, int]:
-    """1-based place in the queue for each queued job, in admission order."""
+    """1-based place in the queue for each queued job, in admission order (see QUEUE_POSITIONS)."""
     wanted = [job.id for job in jobs if job.status is JobStatus.queued]
     if not wanted:
         return {}
-    usage, order = admission_order()
-    ranked = (
-        select(Job.id.label("id"), func.row_number().over(order_by=order).label("position"))
-        .outerjoin(usage, usage.c.project_id == Job.project_id)
-        .where(Job.status == JobStatus.queued)
-        .subquery()
-    )
-    rows = await session.execute(select(ranked.c.id, ranked.c.position).where(ranked.c.id.in_(wanted)))
+    rows = await session.execute(QUEUE_POSITIONS, {"ids": wanted})
     return {job_id: int(position) for job_id, position in rows.all()}
 
 

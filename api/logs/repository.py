@@ -26,3 +26,14 @@ async def append(
 async def read_after(session: AsyncSession, job_id: uuid.UUID, after_seq: int, limit: int) -> list[Any]:
     query = select(LogLine).where(LogLine.job_id == job_id, LogLine.seq > after_seq).order_by(LogLine.seq).limit(limit)
     return list((await session.execute(query)).scalars())
+
+
+async def read_tail(session: AsyncSession, job_id: uuid.UUID, after_seq: int, limit: int) -> list[Any]:
+    """The last `limit` lines after `after_seq`, oldest first: a backward walk of ix_log_lines_job_id_seq."""
+    query = (
+        select(LogLine)
+        .where(LogLine.job_id == job_id, LogLine.seq > after_seq)
+        .order_by(LogLine.seq.desc())
+        .limit(limit)
+    )
+    return list(reversed((await session.execute(query)).scalars().all()))

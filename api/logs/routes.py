@@ -25,9 +25,10 @@ async def read_logs(
     principal: ProjectPrincipal,
     after_seq: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+    tail: Annotated[int | None, Query(ge=1, le=100_000, description="only the last this many lines")] = None,
 ) -> LogList:
     """Stored output of the job's driver and workers, oldest first; readable after the cluster is gone."""
-    return LogList(items=await service.read(session, principal, job_id, after_seq, limit))
+    return LogList(items=await service.read(session, principal, job_id, after_seq, limit, tail=tail))
 
 
 @router.get(

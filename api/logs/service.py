@@ -19,8 +19,13 @@ def to_wire(row: Any) -> LogLine:
     return LogLine(seq=row.seq, attempt=row.attempt, source=row.source, line=row.line, ts=row.ts)
 
 
-async def read(session: AsyncSession, principal: Principal, raw_id: str, after_seq: int, limit: int) -> list[LogLine]:
+async def read(
+    session: AsyncSession, principal: Principal, raw_id: str, after_seq: int, limit: int, *, tail: int | None = None
+) -> list[LogLine]:
+    """Lines after `after_seq`, the first `limit` of them, or with `tail` the last `tail` of them."""
     job = await jobs.get_owned(session, principal, raw_id)
+    if tail is not None:
+        return [to_wire(row) for row in await repository.read_tail(session, job.id, after_seq, tail)]
     return [to_wire(row) for row in await repository.read_after(session, job.id, after_seq, limit)]
 
 

@@ -124,6 +124,10 @@ async def read_after(
     return list((await session.execute(text(query), params)).all())
 
 
+BLOCK_SHIFT = 12  # a point's block in metric_blocks is seq >> 12 (migration 0005's trigger)
+RAW_DOWNSAMPLE_LIMIT = 50_000  # up to this many points, downsample the points themselves (exact buckets)
+
+
 async def read_downsampled(
     session: AsyncSession,
     job_id: uuid.UUID,
@@ -131,8 +135,29 @@ async def read_downsampled(
     names: Sequence[str] = (),
     window: Window = Window(),
 ) -> list[Any]:
-    """At most about `max_points` per name: each of max_points/2 buckets keeps its min and max."""
-    buckets = max(1, max_points // 2)
+    """At most about `max_points` per name: each of max_points/2 buckets keeps its min and max.
+
+    Up to RAW_DOWNSAMPLE_LIMIT points the buckets split the points themselves; past it they split
+    the job's metric_blocks (each block's min and max point, kept at ingest), so the cost follows
+    the number of blocks, not points. A block only partly inside the step window is read point by
+    point."""
+    clauses = ["job_id = :job"]
+    params: dict[str, Any] = {"job": job_id, "buckets": max(1, max_points // 2)}
+    if names:
+        clauses.append("name = ANY(:names)")
+        params["names"] = list(names)
+    if window.rank is not None:
+        clauses.append("rank = :rank")
+        params["rank"] = window.rank
+    stored = await session.execute(text(f"SELECT sum(n) FROM metric_blocks WHERE {' AND '.join(clauses)}"), params)
+    if (stored.scalar_one() or 0) <= RAW_DOWNSAMPLE_LIMIT:
+        return await _downsample_points(session, job_id, params["buckets"], names, window)
+    return await _downsample_blocks(session, clauses, params, window)
+
+
+async def _downsample_points(
+    session: AsyncSession, job_id: uuid.UUID, buckets: int, names: Sequence[str], window: Window
+) -> list[Any]:
     clauses = ["job_id = :job"]
     params: dict[str, Any] = {"job": job_id, "buckets": buckets}
     if names:
@@ -150,6 +175,55 @@ async def read_downsampled(
             (SELECT DISTINCT ON (name, bucket) * FROM ranked ORDER BY name, bucket, value ASC NULLS LAST, seq)
             UNION
             (SELECT DISTINCT ON (name, bucket) * FROM ranked ORDER BY name, bucket, value DESC NULLS LAST, seq)
+        )
+        SELECT seq, step, rank, name, value, ts FROM extremes ORDER BY seq
+    """
+    return list((await session.execute(text(query), params)).all())
+
+
+async def _downsample_blocks(
+    session: AsyncSession, clauses: list[str], params: dict[str, Any], window: Window
+) -> list[Any]:
+    where = " AND ".join(f"b.{clause}" for clause in clauses)
+    bounds = []
+    for column, op, key in (("max_step", ">=", "since_step"), ("min_step", "<=", "until_step")):
+        if getattr(window, key) is not None:
+            bounds.append(f"b.{column} {op} :{key}")
+            params[key] = getattr(window, key)
+    inside = ["b.stepped = b.n"] if bounds else []
+    inside += [
+        f"b.{c} {op} :{k}"
+        for c, op, k in (("min_step", ">=", "since_step"), ("max_step", "<=", "until_step"))
+        if getattr(window, k) is not None
+    ]
+    whole = " AND ".join(inside) or "true"
+    touching = " AND ".join([where, *bounds])
+    point_filter = " AND ".join(f"p.{clause}" for clause in window.clauses({}) if not clause.startswith("rank"))
+    query = f"""
+        WITH touching AS (SELECT * FROM metric_blocks b WHERE {touching}),
+        parts AS (
+            SELECT name, block << {BLOCK_SHIFT} AS pos, rank, lo_value, lo_seq, lo_step, lo_ts,
+                   hi_value, hi_seq, hi_step, hi_ts
+            FROM touching b WHERE {whole}
+            UNION ALL
+            SELECT p.name, p.seq, p.rank, p.value, p.seq, p.step, p.ts, p.value, p.seq, p.step, p.ts
+            FROM touching b JOIN metric_points p
+              ON p.job_id = b.job_id AND p.name = b.name AND p.rank = b.rank
+             AND p.seq >= b.block << {BLOCK_SHIFT} AND p.seq < (b.block + 1) << {BLOCK_SHIFT}
+            WHERE NOT ({whole}){f" AND {point_filter}" if point_filter else ""}
+        ),
+        spans AS (SELECT name, min(pos) AS first, max(pos) AS last FROM parts GROUP BY name),
+        bucketed AS (
+            SELECT parts.*, (pos - first) * :buckets / (last - first + 1) AS bucket
+            FROM parts JOIN spans USING (name)
+        ),
+        extremes AS (
+            (SELECT DISTINCT ON (name, bucket)
+                    lo_seq AS seq, lo_step AS step, rank, name, lo_value AS value, lo_ts AS ts
+             FROM bucketed ORDER BY name, bucket, lo_value ASC, lo_seq)
+            UNION
+            (SELECT DISTINCT ON (name, bucket) hi_seq, hi_step, rank, name, hi_value, hi_ts
+             FROM bucketed ORDER BY name, bucket, hi_value DESC, hi_seq)
         )
         SELECT seq, step, rank, name, value, ts FROM extremes ORDER BY seq
     """

@@ -1,0 +1,57 @@
+"""Queries behind retention: which finished jobs are due, and their stored data in small batches."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import func, select, text, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.db.models import Job
+from trainmaster.models import JobStatus
+
+RETENTION_LOCK = 0x746D_7274  # "tmrt": one purger at a time across every API replica
+TERMINAL = [status for status in JobStatus if status.terminal]
+
+
+async def try_lock(session: AsyncSession) -> bool:
+    """The session-level purge lock, without waiting (another replica purging is enough)."""
+    return bool((await session.execute(select(func.pg_try_advisory_lock(RETENTION_LOCK)))).scalar_one())
+
+
+async def unlock(session: AsyncSession) -> None:
+    await session.execute(select(func.pg_advisory_unlock(RETENTION_LOCK)))
+
+
+async def expired_jobs(session: AsyncSession, days: float, limit: int) -> list[uuid.UUID]:
+    """Finished jobs whose data is still stored and that finished more than `days` ago (database
+    clock), the longest finished first (ix_jobs_unpurged_finished_at)."""
+    query = (
+        select(Job.id)
+        .where(
+            Job.purged_at.is_(None),
+            Job.finished_at.is_not(None),
+            Job.finished_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, days * 86400),
+            Job.status.in_(TERMINAL),
+        )
+        .order_by(Job.finished_at)
+        .limit(limit)
+    )
+    return list((await session.execute(query)).scalars())
+
+
+async def delete_batch(session: AsyncSession, table: str, key: str, job_id: uuid.UUID, batch: int) -> int:
+    """Delete up to `batch` rows of one job from `table` (rows picked by the primary key `key`)."""
+    assert table in {"metric_points", "log_lines", "metric_blocks", "metric_batches"}
+    keys = {"seq": "seq", "block": "name, rank, block", "batch_id": "batch_id"}[key]
+    statement = (
+        f"DELETE FROM {table} WHERE job_id = :job AND ({keys}) IN "
+        f"(SELECT {keys} FROM {table} WHERE job_id = :job ORDER BY {keys} LIMIT :batch)"
+    )
+    result: Any = await session.execute(text(statement), {"job": job_id, "batch": batch})
+    return int(result.rowcount)
+
+
+async def mark_purged(session: AsyncSession, job_id: uuid.UUID) -> None:
+    await session.execute(update(Job).where(Job.id == job_id).values(purged_at=func.now()))

@@ -1,0 +1,98 @@
+"""Retention: metric points and logs of jobs that finished more than `retention_days` ago are
+deleted; the job, its attempts, events and checkpoints stay.
+
+Deletes go `retention_batch` rows per transaction, each a short one that locks only the rows it
+deletes, which belong to finished jobs nobody writes to any more (their job tokens are revoked): ingest
+into other jobs never waits on it. One API replica purges at a time (a session advisory lock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from api.retention import repository
+from api.settings import Settings
+
+log = logging.getLogger("trainmaster.retention")
+
+# (table, key): the tables retention empties for a job, the bulky ones first.
+TABLES = (("metric_points", "seq"), ("log_lines", "seq"), ("metric_blocks", "block"), ("metric_batches", "batch_id"))
+
+
+@dataclass
+class Purged:
+    jobs: int = 0
+    rows: int = 0
+    transactions: int = 0
+
+
+async def purge_round(
+    sessions: async_sessionmaker[AsyncSession], *, days: float, batch: int, max_jobs: int = 100
+) -> Purged:
+    """Purge up to `max_jobs` due jobs; nothing when another replica holds the purge lock."""
+    purged = Purged()
+    async with sessions() as lock_session:
+        if not await repository.try_lock(lock_session):
+            return purged
+        await lock_session.commit()
+        try:
+            async with sessions() as session:
+                due = await repository.expired_jobs(session, days, max_jobs)
+            for job_id in due:
+                await _purge_job(sessions, job_id, batch, purged)
+        finally:
+            await repository.unlock(lock_session)
+            await lock_session.commit()
+    return purged
+
+
+async def _purge_job(sessions: async_sessionmaker[AsyncSession], job_id: uuid.UUID, batch: int, purged: Purged) -> None:
+    for table, key in TABLES:
+        while True:
+            async with sessions() as session, session.begin():
+                deleted = await repository.delete_batch(session, table, key, job_id, batch)
+            purged.transactions += 1
+            purged.rows += deleted
+            if deleted < batch:
+                break
+    async with sessions() as session, session.begin():
+        await repository.mark_purged(session, job_id)
+    purged.jobs += 1
+
+
+@dataclass
+class Retention:
+    task: asyncio.Task[None] | None = None
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+
+def start_retention(settings: Settings, sessions: async_sessionmaker[AsyncSession]) -> Retention:
+    """The purge loop when `retention_days` is set; nothing otherwise (data is kept forever)."""
+    days = settings.retention_days
+    if days is None:
+        return Retention()
+
+    async def loop() -> None:
+        while True:
+            try:
+                purged = await purge_round(sessions, days=days, batch=settings.retention_batch)
+                if purged.jobs:
+                    log.info(
+                        "retention: %d jobs, %d rows in %d transactions", purged.jobs, purged.rows, purged.transactions
+                    )
+            except Exception:  # a database outage: try again next round
+                log.warning("retention round failed", exc_info=True)
+            await asyncio.sleep(settings.retention_interval_s)
+
+    return Retention(asyncio.create_task(loop(), name="trainmaster-retention"))

@@ -1,0 +1,271 @@
+"""Correctness behind the scale work (speed is measured in bench/scale.py, never here): queue
+positions are the admission order under fair share, the maintained counters equal a recount, the
+downsampled read from metric_blocks keeps every bucket's extremes, logs tail, and retention deletes
+exactly the data of jobs finished long enough ago."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.db.session import create_engine, session_factory
+from api.dispatcher import repository as dispatcher_repository
+from api.metrics import repository as metrics_repository
+from api.retention.service import purge_round
+from api.settings import Settings
+from api.settings import libpq_url as libpq
+from tests.factories.auth import project_token
+from tests.factories.jobs import spec
+
+T = TypeVar("T")
+
+
+def in_session(database_url: str, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
+    async def go() -> T:
+        engine = create_engine(Settings(database_url=database_url))
+        try:
+            async with session_factory(engine)() as session, session.begin():
+                return await fn(session)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(go())
+
+
+def sql(database_url: str, statement: str, params: Any = None) -> list[Any]:
+    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+        cursor = conn.execute(statement, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def submit(http: TestClient, token: str, **overrides: Any) -> str:
+    response = http.post("/v1/jobs", json=spec(**overrides), headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+def gpus(n: int) -> dict[str, Any]:
+    return {"scaling": {"num_workers": n, "resources_per_worker": {"CPU": 1, "GPU": 1}}}
+
+
+def assert_counters_match_a_recount(database_url: str) -> None:
+    counted = sql(
+        database_url,
+        "SELECT priority, project_id::text, sum(queued)::int FROM queue_counts GROUP BY 1, 2 HAVING sum(queued) <> 0",
+    )
+    recount = sql(
+        database_url, "SELECT priority, project_id::text, count(*)::int FROM jobs WHERE status = 'queued' GROUP BY 1, 2"
+    )
+    assert sorted(counted) == sorted(recount)
+    usage = sql(database_url, "SELECT project_id::text, gpus::float, cpus::float FROM project_usage WHERE active > 0")
+    active = sql(
+        database_url,
+        "SELECT project_id::text, sum(gang_gpus), sum(gang_cpus) FROM jobs"
+        " WHERE status IN ('starting', 'running', 'cancelling') GROUP BY 1",
+    )
+    assert sorted((p, round(g, 9), round(c, 9)) for p, g, c in usage) == sorted(
+        (p, round(g, 9), round(c, 9)) for p, g, c in active
+    )
+
+
+def test_queue_position_equals_admission_order_under_fair_share(http: TestClient, database_url: str) -> None:
+    """Many projects, priorities, running gangs and projects tied on usage: every queued job's
+    position is its place in the order the dispatcher's own claim query returns."""
+    rng = random.Random(7)
+    tokens = {name: project_token(database_url, name) for name in ("alpha", "beta", "gamma", "delta")}
+    running = [submit(http, tokens["alpha"], **gpus(2)), submit(http, tokens["beta"], **gpus(1))]
+    running.append(submit(http, tokens["gamma"], **gpus(1)))  # beta and gamma tie on usage
+    sql(database_url, "UPDATE jobs SET status = 'running' WHERE id = ANY(%s::uuid[])", (running,))
+    queued = [
+        submit(http, tokens[rng.choice(list(tokens))], priority=rng.choice([0, 0, 0, 5, -3]), **gpus(rng.randint(1, 4)))
+        for _ in range(30)
+    ]
+    cancelled = queued.pop(3)
+    http.post(f"/v1/jobs/{cancelled}/cancel", headers={"Authorization": f"Bearer {tokens['alpha']}"})
+    sql(database_url, "UPDATE jobs SET status = 'cancelled' WHERE id = %s", (cancelled,))
+    started = queued.pop(5)
+    sql(database_url, "UPDATE jobs SET status = 'starting' WHERE id = %s", (started,))  # usage changes too
+
+    async def claim_order(session: AsyncSession) -> list[str]:
+        return [str(job.id) for job in await dispatcher_repository.lock_queued(session, 1000)]
+
+    order = in_session(database_url, claim_order)
+    assert sorted(order) == sorted(queued)
+    project_of = dict(sql(database_url, "SELECT j.id::text, p.name FROM jobs j JOIN projects p ON p.id = j.project_id"))
+    positions = {}
+    for job_id in queued:
+        headers = {"Authorization": f"Bearer {tokens[project_of[job_id]]}"}
+        positions[job_id] = http.get(f"/v1/jobs/{job_id}", headers=headers).json()["queue_position"]
+    assert [job_id for job_id, _ in sorted(positions.items(), key=lambda item: item[1])] == order
+    assert sorted(positions.values()) == list(range(1, len(order) + 1))
+
+    listed = http.get("/v1/jobs", params={"limit": 500}, headers={"Authorization": f"Bearer {tokens['beta']}"}).json()
+    for item in listed["items"]:
+        assert item["queue_position"] == (positions.get(item["id"]))
+    assert_counters_match_a_recount(database_url)
+
+
+def test_claim_reads_a_few_per_project_yet_keeps_the_global_order(database_url: str, http: TestClient) -> None:
+    """With a limit smaller than the queue, the claim returns the first `limit` of the whole order."""
+    tokens = [project_token(database_url, f"p{i}") for i in range(5)]
+    for i in range(25):
+        submit(http, tokens[i % 5], priority=(i * 7) % 3)
+
+    async def claim(limit: int) -> Callable[[AsyncSession], Awaitable[list[str]]]:
+        async def go(session: AsyncSession) -> list[str]:
+            return [str(job.id) for job in await dispatcher_repository.lock_queued(session, limit)]
+
+        return go
+
+    everything = in_session(database_url, asyncio.run(claim(1000)))
+    first = in_session(database_url, asyncio.run(claim(4)))
+    assert first == everything[:4]
+
+
+def test_counters_follow_inserts_updates_and_deletes(http: TestClient, database_url: str, token: str) -> None:
+    ids = [submit(http, token, priority=p, **gpus(2)) for p in (0, 0, 3)]
+    sql(database_url, "UPDATE jobs SET status = 'starting' WHERE id = %s", (ids[0],))
+    sql(database_url, "UPDATE jobs SET status = 'running' WHERE id = %s", (ids[0],))
+    sql(database_url, "UPDATE jobs SET priority = 9 WHERE id = %s", (ids[1],))
+    assert_counters_match_a_recount(database_url)
+    sql(database_url, "UPDATE jobs SET gang_gpus = 0.1, gang_cpus = 0.2 WHERE id = %s", (ids[0],))
+    assert_counters_match_a_recount(database_url)
+    sql(database_url, "UPDATE jobs SET status = 'succeeded' WHERE id = %s", (ids[0],))
+    sql(database_url, "DELETE FROM jobs WHERE id = %s", (ids[2],))
+    assert_counters_match_a_recount(database_url)
+    assert sql(database_url, "SELECT active, gpus::float, cpus::float FROM project_usage") == [(0, 0.0, 0.0)]
+
+
+def insert_points(database_url: str, job_id: str, count: int, names: tuple[str, ...], spike_at: int) -> None:
+    """`count` points per name, steps 1..count, values in [0, 1) but 100 (and -100) at `spike_at`."""
+    sql(
+        database_url,
+        "INSERT INTO metric_points (job_id, rank, step, name, value)"
+        " SELECT %s, g %% 2, g, n, CASE WHEN g = %s THEN 100 WHEN g = %s + 1 THEN -100 ELSE random() END"
+        " FROM generate_series(1, %s) g CROSS JOIN unnest(%s::text[]) n ORDER BY g",
+        (job_id, spike_at, spike_at, count, list(names)),
+    )
+
+
+def test_blocks_receive_points_and_serve_downsampled_reads(
+    http: TestClient, auth: dict[str, str], token: str, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id = submit(http, token)
+    ingest = {
+        "points": [{"step": s, "values": {"loss": s / 10, "acc": 1 - s / 1000}, "rank": 0} for s in range(1, 301)]
+    }
+    assert http.post(f"/v1/jobs/{job_id}/metrics", json=ingest, headers=auth).status_code == 201
+    insert_points(database_url, job_id, 20_000, ("loss", "acc"), spike_at=12_345)
+    assert sql(database_url, "SELECT sum(n)::int FROM metric_blocks WHERE job_id = %s", (job_id,)) == [(40_600,)]
+    assert sql(
+        database_url,
+        "SELECT count(*) FROM metric_blocks b WHERE job_id = %s AND lo_seq IS DISTINCT FROM"
+        " (SELECT seq FROM metric_points p WHERE p.job_id = b.job_id AND p.name = b.name AND p.rank = b.rank"
+        "  AND p.seq >> 12 = b.block ORDER BY value, seq LIMIT 1)",
+        (job_id,),
+    ) == [(0,)]
+
+    monkeypatch.setattr(metrics_repository, "RAW_DOWNSAMPLE_LIMIT", 1000)  # the blocks path, with few points
+    url = f"/v1/jobs/{job_id}/metrics"
+    items = http.get(url, params={"max_points": 100}, headers=auth).json()["items"]
+    for name in ("loss", "acc"):
+        values = [item["value"] for item in items if item["name"] == name]
+        assert 2 < len(values) <= 100
+        assert max(values) == 100 and min(values) == -100  # the one-step spike survives
+    assert [item["seq"] for item in items] == sorted(item["seq"] for item in items)
+
+    zoomed = http.get(
+        url, params={"max_points": 40, "since_step": 12_000, "until_step": 12_400, "name": "acc"}, headers=auth
+    )
+    zoomed_items = zoomed.json()["items"]
+    assert zoomed_items and all(12_000 <= item["step"] <= 12_400 and item["name"] == "acc" for item in zoomed_items)
+    assert {100.0, -100.0} <= {item["value"] for item in zoomed_items}
+    assert len(zoomed_items) <= 40
+
+    odd = http.get(url, params={"max_points": 50, "rank": 1, "name": "loss"}, headers=auth).json()["items"]
+    assert odd and {item["rank"] for item in odd} == {1}
+    assert 100.0 in {item["value"] for item in odd} and -100.0 not in {
+        item["value"] for item in odd
+    }  # step 12,346 is rank 0
+
+
+def test_logs_tail_is_the_last_lines_oldest_first(
+    http: TestClient, auth: dict[str, str], token: str, database_url: str
+) -> None:
+    job_id = submit(http, token)
+    sql(
+        database_url,
+        "INSERT INTO log_lines (job_id, attempt, source, line) SELECT %s, 1, 'driver', 'line ' || g"
+        " FROM generate_series(1, 500) g ORDER BY g",
+        (job_id,),
+    )
+    tail = http.get(f"/v1/jobs/{job_id}/logs", params={"tail": 3}, headers=auth).json()["items"]
+    assert [item["line"] for item in tail] == ["line 498", "line 499", "line 500"]
+    after = http.get(f"/v1/jobs/{job_id}/logs", params={"tail": 1000, "after_seq": tail[0]["seq"]}, headers=auth)
+    assert [item["line"] for item in after.json()["items"]] == ["line 499", "line 500"]
+
+
+def test_retention_deletes_exactly_the_data_of_jobs_finished_long_ago(
+    http: TestClient, token: str, database_url: str
+) -> None:
+    old, recent, running, old_unfinished = (submit(http, token) for _ in range(4))
+    sql(
+        database_url,
+        "UPDATE jobs SET status = 'succeeded', finished_at = now() - interval '10 days' WHERE id = %s",
+        (old,),
+    )
+    sql(
+        database_url,
+        "UPDATE jobs SET status = 'failed', finished_at = now() - interval '1 day' WHERE id = %s",
+        (recent,),
+    )
+    sql(
+        database_url,
+        "UPDATE jobs SET status = 'running', created_at = now() - interval '30 days' WHERE id = %s",
+        (running,),
+    )
+    sql(database_url, "UPDATE jobs SET created_at = now() - interval '30 days' WHERE id = %s", (old_unfinished,))
+    for job_id in (old, recent, running, old_unfinished):
+        insert_points(database_url, job_id, 40, ("loss",), spike_at=3)
+        sql(
+            database_url,
+            "INSERT INTO log_lines (job_id, source, line) SELECT %s, 'driver', 'x' FROM generate_series(1, 25)",
+            (job_id,),
+        )
+        sql(
+            database_url,
+            "INSERT INTO metric_batches (job_id, batch_id, points) VALUES (%s, %s, 1)",
+            (job_id, uuid.uuid4()),
+        )
+    events_before = sql(database_url, "SELECT count(*) FROM job_events")
+
+    def stored(table: str) -> dict[str, int]:
+        return dict(sql(database_url, f"SELECT job_id::text, count(*)::int FROM {table} GROUP BY 1"))
+
+    async def purge(days: float) -> Any:
+        engine = create_engine(Settings(database_url=database_url))
+        try:
+            return await purge_round(session_factory(engine), days=days, batch=7)
+        finally:
+            await engine.dispose()
+
+    purged = asyncio.run(purge(7))
+    assert purged.jobs == 1
+    assert purged.transactions > 40 // 7  # in batches, not one statement
+    for table in ("metric_points", "log_lines", "metric_blocks", "metric_batches"):
+        assert old not in stored(table), table
+        assert {recent, running, old_unfinished} <= set(stored(table)), table
+    assert stored("metric_points")[recent] == 40 and stored("log_lines")[running] == 25
+    assert sql(database_url, "SELECT id::text FROM jobs WHERE purged_at IS NOT NULL") == [(old,)]
+    assert sql(database_url, "SELECT count(*) FROM jobs") == [(4,)]
+    assert sql(database_url, "SELECT count(*) FROM job_events") == events_before
+    assert asyncio.run(purge(7)).jobs == 0  # done once
+    assert asyncio.run(purge(0.5)).jobs == 1  # the recent one, with a shorter retention
