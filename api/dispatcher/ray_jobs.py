@@ -95,8 +95,10 @@ class RayJobsBackend:
                 continue
             names = {_camel(name): name for name in state.get("resources_total") or {}}
             names.setdefault("objectStoreMemory", "object_store_memory")
-            total = {names.get(name, name): float(pair[1]) for name, pair in usage.items()}
-            free = {names.get(name, name): float(pair[1]) - float(pair[0]) for name, pair in usage.items()}
+            # Only the node's own resources: placement groups add per-group ones (CPU_group_0_<id>, …).
+            known = {name: pair for name, pair in usage.items() if name in names}
+            total = {names[name]: float(pair[1]) for name, pair in known.items()}
+            free = {names[name]: float(pair[1]) - float(pair[0]) for name, pair in known.items()}
             nodes.append(Node(node_id=node_id, total=total, free=free, ip=state.get("node_ip") or ""))
         return Cluster(nodes=nodes)
 

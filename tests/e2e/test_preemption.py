@@ -49,8 +49,9 @@ def test_high_priority_gang_preempts_and_the_low_job_resumes_without_losing_a_st
             priority=10,
             config={"epochs": 1, "samples": 256, "batch_size": 64},
         )
-        preempted = wait_for(client, low.id, {"queued"}, timeout=180)
-        assert preempted.pending_reason and f"preempted by {high.id}" in preempted.pending_reason
+        wait_for(client, low.id, {"queued"}, timeout=180)
+        requeued = [e for e in client.events(low.id) if e.status is tm.JobStatus.queued][-1]
+        assert f"preempted by {high.id}" in (requeued.message or ""), requeued.message
 
         done_high = wait_for(client, high.id, TERMINAL, timeout=300)
         assert done_high.status is tm.JobStatus.succeeded, done_high.error
