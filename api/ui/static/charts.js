@@ -12,6 +12,7 @@ const registry = new Set();
 
 // For people debugging a page (and the browser tests): what every chart on it currently plots.
 window.trainmaster = {
+  metricsRequestedAt: null, // performance.now() when a job page first asked for its metrics
   charts: () =>
     [...registry].map((chart) => ({
       title: chart.title,
@@ -19,8 +20,10 @@ window.trainmaster = {
       logY: chart.view.logY,
       smoothing: chart.view.smoothing,
       series: chart.plot ? chart.plot.series.slice(1).map((s) => s.label) : [],
-      data: chart.plot ? chart.plot.data.map((column) => Array.from(column)) : [],
+      data: chart.plot ? chart.plot.data.map((column) => Array.from(column)) : [[]],
+      scaleDistr: chart.plot ? chart.plot.scales.y.distr : null,
       drawMs: chart.drawMs,
+      firstDrawAt: chart.firstDrawAt,
       drawnAt: chart.drawnAt,
       zoom: chart.zoom,
     })),
@@ -76,6 +79,7 @@ export class LineChart {
     this.plot = null;
     this.zoom = null;
     this.drawMs = null;
+    this.firstDrawAt = null;
     this.drawnAt = {};
     this.pending = null;
     this.root = el("div", { class: "chart", dataset: { metric: title } });
@@ -97,6 +101,10 @@ export class LineChart {
 
   // Ask for a redraw; several requests within REDRAW_MS make one.
   schedule() {
+    if (this.firstDrawAt === null) {
+      this.draw(); // the first data shows at once; later redraws are batched
+      return;
+    }
     if (this.pending) return;
     this.pending = setTimeout(() => {
       this.pending = null;
@@ -145,6 +153,7 @@ export class LineChart {
       this.plot = new uPlot(this.options(labels), data, this.root);
     }
     this.drawMs = performance.now() - started;
+    if (this.firstDrawAt === null && data[0].length) this.firstDrawAt = performance.now(); // ms since the page began
     this.root.dataset.points = String(data[0].length);
     this.root.dataset.drawMs = this.drawMs.toFixed(1);
     const now = Date.now();
@@ -161,7 +170,7 @@ export class LineChart {
     labels.forEach((label, i) => {
       const color = COLORS[(smoothing ? Math.floor(i / 2) : i) % COLORS.length];
       const raw = smoothing && i % 2 === 0;
-      series.push({ label, stroke: raw ? `${color}44` : color, width: raw ? 1 : 1.5, spanGaps: true, points: { show: false } });
+      series.push({ label, stroke: raw ? `${color}44` : color, width: raw ? 1 : 1.5, spanGaps: true }); // uPlot shows points when they are few
     });
     const width = Math.max(320, this.root.clientWidth || this.root.parentElement?.clientWidth || 600);
     return {

@@ -44,6 +44,7 @@ export class JobMetrics {
   }
 
   async load() {
+    if (window.trainmaster && window.trainmaster.metricsRequestedAt === null) window.trainmaster.metricsRequestedAt = performance.now();
     const first = await api(`/v1/jobs/${this.jobId}/metrics`, { params: { rank: 0, max_points: MAX_POINTS } });
     this.add(first.items);
     const system = this.names(SYSTEM);

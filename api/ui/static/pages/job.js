@@ -82,7 +82,7 @@ export function jobPage(view, jobId, params) {
     );
   }
 
-  async function renderSummary() {
+  function renderSummary() {
     const ask = requested(job.spec);
     const facts = [
       ["created", time(job.created_at)],
@@ -92,26 +92,26 @@ export function jobPage(view, jobId, params) {
     ];
     if (job.error) facts.push(["error", job.error]);
     const list = el("dl", { class: "facts" }, facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { class: k === "error" ? "error-text" : "" }, v)]));
-    const children = [list];
-    if (job.status === "queued") {
-      let free = "unknown";
-      try {
-        const cluster = await api("/v1/cluster");
-        free = cluster.reachable ? resources(cluster.free) : `Ray unreachable (${cluster.error || ""})`;
-      } catch {
-        /* the banner says it */
-      }
-      children.unshift(
-        el(
-          "div",
-          { class: "pending", id: "pending" },
-          el("strong", {}, job.queue_position ? `#${job.queue_position} in the queue` : "queued"),
-          el("p", { class: "pending-reason" }, job.pending_reason || ""),
-          el("p", {}, "asks for ", el("span", { id: "requested" }, resources(ask.total)), "; the cluster has ", el("span", { id: "free" }, free), " free"),
-        ),
-      );
+    if (job.status !== "queued") {
+      replace(summary, list);
+      return;
     }
-    replace(summary, children);
+    const free = el("span", { id: "free" }, "…");
+    replace(
+      summary,
+      el(
+        "div",
+        { class: "pending", id: "pending" },
+        el("strong", {}, job.queue_position ? `#${job.queue_position} in the queue` : "queued"),
+        el("p", { class: "pending-reason" }, job.pending_reason || ""),
+        el("p", {}, "asks for ", el("span", { id: "requested" }, resources(ask.total)), "; the cluster has ", free, " free"),
+      ),
+      list,
+    );
+    // Asking Ray for free resources can be slow: fill it in when it comes, holding up nothing.
+    api("/v1/cluster")
+      .then((cluster) => replace(free, cluster.reachable ? resources(cluster.free) : `Ray unreachable (${cluster.error || ""})`))
+      .catch(() => replace(free, "unknown"));
   }
 
   function renderAttempts() {
@@ -165,7 +165,7 @@ export function jobPage(view, jobId, params) {
     try {
       [job, events] = await Promise.all([api(`/v1/jobs/${jobId}`), api(`/v1/jobs/${jobId}/events`).then((r) => r.items)]);
       renderHeader();
-      await renderSummary();
+      renderSummary();
       renderAttempts();
       renderTimeline();
       renderTabBar();
@@ -179,14 +179,10 @@ export function jobPage(view, jobId, params) {
   }
 
   (async () => {
+    const loading = metrics.load().catch((problem) => replace(error, problem.message));
     await refresh();
-    if (!job) return;
-    try {
-      await metrics.load();
-    } catch (problem) {
-      replace(error, problem.message);
-    }
-    if (stopped) return;
+    await loading;
+    if (!job || stopped) return;
     showTab(tabNames().includes(current) ? current : "metrics");
     metrics.follow((state) => {
       metricsBadge.set(state);
