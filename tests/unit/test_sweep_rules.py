@@ -74,3 +74,18 @@ def test_toy_objective_is_deterministic_and_rewards_the_middle_learning_rate() -
     assert toy_loss(3e-3, 128, 0.2, 36) < toy_loss(1e-1, 128, 0.2, 36)
     assert toy_loss(3e-3, 128, 0.2, 36) < toy_loss(1e-4, 128, 0.2, 36)
     assert toy_loss(3e-3, 128, 0.2, 36) < toy_loss(3e-3, 128, 0.2, 4)
+
+
+def test_cli_param_shorthand() -> None:
+    from trainmaster.cli.sweep import parse_param
+
+    assert parse_param("lr=log_uniform:1e-4:0.1") == ("lr", {"log_uniform": [1e-4, 0.1]})
+    assert parse_param("p=uniform:0:0.5") == ("p", {"uniform": [0.0, 0.5]})
+    assert parse_param("hidden=32,64") == ("hidden", {"values": [32, 64]})
+    assert parse_param("act=relu,gelu") == ("act", {"values": ["relu", "gelu"]})
+    with pytest.raises(ValueError, match="NAME=SPEC"):
+        parse_param("lr")
+
+
+def test_toy_objective_is_the_same_for_integer_and_float_parameters() -> None:
+    assert toy_loss(1e-3, 128, 0, 7) == toy_loss(1e-3, 128.0, 0.0, 7)

@@ -16,12 +16,14 @@ from pydantic import ValidationError
 from trainmaster.cli.bench import bench_app
 from trainmaster.cli.follow import follow_logs, follow_metrics, metrics_table
 from trainmaster.cli.output import console, err_console, job_detail, jobs_table, styled_status
+from trainmaster.cli.sweep import sweep_app
 from trainmaster.client import Client
 from trainmaster.errors import TrainmasterError
 from trainmaster.models import JobSpec, JobStatus
 
 app = typer.Typer(help="trainmaster: distributed PyTorch training jobs on Ray.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+app.add_typer(sweep_app, name="sweep")
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -28,7 +28,8 @@ def toy_loss(lr: float, hidden: float, dropout: float, step: int, noise: float =
     floor = 0.05 + 0.08 * distance**2 + 0.03 * math.log2(256 / hidden) + 0.4 * (dropout - 0.2) ** 2
     rate = 0.2 * (lr / 3e-3) ** 0.1 * (1 - 0.2 * dropout)
     clean = floor + (INITIAL_LOSS - floor) * math.exp(-rate * step)
-    jitter = random.Random(f"{lr!r}:{hidden!r}:{dropout!r}:{step}").gauss(0.0, 1.0)
+    # Seeded by the values as floats, so hidden=128 (JSON integer) and hidden=128.0 give one curve.
+    jitter = random.Random(f"{float(lr)!r}:{float(hidden)!r}:{float(dropout)!r}:{step}").gauss(0.0, 1.0)
     return clean + noise * jitter
 
 

@@ -1,0 +1,220 @@
+"""An ASHA sweep through trainmaster against the full grid, with Ray Tune's ASHA on the same trials.
+
+The objective is `builtin:toy-curve` (workers/templates/toy_curve.py): `toy_loss(lr, hidden, dropout,
+step)`, a deterministic noisy learning curve, logged with `trainmaster.log` every step after sleeping
+`--step-s` seconds (so it costs time like training does, and a late stop costs steps).
+
+grid        lr {1e-4, 1e-3, 1e-2, 1e-1} x hidden {32, 64, 128} x dropout {0, 0.25, 0.5}: 36 trials, each
+            `--steps` long. Its total is 36 x steps training steps and its best final loss is computed
+            from the pure objective (running it would log the same numbers).
+trainmaster `trainmaster up` in a fresh TRAINMASTER_HOME (dispatcher polling every `--poll-s`), then
+            `client.sweep(...)`: `--trials` trials sampled with `--seed` (lr log-uniform [1e-4, 1e-1],
+            hidden from {32, 64, 128}, dropout uniform [0, 0.5]), ASHA (`--grace`, `--rf`), at most
+            `--max-concurrent` at once, each trial one worker of `--cpus` CPU. Steps used = the sum over
+            trials of the last step stored for it (what it trained before the controller's stop took
+            effect, reaction time included).
+Ray Tune    the peer, after the stack is down: the same sampled trials in the same order (a grid search
+            over their numbers), `ASHAScheduler(max_t=steps, grace_period, reduction_factor)`, the same
+            concurrency and per-trial CPU, a function trainable calling `tune.report` every step after the
+            same sleep, on a local Ray started by this script.
+
+A sweep "reaches" the grid when a trial that trained all `--steps` ends at or below the grid's best
+final loss. The target: reach it using at most 40% of the grid's steps.
+
+    .venv/bin/python bench/sweep_asha.py [--seeds 0 1 2] [--trials 36] [--steps 36] [--step-s 1.0]
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+from common import load_1m, local_stack, parser, run
+
+import trainmaster as tm
+from workers.templates.toy_curve import toy_loss
+
+GRID: dict[str, list[float]] = {"lr": [1e-4, 1e-3, 1e-2, 1e-1], "hidden": [32, 64, 128], "dropout": [0.0, 0.25, 0.5]}
+SPACE = {"lr": {"log_uniform": [1e-4, 1e-1]}, "hidden": {"values": [32, 64, 128]}, "dropout": {"uniform": [0, 0.5]}}
+TARGET_FRACTION = 0.40
+
+
+def grid_figures(steps: int) -> dict[str, Any]:
+    finals = {(lr, h, d): toy_loss(lr, h, d, steps) for lr, h, d in itertools.product(*GRID.values())}
+    best = min(finals, key=lambda combo: finals[combo])
+    return {
+        "trials": len(finals),
+        "steps": len(finals) * steps,
+        "best_final": finals[best],
+        "best_params": dict(zip(GRID, best, strict=True)),
+    }
+
+
+def summary(
+    name: str, seed: int, trials: list[dict[str, Any]], steps: int, grid: dict[str, Any], wall_s: float
+) -> dict[str, Any]:
+    used = sum(t["steps"] for t in trials)
+    finished = [t for t in trials if t["steps"] >= steps and t["final"] is not None]
+    best = min(finished, key=lambda t: t["final"]) if finished else None
+    return {
+        "sweep": name,
+        "seed": seed,
+        "trials": len(trials),
+        "trained_to_end": len(finished),
+        "steps_used": used,
+        "fraction_of_grid_steps": used / grid["steps"],
+        "best_final": best["final"] if best else None,
+        "grid_best_final": grid["best_final"],
+        "reached": best is not None and best["final"] <= grid["best_final"],
+        "within_target": used / grid["steps"] <= TARGET_FRACTION,
+        "best_params": best["params"] if best else None,
+        "wall_s": round(wall_s, 1),
+    }
+
+
+def trainmaster_sweep(client: tm.Client, args: Any, seed: int) -> tuple[list[dict[str, Any]], float]:
+    spec = tm.JobSpec(
+        name="toy",
+        entrypoint="builtin:toy-curve",
+        config={"steps": args.steps, "step_s": args.step_s},
+        scaling=tm.Scaling(num_workers=1, resources_per_worker={"CPU": args.cpus}),
+    )
+    began = time.monotonic()
+    sweep = client.sweep(
+        spec,
+        name=f"bench-asha-{seed}",
+        parameters=SPACE,
+        metric="loss",
+        max_trials=args.trials,
+        max_concurrent=args.max_concurrent,
+        early_stopping={"policy": "asha", "grace_steps": args.grace, "reduction_factor": args.rf},
+        seed=seed,
+    )
+    print(f"sweep {sweep.id} (seed {seed}) started", flush=True)
+    done = sweep.wait(timeout=args.sweep_timeout, poll_interval=2)
+    wall = time.monotonic() - began
+    trials = []
+    for trial in sorted(done.trials, key=lambda t: t.n):
+        points = [p for p in client.metrics(trial.job_id, names=["loss"]) if p.step is not None and p.rank == 0]
+        last = max(points, key=lambda p: p.step or 0) if points else None
+        trials.append(
+            {
+                "n": trial.n,
+                "params": trial.params,
+                "steps": int(last.step or 0) if last else 0,
+                "final": last.value if last else None,
+                "status": trial.status,
+                "reason": trial.stopped_reason,
+            }
+        )
+    return trials, wall
+
+
+def ray_tune_sweep(params: list[dict[str, Any]], args: Any) -> tuple[list[dict[str, Any]], float]:
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    steps, step_s = args.steps, args.step_s
+
+    def trainable(config: dict[str, Any]) -> None:
+        p = params[config["trial"]]
+        for step in range(1, steps + 1):
+            time.sleep(step_s)
+            tune.report({"loss": toy_loss(p["lr"], p["hidden"], p["dropout"], step)})
+
+    ray.init(address="local", num_cpus=args.max_concurrent * args.cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        began = time.monotonic()
+        tuner = tune.Tuner(
+            tune.with_resources(trainable, {"cpu": args.cpus}),
+            param_space={"trial": tune.grid_search(list(range(len(params))))},
+            tune_config=tune.TuneConfig(
+                metric="loss",
+                mode="min",
+                scheduler=ASHAScheduler(
+                    time_attr="training_iteration", max_t=steps, grace_period=args.grace, reduction_factor=args.rf
+                ),
+                max_concurrent_trials=args.max_concurrent,
+            ),
+            run_config=tune.RunConfig(storage_path=tempfile.mkdtemp(prefix="tm-bench-tune-"), verbose=0),
+        )
+        results = tuner.fit()
+        wall = time.monotonic() - began
+    finally:
+        ray.shutdown()
+    trials = []
+    for index in range(len(results)):
+        result = results[index]
+        config, metrics = result.config or {}, result.metrics or {}
+        n = int(config["trial"])
+        trials.append(
+            {
+                "n": n,
+                "params": params[n],
+                "steps": int(metrics.get("training_iteration", 0)),
+                "final": metrics.get("loss"),
+            }
+        )
+    return sorted(trials, key=lambda t: t["n"]), wall
+
+
+def main() -> int:
+    cli = parser(__doc__)
+    cli.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="sampling seeds, one sweep each")
+    cli.add_argument("--trials", type=int, default=36, help="trials per sweep")
+    cli.add_argument("--steps", type=int, default=36, help="training steps of a trial that is never stopped")
+    cli.add_argument("--step-s", type=float, default=1.0, help="seconds per step")
+    cli.add_argument("--grace", type=int, default=2, help="ASHA grace period in steps")
+    cli.add_argument("--rf", type=int, default=3, help="ASHA reduction factor")
+    cli.add_argument("--max-concurrent", type=int, default=4, help="trials at once")
+    cli.add_argument("--cpus", type=float, default=0.5, help="CPU per trial (the toy mostly sleeps)")
+    cli.add_argument("--poll-s", type=float, default=0.5, help="the dispatcher's poll interval (its sweep round)")
+    cli.add_argument("--sweep-timeout", type=float, default=3600, help="longest wait for one sweep, in seconds")
+    cli.add_argument("--skip-ray-tune", action="store_true", help="measure trainmaster only")
+    args = cli.parse_args()
+    grid = grid_figures(args.steps)
+    os.environ["TRAINMASTER_POLL_INTERVAL_S"] = str(args.poll_s)  # the stack's dispatcher inherits it
+    with run("sweep_asha", args) as record:
+        rows: list[dict[str, Any]] = []
+        sampled: dict[int, list[dict[str, Any]]] = {}
+        with local_stack() as stack:
+            record.read_postgres(stack.database_url)
+            with tm.Client(stack.api_url, stack.token) as client:
+                for seed in args.seeds:
+                    trials, wall = trainmaster_sweep(client, args, seed)
+                    sampled[seed] = [t["params"] for t in trials]
+                    rows.append(summary("trainmaster", seed, trials, args.steps, grid, wall))
+                    record.tables[f"trainmaster trials, seed {seed}"] = trials
+                    print(rows[-1], flush=True)
+        if not args.skip_ray_tune:
+            for seed in args.seeds:
+                trials, wall = ray_tune_sweep(sampled[seed], args)
+                rows.append(summary("ray tune", seed, trials, args.steps, grid, wall))
+                record.tables[f"ray tune trials, seed {seed}"] = trials
+                print(rows[-1], flush=True)
+        record.tables["grid"] = [grid]
+        record.tables["sweeps"] = rows
+        for seed in args.seeds:
+            ours = next(r for r in rows if r["sweep"] == "trainmaster" and r["seed"] == seed)
+            record.ratio(
+                f"seed {seed}: grid steps used by trainmaster ASHA", ours["fraction_of_grid_steps"], "full grid", 1.0
+            )
+            peer = next((r for r in rows if r["sweep"] == "ray tune" and r["seed"] == seed), None)
+            if peer is not None:
+                record.ratio(
+                    f"seed {seed}: steps used by trainmaster ASHA",
+                    ours["steps_used"],
+                    "Ray Tune ASHA",
+                    peer["steps_used"],
+                )
+        record.facts["load_1m_after_sweeps"] = load_1m()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
