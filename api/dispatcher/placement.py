@@ -7,7 +7,9 @@ told so. The answer carries a reason a person can act on.
 
 from __future__ import annotations
 
+import bisect
 import enum
+import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -38,7 +40,14 @@ class Node:
 
 @dataclass
 class Cluster:
+    """Nodes as one admission round sees them. While a round uses it, totals stay as they are and free
+    resources change only through `reserve`, so `admit` remembers per gang shape whether it could ever
+    fit and, until the next `reserve`, why it waits: on a full cluster of a thousand nodes most of a
+    round's queued jobs share a few shapes."""
+
     nodes: list[Node] = field(default_factory=list)
+    _memo: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False, compare=False)
+    _reserved: int = field(default=0, repr=False, compare=False)
 
     def total(self) -> Resources:
         return _sum(node.total for node in self.nodes)
@@ -48,10 +57,31 @@ class Cluster:
 
     def reserve(self, placement: Mapping[str, list[Resources]]) -> None:
         """Take a placement's bundles out of the free resources (for later jobs in the same round)."""
-        for node in self.nodes:
-            for bundle in placement.get(node.node_id, []):
+        self._reserved += 1
+        order = self._memo.get(("free order",))
+        for index, node in enumerate(self.nodes):
+            if node.node_id not in placement:
+                continue
+            if isinstance(order, list):
+                order.pop(bisect.bisect_left(order, (_order_key(node.free), index)))
+            for bundle in placement[node.node_id]:
                 for name, amount in bundle.items():
                     node.free[name] = node.free.get(name, 0.0) - amount
+            if isinstance(order, list):
+                bisect.insort(order, (_order_key(node.free), index))
+
+    def free_order(self) -> list[int]:
+        """Node indices, the most free first (the order `_place` tries them in), kept up to date by
+        `reserve` instead of sorted again for every job."""
+        order = self._memo.get(("free order",))
+        if not isinstance(order, list):
+            order = sorted((_order_key(node.free), index) for index, node in enumerate(self.nodes))
+            self._memo[("free order",)] = order
+        return [index for _, index in order]
+
+
+def _order_key(capacity: Resources) -> float:
+    return -capacity.get("GPU", 0.0) - capacity.get("CPU", 0.0) / 1e3
 
 
 @dataclass
@@ -73,7 +103,13 @@ def admit(spec: JobSpec, cluster: Cluster, driver: Resources) -> Admission:
     bundles = gang(spec, driver)
     strategy = spec.scaling.placement_strategy
     need = describe(spec)
-    if _place(bundles, [node.total for node in cluster.nodes], strategy, spec.scaling.num_workers) is None:
+    shape = (need, spec.scaling.num_workers, *(tuple(sorted(bundle.items())) for bundle in bundles))
+    feasible = cluster._memo.get(("feasible", *shape))
+    if feasible is None:
+        totals = [node.total for node in cluster.nodes]
+        feasible = _place(bundles, totals, strategy, spec.scaling.num_workers) is not None
+        cluster._memo[("feasible", *shape)] = feasible
+    if not feasible:
         total = _fmt(cluster.total())
         return Admission(
             Decision.infeasible,
@@ -81,17 +117,23 @@ def admit(spec: JobSpec, cluster: Cluster, driver: Resources) -> Admission:
             f" on {len(cluster.nodes)} node(s): {nodes_free(cluster, free=False)}."
             " Add nodes with the resources, or ask for fewer.",
         )
-    placement = _place(bundles, [node.free for node in cluster.nodes], strategy, spec.scaling.num_workers)
+    waits = cluster._memo.get(("wait", cluster._reserved, *shape))
+    if isinstance(waits, str):
+        return Admission(Decision.wait, waits)
+    free_order = cluster.free_order()
+    placement = _place(bundles, [node.free for node in cluster.nodes], strategy, spec.scaling.num_workers, free_order)
     if placement is None:
-        fragmented = _fits(_sum(bundles), cluster.free())
+        free = cluster.free()
+        fragmented = _fits(_sum(bundles), free)
         why = (
             "free resources add up, but no placement of the bundles fits the nodes" if fragmented else "not enough free"
         )
-        return Admission(
-            Decision.wait,
-            f"waiting for resources: needs {need}; {why}; the cluster has {_fmt(cluster.free())} free"
-            f" of {_fmt(cluster.total())}; nodes free: {nodes_free(cluster)}",
+        reason = (
+            f"waiting for resources: needs {need}; {why}; the cluster has {_fmt(free)} free"
+            f" of {_fmt(cluster.total())}; nodes free: {nodes_free(cluster)}"
         )
+        cluster._memo[("wait", cluster._reserved, *shape)] = reason
+        return Admission(Decision.wait, reason)
     by_node = {cluster.nodes[index].node_id: node_bundles for index, node_bundles in placement.items()}
     return Admission(Decision.admit, f"fits: {need}", by_node)
 
@@ -102,9 +144,12 @@ def nodes_free(cluster: Cluster, limit: int = 8, *, free: bool = True) -> str:
     def amounts(node: Node) -> Resources:
         return node.free if free else node.total
 
-    ranked = sorted(cluster.nodes, key=lambda n: (-amounts(n).get("GPU", 0.0), -amounts(n).get("CPU", 0.0)))
-    shown = [f"{node.label} {_fmt(amounts(node))}" for node in ranked[:limit]]
-    more = f" and {len(ranked) - limit} more" if len(ranked) > limit else ""
+    # nsmallest is sorted(...)[:limit] (ties keep the nodes' order) without sorting every node.
+    ranked = heapq.nsmallest(
+        limit, cluster.nodes, key=lambda n: (-amounts(n).get("GPU", 0.0), -amounts(n).get("CPU", 0.0))
+    )
+    shown = [f"{node.label} {_fmt(amounts(node))}" for node in ranked]
+    more = f" and {len(cluster.nodes) - limit} more" if len(cluster.nodes) > limit else ""
     return ", ".join(shown) + more if shown else "no nodes"
 
 
@@ -116,16 +161,26 @@ def describe(spec: JobSpec) -> str:
 
 
 def _place(
-    bundles: list[Resources], capacities: list[Resources], strategy: PlacementStrategy, n_workers: int
+    bundles: list[Resources],
+    capacities: list[Resources],
+    strategy: PlacementStrategy,
+    n_workers: int,
+    order: list[int] | None = None,
 ) -> dict[int, list[Resources]] | None:
-    """First-fit-decreasing placement; None when the bundles cannot be placed."""
+    """First-fit-decreasing placement; None when the bundles cannot be placed.
+
+    `order` is the capacities' indices sorted by `_order_key` (ties by index), when the caller keeps
+    it (`Cluster.free_order`); otherwise it is sorted here. A node's capacity is copied only when a
+    bundle is taken from it."""
     if not capacities:
         return None
-    left = [dict(capacity) for capacity in capacities]
-    order = sorted(range(len(left)), key=lambda i: -left[i].get("GPU", 0.0) - left[i].get("CPU", 0.0) / 1e3)
+    if order is None:
+        order = sorted(range(len(capacities)), key=lambda i: _order_key(capacities[i]))
+    left: dict[int, Resources] = {}
     if strategy is PlacementStrategy.STRICT_PACK:
+        whole = _sum(bundles)
         for index in order:
-            if _fits_all(bundles, left[index]):
+            if _fits(whole, capacities[index]):
                 return {index: list(bundles)}
         return None
     placement: dict[int, list[Resources]] = {}
@@ -136,7 +191,9 @@ def _place(
         elif strategy is PlacementStrategy.SPREAD:
             candidates = sorted(order, key=lambda i: len(placement.get(i, [])))
         for index in candidates:
-            if _fits(bundle, left[index]):
+            if _fits(bundle, left.get(index, capacities[index])):
+                if index not in left:
+                    left[index] = dict(capacities[index])
                 _take(bundle, left[index])
                 placement.setdefault(index, []).append(bundle)
                 break
@@ -147,10 +204,6 @@ def _place(
 
 def _fits(bundle: Resources, capacity: Resources) -> bool:
     return all(capacity.get(name, 0.0) + EPSILON >= amount for name, amount in bundle.items() if amount > 0)
-
-
-def _fits_all(bundles: list[Resources], capacity: Resources) -> bool:
-    return _fits(_sum(bundles), capacity)
 
 
 def _take(bundle: Resources, capacity: Resources) -> None:
