@@ -41,13 +41,29 @@ async def expired_jobs(session: AsyncSession, days: float, limit: int) -> list[u
     return list((await session.execute(query)).scalars())
 
 
-async def delete_batch(session: AsyncSession, table: str, key: str, job_id: uuid.UUID, batch: int) -> int:
-    """Delete up to `batch` rows of one job from `table` (rows picked by the primary key `key`)."""
-    assert table in {"metric_points", "log_lines", "metric_blocks", "metric_batches"}
-    keys = {"seq": "seq", "block": "name, rank, block", "batch_id": "batch_id"}[key]
+async def delete_points_or_lines(
+    session: AsyncSession, table: str, job_id: uuid.UUID, batch: int, after_seq: int
+) -> tuple[int, int]:
+    """Delete a job's next `batch` rows after `after_seq` from metric_points or log_lines; how many went
+    and the last sequence number deleted. Walking on from there (instead of from the job's first row
+    again) keeps each batch from stepping over the index entries of the rows already deleted."""
+    assert table in {"metric_points", "log_lines"}
     statement = (
-        f"DELETE FROM {table} WHERE job_id = :job AND ({keys}) IN "
-        f"(SELECT {keys} FROM {table} WHERE job_id = :job ORDER BY {keys} LIMIT :batch)"
+        f"DELETE FROM {table} WHERE seq IN (SELECT seq FROM {table} WHERE job_id = :job AND seq > :after"
+        " ORDER BY seq LIMIT :batch) RETURNING seq"
+    )
+    deleted = [
+        row[0] for row in await session.execute(text(statement), {"job": job_id, "after": after_seq, "batch": batch})
+    ]
+    return len(deleted), max(deleted, default=after_seq)
+
+
+async def delete_small(session: AsyncSession, table: str, job_id: uuid.UUID, batch: int) -> int:
+    """Delete up to `batch` of a job's rows from a table with one row per many points (metric_blocks,
+    metric_batches); how many went."""
+    assert table in {"metric_blocks", "metric_batches"}
+    statement = (
+        f"DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} WHERE job_id = :job LIMIT :batch))"
     )
     result: Any = await session.execute(text(statement), {"job": job_id, "batch": batch})
     return int(result.rowcount)

@@ -21,9 +21,6 @@ from api.settings import Settings
 
 log = logging.getLogger("trainmaster.retention")
 
-# (table, key): the tables retention empties for a job, the bulky ones first.
-TABLES = (("metric_points", "seq"), ("log_lines", "seq"), ("metric_blocks", "block"), ("metric_batches", "batch_id"))
-
 
 @dataclass
 class Purged:
@@ -53,10 +50,20 @@ async def purge_round(
 
 
 async def _purge_job(sessions: async_sessionmaker[AsyncSession], job_id: uuid.UUID, batch: int, purged: Purged) -> None:
-    for table, key in TABLES:
+    """The bulky tables first, then the small ones, then the mark: a purge cut short resumes whole."""
+    for table in ("metric_points", "log_lines"):
+        after = 0
         while True:
             async with sessions() as session, session.begin():
-                deleted = await repository.delete_batch(session, table, key, job_id, batch)
+                deleted, after = await repository.delete_points_or_lines(session, table, job_id, batch, after)
+            purged.transactions += 1
+            purged.rows += deleted
+            if deleted < batch:
+                break
+    for table in ("metric_blocks", "metric_batches"):
+        while True:
+            async with sessions() as session, session.begin():
+                deleted = await repository.delete_small(session, table, job_id, batch)
             purged.transactions += 1
             purged.rows += deleted
             if deleted < batch:
