@@ -127,6 +127,7 @@ def ray_tune_sweep(params: list[dict[str, Any]], args: Any) -> tuple[list[dict[s
             time.sleep(step_s)
             tune.report({"loss": toy_loss(p["lr"], p["hidden"], p["dropout"], step)})
 
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private cluster: no token file written to ~/.ray
     ray.init(address="local", num_cpus=args.max_concurrent * args.cpus, include_dashboard=False, log_to_driver=False)
     try:
         began = time.monotonic()
