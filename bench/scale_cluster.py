@@ -1,0 +1,180 @@
+"""The admission half of bench/scale.py: a simulated Ray cluster of many nodes and the dispatcher's
+own admission round (`api.dispatcher.admission.admit_round`) run against it, on a real database.
+
+`SimRay` is the in-memory Ray model of tests/factories/ray.py grown to many nodes: `cluster()` answers
+every node's total and free resources, `submit()` places the gang the way a placement group would
+(the dispatcher's own first-fit, `api.dispatcher.placement.admit`) and takes it out of the free
+resources; `finish()` gives a finished job's resources back. Nothing here talks to a real Ray.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from common import ms
+from psycopg.types.json import Jsonb
+from sqlalchemy import text
+
+from api.dispatcher.backend import Launch, RayJobInfo, RayJobState
+from api.dispatcher.placement import Cluster, Decision, Node, Resources, admit
+from api.dispatcher.service import Dispatcher
+from trainmaster.models import JobSpec
+
+# (share of jobs, workers, resources per worker, strategy): an organisation's mix, ~12 GPUs a job.
+GANGS: tuple[tuple[float, int, dict[str, float], str], ...] = (
+    (0.25, 1, {"CPU": 8, "GPU": 1}, "PACK"),
+    (0.15, 1, {"CPU": 32, "GPU": 4}, "PACK"),
+    (0.15, 1, {"CPU": 90, "GPU": 8}, "STRICT_PACK"),
+    (0.15, 2, {"CPU": 90, "GPU": 8}, "SPREAD"),
+    (0.10, 4, {"CPU": 90, "GPU": 8}, "PACK"),
+    (0.04, 8, {"CPU": 90, "GPU": 8}, "PACK"),
+    (0.01, 16, {"CPU": 90, "GPU": 8}, "STRICT_SPREAD"),
+    (0.15, 4, {"CPU": 16}, "SPREAD"),
+)
+PRIORITIES = (-10, 0, 0, 0, 0, 5, 10)
+
+
+@dataclass
+class SimRay:
+    nodes: int
+    gpus_per_node: float = 8
+    cpus_per_node: float = 96
+    specs: dict[str, JobSpec] = field(default_factory=dict)  # job id -> spec, for placing its gang
+    placed: dict[str, dict[str, list[Resources]]] = field(default_factory=dict)  # job id -> node -> bundles
+    free: list[Node] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        total = {"CPU": self.cpus_per_node, "GPU": self.gpus_per_node}
+        self.free = [
+            Node(f"node{i:05d}", dict(total), dict(total), f"10.0.{i // 250}.{i % 250}") for i in range(self.nodes)
+        ]
+
+    def cluster(self) -> Cluster:
+        return Cluster([Node(n.node_id, dict(n.total), dict(n.free), n.ip) for n in self.free])
+
+    def submit(self, launch: Launch) -> bool:
+        job_id = launch.metadata["trainmaster_job_id"]
+        admission = admit(self.specs[job_id], Cluster(self.free), {})
+        if admission.decision is Decision.admit:
+            Cluster(self.free).reserve(admission.placement)
+            self.placed[job_id] = admission.placement
+        return True
+
+    def finish(self, job_id: str) -> None:
+        placement = self.placed.pop(job_id, {})
+        by_id = {node.node_id: node for node in self.free}
+        for node_id, bundles in placement.items():
+            for bundle in bundles:
+                for name, amount in bundle.items():
+                    by_id[node_id].free[name] = by_id[node_id].free.get(name, 0.0) + amount
+
+    def info(self, submission_id: str) -> RayJobInfo | None:
+        return RayJobInfo(RayJobState.RUNNING)
+
+    def stop(self, submission_id: str) -> None:
+        pass
+
+    def logs(self, submission_id: str, offset: int = 0, final: bool = False) -> str:
+        return ""
+
+
+def job_rows(count: int, project_ids: list[uuid.UUID], rng: random.Random) -> list[tuple[Any, ...]]:
+    """Queued jobs over the projects, mixed gangs and priorities, one second apart in age."""
+    rows = []
+    weights = [g[0] for g in GANGS]
+    for i in range(count):
+        _, workers, per_worker, strategy = rng.choices(GANGS, weights)[0]
+        spec = JobSpec.model_validate(
+            {
+                "name": f"scale-{i}",
+                "entrypoint": "builtin:mlp",
+                "scaling": {"num_workers": workers, "resources_per_worker": per_worker, "placement_strategy": strategy},
+                "priority": rng.choice(PRIORITIES),
+            }
+        )
+        resources = spec.scaling.worker_resources()
+        rows.append(
+            (
+                uuid.uuid4(),
+                rng.choice(project_ids),
+                spec.name,
+                Jsonb(spec.model_dump(mode="json")),
+                spec.priority,
+                resources.get("CPU", 0.0) * workers,
+                resources.get("GPU", 0.0) * workers,
+                count - i,
+            )
+        )
+    return rows
+
+
+def fill_queue(database_url: str, count: int, projects: int, rng: random.Random) -> dict[str, JobSpec]:
+    """Empty jobs, then `count` queued ones over `projects` projects; their specs by id."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE jobs CASCADE")
+        conn.execute(
+            "INSERT INTO projects (id, name) SELECT gen_random_uuid(), 'p' || g FROM generate_series(1, %s) g"
+            " ON CONFLICT (name) DO NOTHING",
+            (projects,),
+        )
+        ids = [row[0] for row in conn.execute("SELECT id FROM projects WHERE name LIKE 'p%'").fetchall()]
+        rows = job_rows(count, ids, rng)
+        with conn.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO jobs (id, project_id, name, status, spec, priority, gang_cpus, gang_gpus, created_at)"
+                " VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, now() - make_interval(secs => %s))",
+                rows,
+            )
+        conn.execute("ANALYZE jobs")
+    return {str(row[0]): JobSpec.model_validate(row[3].obj) for row in rows}
+
+
+def finish_some(database_url: str, ray: SimRay, share: float, rng: random.Random) -> int:
+    """A share of the running jobs end (succeeded, as reconcile would record it) and free their nodes."""
+    ending = rng.sample(sorted(ray.placed), max(1, int(len(ray.placed) * share))) if ray.placed else []
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("UPDATE jobs SET status = 'succeeded', finished_at = now() WHERE id = ANY(%s::uuid[])", (ending,))
+    for job_id in ending:
+        ray.finish(job_id)
+    return len(ending)
+
+
+async def admission_cycles(
+    dispatcher: Dispatcher, ray: SimRay, database_url: str, finish_rounds: int, rng: random.Random
+) -> dict[str, Any]:
+    """Rounds until one admits nothing (the cluster is full or the queue empty), then rounds that each
+    follow 5% of the running jobs ending. Time per round and jobs admitted per second."""
+    durations: list[float] = []
+    admitted = 0
+    async with dispatcher.sessions() as session:  # a warm connection, as a running dispatcher has
+        await session.execute(text("SELECT 1"))
+
+    async def one() -> int:
+        began = time.perf_counter()
+        count = await dispatcher.admit_round()
+        durations.append(time.perf_counter() - began)
+        return count
+
+    filled_in = 0
+    while (count := await one()) > 0:
+        admitted += count
+        filled_in += 1
+    full = sum(node.total["GPU"] - node.free["GPU"] for node in ray.free)
+    for _ in range(finish_rounds):
+        finish_some(database_url, ray, 0.05, rng)
+        admitted += await one()
+    total_s = sum(durations)
+    return {
+        "rounds": len(durations),
+        "rounds_to_fill": filled_in,
+        "gpus_used_when_full": full,
+        "admitted": admitted,
+        **ms(durations, 50, 99),
+        "max_ms": max(durations) * 1000,
+        "jobs_admitted_per_s": admitted / total_s if total_s else 0.0,
+    }
