@@ -472,6 +472,32 @@ def test_10_comparing_three_jobs_gives_three_named_series(dash: Dashboard, tab: 
     shot(tab, "10-compare")
 
 
+def test_a_sweeps_trials_open_together_on_the_compare_page(dash: Dashboard, tab: Tab) -> None:
+    body = {
+        "name": "compare-sweep",
+        "spec": {"name": "trial", "entrypoint": "builtin:mlp", "scaling": {"resources_per_worker": PARKED}},
+        "parameters": {"lr": {"values": [0.1, 0.01, 0.001]}},
+        "max_concurrent": 3,
+        "metric": "loss",
+        "mode": "min",
+        "early_stopping": {"policy": "none"},
+    }
+    with dash.http() as http:
+        response = http.post("/v1/sweeps", json=body)
+        assert response.status_code == 201, response.text
+        sweep = http.get(f"/v1/sweeps/{response.json()['id']}").json()
+    trials = sorted(sweep["trials"], key=lambda t: t["n"])
+    assert len(trials) == 3
+    for n, trial in enumerate(trials):
+        dash.post_points(trial["job_id"], [{"step": s, "values": {"loss": (n + 1) / (s + 1)}} for s in range(20)])
+    page = tab.page
+    sign_in(tab, dash.url, dash.token)
+    page.goto(f"{dash.url}/ui/#/compare?sweep={sweep['id']}")
+    wait_for_chart(tab, "loss", "c.series.length === 3")
+    labels = chart(tab, "loss")["series"]
+    assert [label[-9:-1] for label in labels] == [t["job_id"][:8] for t in trials]  # one series per trial
+
+
 # -- 12. Ray unreachable --------------------------------------------------------------------------
 
 

@@ -1,4 +1,5 @@
-// Several jobs' curves of one metric overlaid, one named series per job (#/compare?ids=a,b&metric=loss).
+// Several jobs' curves of one metric overlaid, one named series per job (#/compare?ids=a,b&metric=loss),
+// or every trial of a sweep (#/compare?sweep=<id>), on the sweep's metric.
 
 import { api } from "../api.js";
 import { ChartView, LineChart } from "../charts.js";
@@ -7,7 +8,9 @@ import { MAX_POINTS } from "../metrics.js";
 import { PointSet } from "../points.js";
 
 export function comparePage(view, params) {
-  const ids = (params.get("ids") || "").split(",").filter((id) => /^[0-9a-f-]{36}$/.test(id));
+  const UUID = /^[0-9a-f-]{36}$/;
+  let ids = (params.get("ids") || "").split(",").filter((id) => UUID.test(id));
+  const sweepId = UUID.test(params.get("sweep") || "") ? params.get("sweep") : null;
   let metric = params.get("metric") || "";
   const error = el("p", { class: "error", role: "alert" });
   const grid = el("div", { class: "chart-grid" });
@@ -21,7 +24,7 @@ export function comparePage(view, params) {
     error,
     grid,
   );
-  if (ids.length < 1) {
+  if (ids.length < 1 && !sweepId) {
     replace(error, "Pick jobs to compare on the Jobs page (tick two or more and press Compare selected).");
     return () => {};
   }
@@ -43,6 +46,11 @@ export function comparePage(view, params) {
 
   (async () => {
     try {
+      if (sweepId) {
+        const sweep = await api(`/v1/sweeps/${sweepId}`);
+        ids = [...sweep.trials].sort((a, b) => a.n - b.n).map((trial) => trial.job_id);
+        metric = metric || sweep.metric;
+      }
       jobs = await Promise.all(ids.map((id) => api(`/v1/jobs/${id}`)));
     } catch (problem) {
       replace(error, problem.message);
@@ -53,7 +61,8 @@ export function comparePage(view, params) {
     replace(metricSelect, names.map((name) => el("option", { value: name, selected: name === metric }, name)));
     metricSelect.addEventListener("change", () => {
       metric = metricSelect.value;
-      history.replaceState(null, "", `#/compare?ids=${ids.join(",")}&metric=${encodeURIComponent(metric)}`);
+      const which = sweepId ? `sweep=${sweepId}` : `ids=${ids.join(",")}`;
+      history.replaceState(null, "", `#/compare?${which}&metric=${encodeURIComponent(metric)}`);
       draw();
     });
     if (metric) await draw();
