@@ -13,8 +13,8 @@ The rest runs against `trainmaster api` (one worker) on the same scratch databas
 with a project token, `--requests` sequential requests per figure after 10 unmeasured:
 - jobs: GET /v1/jobs (first page; a page deep in the list by cursor; `status=failed`; `status=queued`)
   and GET /v1/jobs/{id} of the newest queued job (its queue position is the last), at 1,000 rows and
-  after growing to `--jobs` rows (1% queued, the token's project holding half of them); ANALYZE after
-  the bulk insert, as autovacuum would.
+  after growing to `--jobs` rows (1% queued, the token's project holding half of them); CHECKPOINT and
+  VACUUM ANALYZE after each bulk insert, as a system in steady state would have had.
 - metrics: ingest (4 senders, batches of 1,000 points, `--ingest-points`) into an empty table and again
   with 1,000,000 points stored; GET /v1/jobs/{id}/metrics?max_points=1000 of one job of `--points`
   points over 20 names against the same read of a job of 10,000 points; ingest while retention purges
@@ -128,7 +128,7 @@ def add_jobs(url: str, bench: uuid.UUID, others: list[uuid.UUID], total: int) ->
                 "hi": min(start + chunk, total),
             },
         )
-    sql(url, "ANALYZE jobs")
+    settle(url, "jobs")
 
 
 def timed_gets(client: httpx.Client, path: str, params: dict[str, Any], n: int) -> list[float]:

@@ -97,12 +97,13 @@ def admission_order() -> tuple[FromClause, tuple[Any, ...]]:
     return usage, order
 
 
-# The jobs ahead of each one in `admission_order`, counted without reading the queue: whole
+# The jobs ahead of each one in `admission_order`, without reading the whole queue: whole
 # (priority, project) groups ahead (higher priority, or the same priority and less usage) come from
-# `queue_counts`; only projects with the same priority and exactly the same usage interleave by
-# age, and those are counted on ix_jobs_queued_by_project, from the front of each such project up to
-# this job. A job shares that tie with its own project's older jobs at its priority (always) and
-# with other projects' only while their usage is equal to its project's (e.g. both hold nothing).
+# `queue_counts`; only projects with the same priority and exactly the same usage interleave by age.
+# Those tied jobs are read on ix_jobs_queued_by_project, from the front of each tied project up to the
+# newest asked-for job of its class, once for the whole page, and numbered in age order. A job is tied
+# with its own project's older jobs at its priority (always) and with other projects' only while
+# their usage equals its project's (e.g. both hold nothing).
 QUEUE_POSITIONS = text(
     """
     WITH me AS (
@@ -117,25 +118,34 @@ QUEUE_POSITIONS = text(
         FROM queue_counts q LEFT JOIN project_usage u ON u.project_id = q.project_id
         GROUP BY q.priority, q.project_id
         HAVING sum(q.queued) > 0
+    ),
+    newest AS (
+        SELECT DISTINCT ON (priority, gpus, cpus) priority, gpus, cpus, created_at, id
+        FROM me ORDER BY priority, gpus, cpus, created_at DESC, id DESC
+    ),
+    tied AS (
+        SELECT n.priority, n.gpus, n.cpus, n.created_at, n.id, g.project_id
+        FROM newest n JOIN groups g ON g.priority = n.priority AND g.gpus = n.gpus AND g.cpus = n.cpus
+        UNION
+        SELECT n.priority, n.gpus, n.cpus, n.created_at, n.id, me.project_id
+        FROM newest n JOIN me ON me.priority = n.priority AND me.gpus = n.gpus AND me.cpus = n.cpus
+    ),
+    numbered AS (
+        SELECT t.id, row_number() OVER (
+                   PARTITION BY tied.priority, tied.gpus, tied.cpus ORDER BY t.created_at, t.id) - 1 AS ahead
+        FROM tied CROSS JOIN LATERAL (
+            SELECT j.id, j.created_at FROM jobs j
+            WHERE j.status = 'queued' AND j.project_id = tied.project_id AND j.priority = tied.priority
+              AND (j.created_at, j.id) <= (tied.created_at, tied.id)
+        ) t
     )
     SELECT me.id,
         1 + coalesce((
             SELECT sum(g.queued) FROM groups g
             WHERE g.priority > me.priority
                OR (g.priority = me.priority AND (g.gpus, g.cpus) < (me.gpus, me.cpus))
-        ), 0) + (
-            SELECT count(*) FROM (
-                SELECT g.project_id FROM groups g
-                WHERE g.priority = me.priority AND g.gpus = me.gpus AND g.cpus = me.cpus
-                UNION SELECT me.project_id
-            ) tied
-            CROSS JOIN LATERAL (
-                SELECT 1 FROM jobs t
-                WHERE t.status = 'queued' AND t.project_id = tied.project_id AND t.priority = me.priority
-                  AND (t.created_at, t.id) < (me.created_at, me.id)
-            ) ahead
-        ) AS position
-    FROM me
+        ), 0) + numbered.ahead AS position
+    FROM me JOIN numbered ON numbered.id = me.id
     """
 )
 
