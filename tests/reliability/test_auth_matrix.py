@@ -1,7 +1,8 @@
 """Case 8: every endpoint, SSE, logs, cancel and ingest included, against every kind of caller.
 
 No token or a bad one: 401. Another project's token: 404 (never revealing the job exists).
-A job token: writes only its own job (metrics, events, checkpoints) and reads nothing.
+A job token: writes only its own job (metrics, events, checkpoints), reads only its own job's
+control flags (what `trainmaster.should_checkpoint()` asks), and nothing else.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ JOB_WRITES = {
     ("POST", "/v1/jobs/{job_id}/events"),
     ("POST", "/v1/jobs/{job_id}/checkpoints"),
 }
+JOB_READS = {("GET", "/v1/jobs/{job_id}/control")}
 PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 
 BODIES: dict[tuple[str, str], Any] = {
@@ -28,6 +30,13 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/jobs/{job_id}/metrics"): {"points": [{"step": 1, "values": {"loss": 1.0}}]},
     ("POST", "/v1/jobs/{job_id}/events"): {"kind": "note", "message": "hello"},
     ("POST", "/v1/jobs/{job_id}/checkpoints"): {"path": "/ckpt/1", "step": 1},
+    ("POST", "/v1/sweeps"): {
+        "name": "matrix",
+        "spec": spec(),
+        "parameters": {"lr": {"values": [0.1, 0.01]}},
+        "metric": "loss",
+        "mode": "min",
+    },
 }
 
 
@@ -38,7 +47,7 @@ def endpoints(client: TestClient) -> list[tuple[str, str]]:
 
 
 def call(client: TestClient, method: str, path: str, job_id: str, headers: dict[str, str]) -> int:
-    url = path.replace("{job_id}", job_id)
+    url = path.replace("{job_id}", job_id).replace("{sweep_id}", str(uuid.UUID(int=7)))
     body = BODIES.get((method, path))
     if path == "/v1/code":
         return client.post(
@@ -100,8 +109,8 @@ def test_job_token_writes_its_own_job_only_and_reads_nothing(
     token = bearer(job_token(database_url, jobs["mine"]))
     for method, path in endpoints(app_client):
         own = call(app_client, method, path, jobs["mine"], token)
-        if (method, path) in JOB_WRITES:
-            assert own in (201, 204), (method, path, own)
+        if (method, path) in JOB_WRITES | JOB_READS:
+            assert own in (200, 201, 204), (method, path, own)
             assert call(app_client, method, path, jobs["other"], token) == 404, (method, path)
         else:
             assert own == 401, (method, path, own)
