@@ -2,6 +2,11 @@
 
 Request models (what a person sends) forbid unknown fields, so a typo never silently does nothing.
 Response models ignore fields they do not know, so an older SDK keeps working against a newer server.
+
+Longer than most files (about 500 lines) on purpose: this is the public contract of every REST
+body, jobs, events, metrics, logs, cluster and sweeps alike, and one file keeps the shared
+validators (names, NUL checks, bounds) in one place. Split it by domain when a domain grows its own
+validators.
 """
 
 from __future__ import annotations
