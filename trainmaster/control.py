@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import httpx
 
@@ -52,4 +53,4 @@ def _poll(context: JobContext) -> None:
                     _asked.clear()
         except (httpx.HTTPError, ValueError):
             pass  # the API is away: keep the last answer
-        threading.Event().wait(POLL_S)
+        time.sleep(POLL_S)

@@ -39,9 +39,10 @@ async def reconcile_round(dispatcher: Dispatcher) -> None:
         job_ids = await repo.claim_active(
             session, dispatcher.owner, dispatcher.settings.lease_s, dispatcher.settings.reconcile_batch
         )
+    nodes = NodesFree(dispatcher)
     for job_id in job_ids:
         try:
-            await reconcile_job(dispatcher, job_id)
+            await reconcile_job(dispatcher, job_id, nodes)
         except RayUnavailable as exc:
             log.warning(json.dumps({"event": "ray_unavailable", "job_id": str(job_id), "error": str(exc)}))
             await _ray_down(dispatcher, job_ids, str(exc))
@@ -65,7 +66,7 @@ async def _ray_down(dispatcher: Dispatcher, job_ids: list[uuid.UUID], error: str
             await _after_failure(held.session, held.job, held.attempt.error)
 
 
-async def reconcile_job(dispatcher: Dispatcher, job_id: uuid.UUID) -> None:
+async def reconcile_job(dispatcher: Dispatcher, job_id: uuid.UUID, nodes: NodesFree) -> None:
     async with dispatcher.leased(job_id) as held:
         if held is None or held.job.status not in repo.ACTIVE:
             return
@@ -84,7 +85,7 @@ async def reconcile_job(dispatcher: Dispatcher, job_id: uuid.UUID) -> None:
     new_output = await asyncio.to_thread(dispatcher.ray.logs, sub_id, log_offset, final) if info is not None else ""
     gang = Gang(reported=bool(dispatcher.settings.api_url))
     if starting and gang.reported and info is not None and info.state is RayJobState.RUNNING:
-        gang.pending_reason = await _gang_pending_reason(dispatcher, JobSpec.model_validate(spec))
+        gang.pending_reason = f"placement group pending: {describe(JobSpec.model_validate(spec))}{await nodes.text()}"
     async with dispatcher.leased(job_id, sub_id) as held:
         if held is None or held.attempt is None:
             return
@@ -102,14 +103,21 @@ class Gang:
     pending_reason: str | None = None
 
 
-async def _gang_pending_reason(dispatcher: Dispatcher, spec: JobSpec) -> str:
-    """Why a launched gang may still be waiting: its placement group against each node's free room."""
-    try:
-        cluster = await asyncio.to_thread(dispatcher.ray.cluster)
-        nodes = f"; nodes free: {nodes_free(cluster)}"
-    except RayUnavailable:
-        nodes = ""
-    return f"placement group pending: {describe(spec)}{nodes}"
+class NodesFree:
+    """Each node's free room, read from Ray at most once per round however many gangs wait."""
+
+    def __init__(self, dispatcher: Dispatcher):
+        self.dispatcher = dispatcher
+        self.cached: str | None = None
+
+    async def text(self) -> str:
+        if self.cached is None:
+            try:
+                cluster = await asyncio.to_thread(self.dispatcher.ray.cluster)
+                self.cached = f"; nodes free: {nodes_free(cluster)}"
+            except RayUnavailable:
+                self.cached = ""
+        return self.cached
 
 
 async def _resubmit_pending(dispatcher: Dispatcher, job_id: uuid.UUID, sub_id: str, spec: JobSpec) -> None:
@@ -225,9 +233,7 @@ async def _after_failure(session: AsyncSession, job: Job, error: str) -> None:
     # Preempted attempts end `stopped` and are not retries: only failures and losses count.
     retries_used = sum(a.status in (AttemptStatus.failed, AttemptStatus.lost) for a in job.attempts) - 1
     if retries_used < spec.max_retries:
-        job.lease_owner = None
-        job.lease_expires_at = None
-        await repo.revoke_job_tokens(session, job.id)
+        await _release(session, job)
         await transition(
             session,
             job,
@@ -239,11 +245,16 @@ async def _after_failure(session: AsyncSession, job: Job, error: str) -> None:
     await _finish(session, job, JobStatus.failed, error, error)
 
 
-async def _finish(session: AsyncSession, job: Job, status: JobStatus, error: str | None, message: str) -> None:
+async def _release(session: AsyncSession, job: Job) -> None:
+    """The attempt is over: no lease, no preemption pending, no job token left."""
     job.lease_owner = None
     job.lease_expires_at = None
     job.preempted_by = job.preempt_requested_at = None
     await repo.revoke_job_tokens(session, job.id)
+
+
+async def _finish(session: AsyncSession, job: Job, status: JobStatus, error: str | None, message: str) -> None:
+    await _release(session, job)
     await transition(session, job, status, message=message, error=error)
 
 
@@ -252,10 +263,7 @@ async def _preempted(session: AsyncSession, job: Job, attempt: JobAttempt) -> No
     by = str(job.preempted_by)
     attempt.status = AttemptStatus.stopped
     attempt.error = f"preempted by {by}"
-    job.lease_owner = None
-    job.lease_expires_at = None
-    job.preempted_by = job.preempt_requested_at = None
-    await repo.revoke_job_tokens(session, job.id)
+    await _release(session, job)
     await transition(
         session,
         job,

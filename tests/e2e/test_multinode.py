@@ -131,19 +131,26 @@ def test_gang_fitting_no_single_node_waits_with_node_reasons_until_a_node_joins(
             cluster.stop_node(bigger)
 
 
-def fault_nodes(cluster: MultiNode) -> dict[str, Path]:
-    """Two nodes that each fit the whole 2-worker gang: whichever dies, the other takes the group."""
+@pytest.fixture
+def fault_nodes(cluster: MultiNode) -> Iterator[dict[str, Path]]:
+    """Two nodes that each fit the whole 2-worker gang: whichever dies, the other takes the group.
+    Both are removed afterwards, and every CPU is free again."""
     before = set(cluster.node_ids())
-    folders = {}
-    for _ in range(2):
-        folder = cluster.add_node(1, {"tm_fault": 2})
-        [node_id] = set(cluster.node_ids()) - before - set(folders)
-        folders[node_id] = folder
-    return folders
+    folders: dict[str, Path] = {}
+    try:
+        for _ in range(2):
+            folder = cluster.add_node(1, {"tm_fault": 2})
+            [node_id] = set(cluster.node_ids()) - before - set(folders)
+            folders[node_id] = folder
+        yield folders
+    finally:
+        for folder in folders.values():
+            cluster.stop_node(folder)
+    all_cpus_free(cluster)
 
 
 def run_until_checkpoint_then_kill_a_node(
-    client: tm.Client, cluster: MultiNode, folders: dict[str, Path], max_failures: int, tmp_path: Path
+    client: tm.Client, cluster: MultiNode, folders: dict[str, Path], max_failures: int
 ) -> tuple[str, str]:
     job = client.submit(
         name=f"node-loss-{max_failures}",
@@ -162,39 +169,27 @@ def run_until_checkpoint_then_kill_a_node(
 
 
 def test_node_lost_after_a_checkpoint_resumes_on_the_remaining_node(
-    mstack: Stack, cluster: MultiNode, tmp_path: Path
+    mstack: Stack, cluster: MultiNode, fault_nodes: dict[str, Path]
 ) -> None:
-    folders = fault_nodes(cluster)
-    try:
-        with mstack.client() as client:
-            job_id, victim = run_until_checkpoint_then_kill_a_node(client, cluster, folders, 1, tmp_path)
-            done = wait_for(client, job_id, TERMINAL, timeout=420)
-            assert done.status is tm.JobStatus.succeeded, done.error
-            assert [a.n for a in done.attempts] == [1]  # Ray Train absorbed the loss inside the attempt
-            events = client.events(job_id)
-            lost = [e for e in events if e.kind == "workers_lost"]
-            assert lost and victim[:8] in (lost[0].message or ""), [e.message for e in lost]
-            resumed = [e for e in events if e.kind == "resumed"]
-            assert resumed and resumed[0].data["checkpoint"], "no event says which checkpoint it resumed from"
-            _, *later = started_events(client, job_id)
-            assert later and all(w["node_id"] != victim for w in later[-1].data["workers"])
-    finally:
-        for folder in folders.values():
-            cluster.stop_node(folder)
-    all_cpus_free(cluster)
+    with mstack.client() as client:
+        job_id, victim = run_until_checkpoint_then_kill_a_node(client, cluster, fault_nodes, 1)
+        done = wait_for(client, job_id, TERMINAL, timeout=420)
+        assert done.status is tm.JobStatus.succeeded, done.error
+        assert [a.n for a in done.attempts] == [1]  # Ray Train absorbed the loss inside the attempt
+        events = client.events(job_id)
+        lost = [e for e in events if e.kind == "workers_lost"]
+        assert lost and victim[:8] in (lost[0].message or ""), [e.message for e in lost]
+        resumed = [e for e in events if e.kind == "resumed"]
+        assert resumed and resumed[0].data["checkpoint"], "no event says which checkpoint it resumed from"
+        _, *later = started_events(client, job_id)
+        assert later and all(w["node_id"] != victim for w in later[-1].data["workers"])
 
 
 def test_node_lost_without_failures_left_fails_naming_the_node(
-    mstack: Stack, cluster: MultiNode, tmp_path: Path
+    mstack: Stack, cluster: MultiNode, fault_nodes: dict[str, Path]
 ) -> None:
-    folders = fault_nodes(cluster)
-    try:
-        with mstack.client() as client:
-            job_id, victim = run_until_checkpoint_then_kill_a_node(client, cluster, folders, 0, tmp_path)
-            done = wait_for(client, job_id, TERMINAL, timeout=300)
-            assert done.status is tm.JobStatus.failed
-            assert victim[:8] in (done.error or ""), done.error
-    finally:
-        for folder in folders.values():
-            cluster.stop_node(folder)
-    all_cpus_free(cluster)
+    with mstack.client() as client:
+        job_id, victim = run_until_checkpoint_then_kill_a_node(client, cluster, fault_nodes, 0)
+        done = wait_for(client, job_id, TERMINAL, timeout=300)
+        assert done.status is tm.JobStatus.failed
+        assert victim[:8] in (done.error or ""), done.error
