@@ -5,32 +5,32 @@ from __future__ import annotations
 import json
 import sys
 from collections import deque
-from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
 from trainmaster.cli.bench import bench_app
 from trainmaster.cli.follow import follow_logs, follow_metrics, metrics_table
-from trainmaster.cli.output import console, err_console, job_detail, jobs_table, styled_status
+from trainmaster.cli.output import (
+    ApiUrl,
+    Token,
+    client_errors,
+    console,
+    fail,
+    job_detail,
+    jobs_table,
+    styled_status,
+)
 from trainmaster.cli.sweep import sweep_app
 from trainmaster.client import Client
-from trainmaster.errors import TrainmasterError
 from trainmaster.models import JobSpec, JobStatus
 
 app = typer.Typer(help="trainmaster: distributed PyTorch training jobs on Ray.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 app.add_typer(sweep_app, name="sweep")
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def fail(message: str, code: int = 1) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(code)
 
 
 def register_plugins(target: typer.Typer) -> None:
@@ -43,25 +43,7 @@ def register_plugins(target: typer.Typer) -> None:
         entry.load()(target)
 
 
-def client_errors(fn: F) -> F:
-    """Show SDK errors as one clear line instead of a traceback."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except TrainmasterError as exc:  # JobFailed included
-            fail(str(exc))
-
-    return wrapper  # type: ignore[return-value]
-
-
 JobId = Annotated[str, typer.Argument(help="a job id, or any unambiguous prefix of one (ls shows 8 characters)")]
-ApiUrl = Annotated[str | None, typer.Option("--api-url", envvar="TRAINMASTER_API_URL", help="API address")]
-Token = Annotated[
-    str | None, typer.Option("--token", envvar="TRAINMASTER_TOKEN", help="bearer token", show_default=False)
-]
 
 
 # -- job commands ---------------------------------------------------------------------------------

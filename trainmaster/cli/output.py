@@ -2,17 +2,47 @@
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
+from typing import Annotated, Any, NoReturn, TypeVar
 
+import typer
 from rich.console import Console
 from rich.table import Table
 
+from trainmaster.errors import TrainmasterError
 from trainmaster.models import Job, JobEvent, JobStatus
 
 console = Console()
 err_console = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ApiUrl = Annotated[str | None, typer.Option("--api-url", envvar="TRAINMASTER_API_URL", help="API address")]
+Token = Annotated[
+    str | None, typer.Option("--token", envvar="TRAINMASTER_TOKEN", help="bearer token", show_default=False)
+]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def client_errors(fn: F) -> F:
+    """Show SDK errors as one clear line instead of a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TrainmasterError as exc:  # JobFailed included
+            fail(str(exc))
+
+    return wrapper  # type: ignore[return-value]
+
 
 STATUS_STYLE = {
     JobStatus.queued: "yellow",

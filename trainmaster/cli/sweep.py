@@ -10,23 +10,13 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from trainmaster.cli.output import SHORT_ID, console, err_console
+from trainmaster.cli.output import SHORT_ID, ApiUrl, Token, client_errors, console, fail
 from trainmaster.client import Client
-from trainmaster.errors import TrainmasterError
 from trainmaster.models import Sweep, SweepSpec, SweepStatus
 
 sweep_app = typer.Typer(help="Hyperparameter sweeps whose trials are jobs; losers stopped early.", no_args_is_help=True)
 
-ApiUrl = Annotated[str | None, typer.Option("--api-url", envvar="TRAINMASTER_API_URL", help="API address")]
-Token = Annotated[
-    str | None, typer.Option("--token", envvar="TRAINMASTER_TOKEN", help="bearer token", show_default=False)
-]
 SweepId = Annotated[str, typer.Argument(help="a sweep id")]
-
-
-def _fail(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(1)
 
 
 def _scalar(text: str) -> Any:
@@ -49,6 +39,7 @@ def parse_param(item: str) -> tuple[str, dict[str, Any]]:
 
 
 @sweep_app.command("start")
+@client_errors
 def start(
     entrypoint: Annotated[str | None, typer.Argument(help="pkg.module:fn, script:train.py or builtin:NAME")] = None,
     param: Annotated[
@@ -76,7 +67,7 @@ def start(
     if entrypoint:
         spec["entrypoint"] = entrypoint
     if "entrypoint" not in spec:
-        _fail("give an ENTRYPOINT or --file sweep.json")
+        fail("give an ENTRYPOINT or --file sweep.json")
     spec.setdefault("name", spec["entrypoint"].split(":")[-1][:128])
     body.setdefault("name", name or spec["name"])
     if name:
@@ -88,7 +79,7 @@ def start(
     try:
         body["parameters"] = {**body.get("parameters", {}), **dict(parse_param(p) for p in param)}
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     stopping = body.setdefault("early_stopping", {})
     for key, value in (
         ("policy", early_stopping),
@@ -109,30 +100,28 @@ def start(
     try:
         request = SweepSpec.model_validate(body)
     except ValidationError as exc:
-        _fail("invalid sweep: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
-    try:
-        with Client(api_url, token) as client:
-            sweep = client.sweep(
-                request.spec,
-                name=request.name,
-                parameters={k: v.model_dump(exclude_none=True) for k, v in request.parameters.items()},
-                metric=request.metric,
-                mode=request.mode,
-                max_trials=request.max_trials,
-                max_concurrent=request.max_concurrent,
-                early_stopping=request.early_stopping.model_dump(),
-                seed=request.seed,
-            )
-            console.print(f"sweep [bold]{sweep.id}[/] ({sweep.info.name}): {sweep.info.max_trials} trials")
-            if wait:
-                with console.status(f"waiting for sweep {sweep.id[:SHORT_ID]} to end…"):
-                    sweep.wait()
-                console.print(sweep_table(sweep.info))
-    except TrainmasterError as exc:
-        _fail(str(exc))
+        fail("invalid sweep: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+    with Client(api_url, token) as client:
+        sweep = client.sweep(
+            request.spec,
+            name=request.name,
+            parameters={k: v.model_dump(exclude_none=True) for k, v in request.parameters.items()},
+            metric=request.metric,
+            mode=request.mode,
+            max_trials=request.max_trials,
+            max_concurrent=request.max_concurrent,
+            early_stopping=request.early_stopping.model_dump(),
+            seed=request.seed,
+        )
+        console.print(f"sweep [bold]{sweep.id}[/] ({sweep.info.name}): {sweep.info.max_trials} trials")
+        if wait:
+            with console.status(f"waiting for sweep {sweep.id[:SHORT_ID]} to end…"):
+                sweep.wait()
+            console.print(sweep_table(sweep.info))
 
 
 @sweep_app.command("get")
+@client_errors
 def get(
     sweep_id: SweepId,
     output_json: Annotated[bool, typer.Option("--json")] = False,
@@ -140,11 +129,8 @@ def get(
     token: Token = None,
 ) -> None:
     """Show a sweep: its trials ranked by the metric, best first, and why any were stopped."""
-    try:
-        with Client(api_url, token) as client:
-            sweep = client.get_sweep(sweep_id).info
-    except TrainmasterError as exc:
-        _fail(str(exc))
+    with Client(api_url, token) as client:
+        sweep = client.get_sweep(sweep_id).info
     if output_json:
         print(sweep.model_dump_json(indent=2))
         return
@@ -155,6 +141,7 @@ def get(
 
 
 @sweep_app.command("ls")
+@client_errors
 def list_sweeps(
     status: Annotated[SweepStatus | None, typer.Option(help="only sweeps with this status")] = None,
     limit: Annotated[int, typer.Option(help="how many sweeps")] = 20,
@@ -163,11 +150,8 @@ def list_sweeps(
     token: Token = None,
 ) -> None:
     """List sweeps, newest first, with trial counts and the best metric."""
-    try:
-        with Client(api_url, token) as client:
-            sweeps = client.sweeps(status=status, limit=limit)
-    except TrainmasterError as exc:
-        _fail(str(exc))
+    with Client(api_url, token) as client:
+        sweeps = client.sweeps(status=status, limit=limit)
     if output_json:
         print(json.dumps([s.model_dump(mode="json") for s in sweeps], indent=2))
         return
@@ -182,13 +166,11 @@ def list_sweeps(
 
 
 @sweep_app.command("cancel")
+@client_errors
 def cancel(sweep_id: SweepId, api_url: ApiUrl = None, token: Token = None) -> None:
     """Cancel a sweep and every trial that has not ended."""
-    try:
-        with Client(api_url, token) as client:
-            sweep = client.cancel_sweep(sweep_id)
-    except TrainmasterError as exc:
-        _fail(str(exc))
+    with Client(api_url, token) as client:
+        sweep = client.cancel_sweep(sweep_id)
     console.print(f"sweep {sweep.id}: {sweep.status.value}")
 
 
