@@ -238,10 +238,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def api_process(database_url: str, workers: int = 1) -> Iterator[Api]:
-    """`trainmaster api` on a free loopback port, ready, in its own process group; stopped at the end."""
+def api_process(database_url: str, workers: int | None = 1, cpus: str | None = None) -> Iterator[Api]:
+    """`trainmaster api` on a free loopback port, ready, in its own process group; stopped at the end.
+    `workers` None: the API's own default; `cpus`: pinned there with `taskset -c` (workers included)."""
     port = free_port()
-    command = [TRAINMASTER, "api", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+    command = [TRAINMASTER, "api", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--workers", str(workers)] if workers is not None else []
+    command = ["taskset", "-c", cpus, *command] if cpus else command
     env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url}
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
