@@ -61,8 +61,7 @@ async def admit_round(dispatcher: Dispatcher) -> int:
             else:
                 await _infeasible(dispatcher, session, job, admission.reason, now)
     # The attempt rows are committed: only now may Ray hear of them.
-    for one in launches:
-        await launch.submit(dispatcher, one)
+    await launch.submit_all(dispatcher, launches)
     return len(launches)
 
 

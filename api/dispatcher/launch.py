@@ -8,6 +8,7 @@ import logging
 import shlex
 import sys
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -107,22 +108,38 @@ def build(settings: Settings, job: Job, spec: JobSpec, n: int, token: str, worki
 
 async def submit(dispatcher: Dispatcher, launch: Launch) -> None:
     """Hand a committed attempt to Ray; a refusal leaves it pending for reconcile to submit again."""
-    job_id = uuid.UUID(launch.metadata["trainmaster_job_id"])
-    try:
-        started = await asyncio.to_thread(dispatcher.ray.submit, launch)
-    except RayUnavailable as exc:
-        log.warning(json.dumps({"event": "submit_deferred", "submission_id": launch.submission_id, "error": str(exc)}))
-        # The attempt stays pending; reconcile submits it again (same id) until launch_timeout_s.
-        async with dispatcher.leased(job_id, launch.submission_id) as held:
-            if held is not None and held.attempt is not None and held.attempt.status is AttemptStatus.pending:
-                if held.attempt.error is None:
-                    await record_event(
-                        held.session, held.job, "launch_retry", f"Ray refused the launch, retrying: {exc}"
-                    )
-                held.attempt.error = f"Ray refused the launch: {exc}"
+    await submit_all(dispatcher, [launch])
+
+
+async def submit_all(dispatcher: Dispatcher, launches: Sequence[Launch]) -> None:
+    """Hand committed attempts to Ray one after another, then record Ray's answers in one leased
+    transaction: an admission round commits once for all its launches, not once per launch. A crash
+    in between leaves attempts pending, which reconcile submits again under the same id."""
+    if not launches:
         return
-    event = "submitted" if started else "already_submitted"
-    log.info(json.dumps({"event": event, "submission_id": launch.submission_id}))
-    async with dispatcher.leased(job_id, launch.submission_id) as held:
-        if held is not None and held.attempt is not None and held.attempt.status is AttemptStatus.pending:
-            held.attempt.status = AttemptStatus.submitted
+    answers: dict[str, RayUnavailable | None] = {}
+    for launch in launches:
+        try:
+            started = await asyncio.to_thread(dispatcher.ray.submit, launch)
+        except RayUnavailable as exc:
+            log.warning(
+                json.dumps({"event": "submit_deferred", "submission_id": launch.submission_id, "error": str(exc)})
+            )
+            answers[launch.submission_id] = exc
+            continue
+        event = "submitted" if started else "already_submitted"
+        log.info(json.dumps({"event": event, "submission_id": launch.submission_id}))
+        answers[launch.submission_id] = None
+    by_job = {uuid.UUID(one.metadata["trainmaster_job_id"]): one.submission_id for one in launches}
+    async with dispatcher.leased_many(by_job) as held:
+        for one in held:
+            if one.attempt is None or one.attempt.status is not AttemptStatus.pending:
+                continue
+            refused = answers[one.attempt.ray_submission_id]
+            if refused is None:
+                one.attempt.status = AttemptStatus.submitted
+                continue
+            # The attempt stays pending; reconcile submits it again (same id) until launch_timeout_s.
+            if one.attempt.error is None:
+                await record_event(one.session, one.job, "launch_retry", f"Ray refused the launch, retrying: {refused}")
+            one.attempt.error = f"Ray refused the launch: {refused}"

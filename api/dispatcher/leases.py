@@ -9,7 +9,7 @@ longer the job's latest (a retry replaced it while Ray was being asked about the
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,3 +39,20 @@ async def leased(
         attempt = repository.latest_attempt(job) if job is not None else None
         stale = submission_id is not None and (attempt is None or attempt.ray_submission_id != submission_id)
         yield None if job is None or stale else Held(session, job, attempt, await repository.db_now(session))
+
+
+@asynccontextmanager
+async def leased_many(
+    sessions: async_sessionmaker[AsyncSession], submissions: Mapping[uuid.UUID, str], owner: str
+) -> AsyncIterator[list[Held]]:
+    """`leased` for many jobs in one transaction (job id -> the submission id it must still have as
+    its latest attempt): only the jobs that pass the same checks are yielded, the rest left out."""
+    async with sessions() as session, session.begin():
+        jobs = await repository.lock_leased(session, list(submissions), owner)
+        now = await repository.db_now(session) if jobs else None
+        held = []
+        for job in jobs:
+            attempt = repository.latest_attempt(job)
+            if attempt is not None and attempt.ray_submission_id == submissions[job.id] and now is not None:
+                held.append(Held(session, job, attempt, now))
+        yield held

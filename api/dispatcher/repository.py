@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, or_, select, true, update
@@ -96,14 +97,22 @@ async def claim_active(session: AsyncSession, owner: str, lease_s: float, limit:
 
 async def lock_if_leased(session: AsyncSession, job_id: uuid.UUID, owner: str) -> Job | None:
     """The fencing check: the job, locked, only while this dispatcher still holds its lease."""
+    found = await lock_leased(session, [job_id], owner)
+    return found[0] if found else None
+
+
+async def lock_leased(session: AsyncSession, job_ids: Sequence[uuid.UUID], owner: str) -> list[Job]:
+    """The fencing check for many jobs at once: those of `job_ids` this dispatcher still holds the
+    lease of, locked in id order (two transactions locking overlapping sets never deadlock)."""
     query = (
         select(Job)
-        .where(Job.id == job_id, Job.lease_owner == owner)
+        .where(Job.id.in_(job_ids), Job.lease_owner == owner)
+        .order_by(Job.id)
         .with_for_update()
         .options(selectinload(Job.attempts))
         .execution_options(populate_existing=True)
     )
-    return (await session.execute(query)).scalar_one_or_none()
+    return list((await session.execute(query)).scalars())
 
 
 def latest_attempt(job: Job) -> JobAttempt | None:

@@ -13,6 +13,7 @@ Safety rules, each relied on by the tests:
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.dispatcher import admission, reconcile
 from api.dispatcher.backend import RayBackend
-from api.dispatcher.leases import Held, leased
+from api.dispatcher.leases import Held, leased, leased_many
 from api.settings import Settings
 
 
@@ -34,6 +35,9 @@ class Dispatcher:
 
     def leased(self, job_id: uuid.UUID, submission_id: str | None = None) -> AbstractAsyncContextManager[Held | None]:
         return leased(self.sessions, job_id, self.owner, submission_id)
+
+    def leased_many(self, submissions: Mapping[uuid.UUID, str]) -> AbstractAsyncContextManager[list[Held]]:
+        return leased_many(self.sessions, submissions, self.owner)
 
     async def admit_round(self) -> int:
         """Admit what fits now; give everything else a reason. Returns how many were launched."""
