@@ -3,9 +3,10 @@
 Every worker, just before its first training step, appends `<world rank> <time.time()>` to the
 file `config["stamp_path"]` (rank 0's line is the first step; the latest line is when the whole gang
 had started); then every worker does `config["steps"]` (default 3) tiny all-reduced steps and
-returns. It imports nothing from trainmaster, so the same
-function runs under the platform (function entrypoint `first_step_job:train_loop_per_worker`, with
-this file as the job's whole working_dir) and under a bare `TorchTrainer.fit()`.
+returns; a gang of several must hold a torch process group whose all-reduce is right. It imports
+nothing from trainmaster, so the same function runs under the platform (function entrypoint
+`first_step_job:train_loop_per_worker`, with this file as the job's whole working_dir) and under a
+bare `TorchTrainer.fit()`.
 """
 
 from __future__ import annotations
@@ -25,10 +26,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
 
-    rank = ray.train.get_context().get_world_rank()
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    if world > 1 and not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("no torch process group in a gang of several workers")
     for step in range(int(config.get("steps", 3))):
         if step == 0:
             stamp(str(config["stamp_path"]), rank)
         value = torch.ones(4)
-        if dist.is_available() and dist.is_initialized():
+        if world > 1:
             dist.all_reduce(value)
+            if value.tolist() != [float(world)] * 4:
+                raise RuntimeError(f"all-reduce of ones over {world} workers gave {value.tolist()}")

@@ -1,0 +1,152 @@
+"""`fit()` to first step with Ray's `TorchTrainer` against trainmaster's torch-free control side.
+
+Both run the same 2-worker gloo function (bench/first_step_job.py: rank stamps, then all-reduces) on
+one Ray head started by the script, from one connected driver, interleaved, every CPU free before
+each run. The peer is `ray.train.torch.TorchTrainer(torch_config=TorchConfig(backend="gloo"))`; ours
+is `workers.lean_torch.lean_torch_trainer(torch_config=LeanTorchConfig(backend="gloo"))`, which sets
+up the same process group with Ray's own worker-side functions but never imports torch in the driver
+or in the Ray Train controller. The driver's own import of each trainer is timed in a fresh
+interpreter, since this script's driver has both loaded after the first run.
+
+    .venv/bin/python bench/torch_backend_startup.py [--runs 5] [--warmup 1] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from common import REPO, load_1m, parser, run
+from first_step_job import train_loop_per_worker
+
+sys.path.insert(0, str(REPO))
+from api.stack import ray_head
+
+IMPORTS = {
+    "TorchTrainer": "from ray.train.torch import TorchTrainer, TorchConfig",
+    "lean": "from workers.lean_torch import lean_torch_trainer, LeanTorchConfig; "
+    "from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer",
+}
+
+
+def import_seconds(statement: str) -> float:
+    code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    return float(done.stdout.strip())
+
+
+def fit(path: str, workers: int, storage: Path, stamp: Path) -> dict[str, float]:
+    from ray.train import RunConfig, ScalingConfig
+
+    kwargs: dict[str, Any] = {
+        "train_loop_per_worker": train_loop_per_worker,
+        "train_loop_config": {"stamp_path": str(stamp)},
+        "scaling_config": ScalingConfig(num_workers=workers),
+        "run_config": RunConfig(name=f"{path}-{uuid.uuid4().hex[:8]}", storage_path=str(storage)),
+    }
+    t0 = time.time()
+    if path == "TorchTrainer":
+        from ray.train.torch import TorchConfig, TorchTrainer
+
+        trainer = TorchTrainer(torch_config=TorchConfig(backend="gloo"), **kwargs)
+    else:
+        from workers.lean_torch import LeanTorchConfig, lean_torch_trainer
+
+        trainer = lean_torch_trainer(torch_config=LeanTorchConfig(backend="gloo"), **kwargs)
+    result = trainer.fit()
+    ended = time.time()
+    if result.error is not None:
+        raise RuntimeError(f"{path} failed: {result.error}")
+    stamps = [line.split() for line in stamp.read_text().splitlines()]
+    if sorted(int(rank) for rank, _ in stamps) != list(range(workers)):
+        raise RuntimeError(f"{path}: expected one first-step stamp per rank, found {stamps}")
+    return {"first_step_s": min(float(at) for _, at in stamps) - t0, "fit_s": ended - t0}
+
+
+def wait_idle(head: ray_head.RayHead, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (cpus := head.cpus()) is None or cpus[0] > 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Ray CPUs still in use after {timeout_s:.0f} s: {cpus}")
+        time.sleep(0.25)
+
+
+def measure(args: argparse.Namespace, head: ray_head.RayHead, folder: Path) -> dict[str, list[dict[str, float]]]:
+    import ray
+
+    # The workers import first_step_job and workers.lean_torch by name, as the driver does.
+    paths = f"{REPO}:{REPO / 'bench'}"
+    ray.init(
+        head.gcs_address,
+        runtime_env={"env_vars": {"PYTHONPATH": paths}},
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+    )
+    runs: dict[str, list[dict[str, float]]] = {"TorchTrainer": [], "lean": []}
+    try:
+        for n in range(args.warmup + args.runs):
+            for path in runs:
+                wait_idle(head)
+                load = load_1m()
+                record = fit(path, args.workers, folder / "storage", folder / f"{path}-{n}.txt")
+                print(f"{path:<12} run {n + 1}: first step after {record['first_step_s']:.2f} s (load {load:.2f})")
+                if n >= args.warmup:
+                    runs[path].append({"load_1m_at_start": load, **record})
+    finally:
+        ray.shutdown()
+    return runs
+
+
+def main() -> int:
+    p = parser(__doc__)
+    p.add_argument("--runs", type=int, default=5, help="measured runs of each path")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured runs of each path first")
+    p.add_argument("--workers", type=int, default=2, help="Ray Train workers")
+    args = p.parse_args()
+    with run("torch_backend_startup", args) as record, tempfile.TemporaryDirectory(prefix="tmtb-") as tmp:
+        folder = Path(tmp)
+        imports = {path: [import_seconds(statement) for _ in range(3)] for path, statement in IMPORTS.items()}
+        head = ray_head.start(folder / "ray", folder / "token", num_cpus=args.workers, log_path=folder / "start.log")
+        os.environ.update(head.env)
+        try:
+            runs = measure(args, head, folder)
+        finally:
+            ray_head.stop(folder / "ray", head.gcs_address)
+        record.tables["driver import, fresh interpreter (median of 3)"] = [
+            {"trainer": path, "s": statistics.median(values)} for path, values in imports.items()
+        ]
+        record.tables["fit"] = [
+            {
+                "trainer": path,
+                "runs": len(rows),
+                "first_step_median_s": statistics.median(r["first_step_s"] for r in rows),
+                "fit_median_s": statistics.median(r["fit_s"] for r in rows),
+                "min_first_step_s": min(r["first_step_s"] for r in rows),
+                "max_first_step_s": max(r["first_step_s"] for r in rows),
+            }
+            for path, rows in runs.items()
+        ]
+        peer, ours = record.tables["fit"]
+        record.ratio(
+            "lean: fit() to first step, median s",
+            ours["first_step_median_s"],
+            "TorchTrainer",
+            peer["first_step_median_s"],
+        )
+        record.ratio("lean: whole fit(), median s", ours["fit_median_s"], "TorchTrainer", peer["fit_median_s"])
+        driver_imports = record.tables["driver import, fresh interpreter (median of 3)"]
+        record.ratio("lean: driver import, s", driver_imports[1]["s"], "TorchTrainer", driver_imports[0]["s"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
