@@ -21,6 +21,7 @@ from trainmaster.metrics import flush, log
 from trainmaster.models import (
     Attempt,
     CheckpointPolicy,
+    Framework,
     Job,
     JobEvent,
     JobSpec,
@@ -39,6 +40,7 @@ __all__ = [
     "Client",
     "Conflict",
     "ConnectionFailed",
+    "Framework",
     "Job",
     "JobEvent",
     "JobFailed",

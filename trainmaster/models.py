@@ -122,6 +122,20 @@ def _nul_path(value: Any, path: str = "") -> str | None:
     return None
 
 
+class Framework(str, enum.Enum):
+    """Which Ray trainer or launcher runs the entrypoint (workers/frameworks/ has one module each)."""
+
+    torch = "torch"
+    tensorflow = "tensorflow"
+    jax = "jax"
+    horovod = "horovod"
+    mpi = "mpi"
+    paddle = "paddle"
+
+
+SCRIPT_ONLY_FRAMEWORKS = frozenset({Framework.mpi, Framework.horovod})  # programs started by mpirun
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -185,6 +199,7 @@ class JobSpec(_StoredRequest):
     config: dict[str, Any] = Field(default_factory=dict)
     code: Annotated[str, StringConstraints(pattern=_CODE_ID.pattern)] | None = None
     scaling: Scaling = Field(default_factory=Scaling)
+    framework: Framework = Framework.torch
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     pip: list[StrictStr] = Field(default_factory=list, max_length=256)
@@ -217,6 +232,20 @@ class JobSpec(_StoredRequest):
     def _backend_matches_devices(self) -> JobSpec:
         if self.backend == "nccl" and not self.uses_gpu:
             raise ValueError("backend 'nccl' needs GPUs: set scaling.use_gpu or resources_per_worker.GPU")
+        return self
+
+    @model_validator(mode="after")
+    def _entrypoint_fits_framework(self) -> JobSpec:
+        if self.framework is Framework.torch:
+            return self
+        if self.entrypoint.startswith("builtin:"):
+            raise ValueError(
+                f"built-in templates are PyTorch code: framework {self.framework.value!r} takes a script or a function"
+            )
+        if self.framework in SCRIPT_ONLY_FRAMEWORKS and not self.entrypoint.startswith("script:"):
+            raise ValueError(
+                f"framework {self.framework.value!r} starts a program under mpirun: entrypoint must be 'script:…'"
+            )
         return self
 
     @property

@@ -1,7 +1,8 @@
 """The Ray job's entrypoint: `python -m workers.driver --job-id ID --attempt N`.
 
-Built by the dispatcher, never taken from the user. Reads the JobSpec from the environment, builds a
-`TorchTrainer` and runs it. A run with the same name and storage path resumes from its latest
+Built by the dispatcher, never taken from the user. Reads the JobSpec from the environment, builds the
+Ray trainer of its framework (`TorchTrainer` by default; workers/frameworks/ has one module each) and
+runs it. A run with the same name and storage path resumes from its latest
 checkpoint, so a retry (a new attempt) continues where the last one stopped.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 import trainmaster
 from trainmaster.context import JobContext, post_event
 from trainmaster.models import JobSpec
-from workers import entrypoints, job_output, system_metrics
+from workers import entrypoints, frameworks, job_output, system_metrics
 from workers.collectives.timeout import collective_timeout_s, explain_failure
 
 
@@ -34,7 +35,6 @@ def storage_path(context: JobContext) -> str:
 def train_worker(config: dict[str, Any]) -> Any:
     """What every Ray Train worker runs: record where it runs, then the user's training code."""
     import ray.train
-    import torch.distributed as dist
 
     from workers.gpu import describe_device
 
@@ -42,13 +42,17 @@ def train_worker(config: dict[str, Any]) -> Any:
     job_output.print_once()
     job = JobContext.from_env()
     job_output.quiet_platform_requests(job.api_url if job else None)
-    device = describe_device()
+    framework = frameworks.require(tm["framework"])
+    script = tm["mode"] == "script"
+    framework.prepare(script)
     context = ray.train.get_context()
     if context.get_world_rank() == 0:
+        device = describe_device()
+        seen = framework.runtime()
         post_event(
             "runtime",
-            f"training on {context.get_world_size()} worker(s), backend {dist.get_backend()}, {device['device']}",
-            {"backend": dist.get_backend(), "world_size": context.get_world_size(), **device},
+            f"{tm['framework']} on {seen['world_size']} worker(s), backend {seen['backend']}, {device['device']}",
+            {"framework": tm["framework"], **seen, **device},
         )
         resumed = ray.train.get_checkpoint()
         if resumed is not None:
@@ -56,8 +60,8 @@ def train_worker(config: dict[str, Any]) -> Any:
     stop_sampling = threading.Event()
     system_metrics.start(stop_sampling)
     try:
-        if tm["mode"] == "script":
-            return entrypoints.run_script({"script": tm["script"], "args": tm["args"]})
+        if script:
+            return framework.run_script(entrypoints.script_path(tm["script"]), tm["args"])
         return entrypoints.resolve(tm["entrypoint"])(config)
     finally:
         stop_sampling.set()
@@ -65,11 +69,12 @@ def train_worker(config: dict[str, Any]) -> Any:
 
 
 def build_trainer(spec: JobSpec, context: JobContext) -> Any:
+    """The framework's Ray trainer (workers/frameworks/) with the gang, storage and callbacks of every job."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
 
     from workers.callbacks import PlacementCallback, TrainmasterCallback
 
+    framework = frameworks.require(spec.framework)  # fail here, naming the install line, not in every worker
     if spec.entrypoint.startswith("script:"):
         tm = {
             "mode": "script",
@@ -79,18 +84,19 @@ def build_trainer(spec: JobSpec, context: JobContext) -> Any:
     else:
         entrypoints.resolve(spec.entrypoint)  # fail here, with a clear message, not in every worker
         tm = {"mode": "function", "entrypoint": spec.entrypoint}
+    tm["framework"] = spec.framework.value
     resources = spec.scaling.worker_resources()
-    return TorchTrainer(
-        train_loop_per_worker=train_worker,
-        train_loop_config={**spec.config, "_trainmaster": tm},
-        scaling_config=ScalingConfig(
+    return framework.trainer(
+        spec,
+        train_fn=train_worker,
+        config={**spec.config, "_trainmaster": tm},
+        scaling=ScalingConfig(
             num_workers=spec.scaling.num_workers,
             use_gpu=spec.uses_gpu,
             resources_per_worker=resources,
             placement_strategy=spec.scaling.placement_strategy.value,
         ),
-        torch_config=TorchConfig(backend=spec.resolved_backend(), timeout_s=collective_timeout_s()),
-        run_config=RunConfig(
+        run=RunConfig(
             name=context.job_id,
             storage_path=storage_path(context),
             failure_config=FailureConfig(max_failures=spec.max_failures),

@@ -56,46 +56,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def torchrun_env(master_addr: str, master_port: int) -> dict[str, str]:
-    """The environment torchrun gives a process, from this Ray Train worker's place in the gang."""
-    import ray.train
-
-    context = ray.train.get_context()
-    return {
-        "RANK": str(context.get_world_rank()),
-        "LOCAL_RANK": str(context.get_local_rank()),
-        "WORLD_SIZE": str(context.get_world_size()),
-        "LOCAL_WORLD_SIZE": str(context.get_local_world_size()),
-        "NODE_RANK": str(context.get_node_rank()),
-        "GROUP_RANK": str(context.get_node_rank()),
-        "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(master_port),
-    }
-
-
-def run_script(config: dict[str, Any]) -> None:
-    """Run an unmodified torchrun-style script in this worker, as a child process.
-
-    Ray Train already holds a process group in this process, so the script gets its own: rank 0
-    picks a free port and shares it with the gang over Ray's group, then every worker starts the
-    script with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set.
-    """
-    import ray.util
-    import torch.distributed as dist
-
-    script = Path(config["script"])
-    workdir = Path(os.getcwd())  # the job's working directory, unpacked on this worker's node
-    path = script if script.is_absolute() else workdir / script
+def script_path(script: str) -> Path:
+    """The script inside the job's working directory (unpacked on this worker's node), checked."""
+    workdir = Path(os.getcwd())
+    path = Path(script) if Path(script).is_absolute() else workdir / script
     if not path.is_file():
         raise EntrypointError(f"script {script} not found in the job's working directory {workdir}")
-    rendezvous: list[Any] = [None]
-    if dist.get_rank() == 0:
-        rendezvous = [(ray.util.get_node_ip_address(), free_port())]
-    dist.broadcast_object_list(rendezvous, src=0)
-    master_addr, master_port = rendezvous[0]
-    env = {**os.environ, **torchrun_env(master_addr, master_port)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(workdir), env.get("PYTHONPATH")]))
-    command = [sys.executable, "-u", str(path), *config.get("args", [])]
-    result = subprocess.run(command, env=env, cwd=workdir, check=False)
+    return path
+
+
+def run_program(command: list[str], env: dict[str, str], *, rank: int | str, what: str) -> None:
+    """Run a user's program as a child of this worker, in the job's working directory, with `env` on
+    top of this worker's environment; its output goes to the job's logs like the worker's own."""
+    workdir = Path(os.getcwd())
+    full_env = {**os.environ, **env}
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(workdir), full_env.get("PYTHONPATH")]))
+    result = subprocess.run(command, env=full_env, cwd=workdir, check=False)
     if result.returncode != 0:
-        raise RuntimeError(f"{script} exited with status {result.returncode} on rank {env['RANK']}")
+        raise RuntimeError(f"{what} exited with status {result.returncode} on rank {rank}")
+
+
+def python_command(path: Path, args: list[str]) -> list[str]:
+    return [sys.executable, "-u", str(path), *args]
