@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
@@ -26,6 +28,12 @@ async def add_token(
     session.add(row)
     await session.flush()
     return row
+
+
+async def add_tokens(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
+    """Token rows (project_id, job_id, token_hash, description) in one INSERT."""
+    if rows:
+        await session.execute(insert(ApiToken).values(list(rows)))
 
 
 async def find_active_token(session: AsyncSession, token_hash: str) -> tuple[ApiToken, Project] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -50,6 +51,17 @@ async def create_job_token(session: AsyncSession, project_id: uuid.UUID, job_id:
         session, project_id=project_id, job_id=job_id, token_hash=hash_token(token), description="job"
     )
     return token
+
+
+async def create_job_tokens(session: AsyncSession, jobs: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> list[str]:
+    """`create_job_token` for many (project id, job id) pairs, written in one statement."""
+    tokens = [new_token() for _ in jobs]
+    rows = [
+        {"project_id": project_id, "job_id": job_id, "token_hash": hash_token(token), "description": "job"}
+        for (project_id, job_id), token in zip(jobs, tokens, strict=True)
+    ]
+    await repository.add_tokens(session, rows)
+    return tokens
 
 
 async def authenticate(session: AsyncSession, authorization: str | None) -> Principal:

@@ -36,6 +36,7 @@ async def admit_round(dispatcher: Dispatcher) -> int:
         held_cpus, held_gpus = await repo.held_resources(session)
         total = cluster.total()
         budget = {"CPU": total.get("CPU", 0.0) - held_cpus, "GPU": total.get("GPU", 0.0) - held_gpus}
+        admitted: list[tuple[Job, JobSpec]] = []  # their attempts are written together, see start_attempts
         for job in await repo.lock_queued(session, settings.admit_batch):
             spec = JobSpec.model_validate(job.spec)
             admission = admit(spec, cluster, driver)
@@ -50,16 +51,22 @@ async def admit_round(dispatcher: Dispatcher) -> int:
                 cluster.reserve(admission.placement)
                 budget["CPU"] -= job.gang_cpus
                 budget["GPU"] -= job.gang_gpus
-                launches.append(await launch.start_attempt(dispatcher, session, job, spec, now))
+                admitted.append((job, spec))
                 if warning := storage_warning(settings.storage_path, cluster):
                     await record_event(session, job, "storage_warning", warning)
             elif admission.decision is Decision.wait:
                 job.infeasible_since = None
                 job.pending_reason = admission.reason
-                if settings.preemption and (room := await preemption.make_room(dispatcher, session, job, cluster, now)):
-                    job.pending_reason = room
+                if settings.preemption:
+                    # Preemption counts what active jobs hold in the database: the gangs admitted so
+                    # far in this round must be written first.
+                    launches += await launch.start_attempts(dispatcher, session, admitted, now)
+                    admitted.clear()
+                    if room := await preemption.make_room(dispatcher, session, job, cluster, now):
+                        job.pending_reason = room
             else:
                 await _infeasible(dispatcher, session, job, admission.reason, now)
+        launches += await launch.start_attempts(dispatcher, session, admitted, now)
     # The attempt rows are committed: only now may Ray hear of them.
     await launch.submit_all(dispatcher, launches)
     return len(launches)

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.auth.service import create_job_token
+from api.auth.service import create_job_token, create_job_tokens
 from api.code_packages import archive
 from api.code_packages import repository as code_repository
 from api.db.models import Job, JobAttempt
 from api.dispatcher.backend import Launch, RayUnavailable
-from api.jobs.status import record_event, transition
+from api.jobs.status import record_event, transition_all
 from api.settings import Settings
 from trainmaster.context import JobContext
 from trainmaster.models import AttemptStatus, JobSpec, JobStatus
@@ -35,19 +35,31 @@ def submission_id(job_id: uuid.UUID, n: int) -> str:
     return f"tm-{job_id}-{n}"
 
 
-async def start_attempt(
-    dispatcher: Dispatcher, session: AsyncSession, job: Job, spec: JobSpec, now: datetime
-) -> Launch:
-    """A new attempt row (committed by the caller before any submit) and the launch that goes with it."""
-    n = max((a.n for a in job.attempts), default=0) + 1
-    sub_id = submission_id(job.id, n)
-    session.add(JobAttempt(job_id=job.id, n=n, ray_submission_id=sub_id, status=AttemptStatus.pending))
-    job.lease_owner = dispatcher.owner
-    job.lease_expires_at = now + timedelta(seconds=dispatcher.settings.lease_s)
-    job.pending_reason = None
-    job.infeasible_since = None
-    await transition(session, job, JobStatus.starting, message=f"admitted; attempt {n} ({sub_id})")
-    return await prepare(dispatcher.settings, session, job, spec, n)
+async def start_attempts(
+    dispatcher: Dispatcher, session: AsyncSession, admitted: Sequence[tuple[Job, JobSpec]], now: datetime
+) -> list[Launch]:
+    """New attempt rows for the gangs an admission round admitted (committed by the caller before any
+    submit) and the launches that go with them, written together: one flush of the attempts and status
+    changes, one INSERT of the job tokens, instead of several round trips per job."""
+    changes: list[tuple[Job, str | None]] = []
+    numbers = []
+    for job, _ in admitted:
+        n = max((a.n for a in job.attempts), default=0) + 1
+        sub_id = submission_id(job.id, n)
+        session.add(JobAttempt(job_id=job.id, n=n, ray_submission_id=sub_id, status=AttemptStatus.pending))
+        job.lease_owner = dispatcher.owner
+        job.lease_expires_at = now + timedelta(seconds=dispatcher.settings.lease_s)
+        job.pending_reason = None
+        job.infeasible_since = None
+        changes.append((job, f"admitted; attempt {n} ({sub_id})"))
+        numbers.append(n)
+    await transition_all(session, changes, JobStatus.starting)
+    tokens = await create_job_tokens(session, [(job.project_id, job.id) for job, _ in admitted])
+    settings = dispatcher.settings
+    return [
+        build(settings, job, spec, n, token, await _working_dir(settings, session, job, spec))
+        for (job, spec), n, token in zip(admitted, numbers, tokens, strict=True)
+    ]
 
 
 async def prepare(settings: Settings, session: AsyncSession, job: Job, spec: JobSpec, n: int) -> Launch:

@@ -7,6 +7,7 @@ delivers only when that transaction commits, so listeners never hear of a change
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -47,9 +48,37 @@ async def transition(
     data: dict[str, Any] | None = None,
 ) -> JobEvent:
     """Move `job` to `target` or raise IllegalTransition; flushes, never commits."""
+    event = _change(job, target, message, error, data)
+    session.add(event)
+    await session.flush()
+    await notify(session, job, target)
+    return event
+
+
+async def transition_all(session: AsyncSession, changes: Sequence[tuple[Job, str | None]], target: JobStatus) -> None:
+    """`transition` for many jobs (each with its event's message) with one flush and one NOTIFY
+    statement: an admission round starts its gangs this way. When one of them cannot make the change,
+    IllegalTransition is raised before any job is changed."""
+    for job, _ in changes:
+        _check(job, target)
+    events = [_change(job, target, message, None, None) for job, message in changes]
+    if not events:
+        return
+    session.add_all(events)
+    await session.flush()
+    payloads = [json.dumps({"job_id": str(job.id), "status": target.value}) for job, _ in changes]
+    await session.execute(
+        text("SELECT pg_notify(:channel, payload) FROM unnest(CAST(:payloads AS text[])) AS payload"),
+        {"channel": JOB_CHANNEL, "payloads": payloads},
+    )
+
+
+def _change(
+    job: Job, target: JobStatus, message: str | None, error: str | None, data: dict[str, Any] | None
+) -> JobEvent:
+    """The checked change of `job` itself and its event row (not yet added to the session)."""
     current = job.status
-    if not can_transition(current, target):
-        raise IllegalTransition(f"job {job.id} is {current.value}; it cannot become {target.value}")
+    _check(job, target)
     now = datetime.now(timezone.utc)
     job.status = target
     if target is S.running and job.started_at is None:
@@ -61,17 +90,18 @@ async def transition(
         job.pending_reason = "waiting for the dispatcher"
     if error is not None:
         job.error = error
-    event = JobEvent(
+    return JobEvent(
         job_id=job.id,
         kind="status",
         status=target,
         message=message,
         data={"from": current.value, **(data or {})},
     )
-    session.add(event)
-    await session.flush()
-    await notify(session, job, target)
-    return event
+
+
+def _check(job: Job, target: JobStatus) -> None:
+    if not can_transition(job.status, target):
+        raise IllegalTransition(f"job {job.id} is {job.status.value}; it cannot become {target.value}")
 
 
 async def record_event(
