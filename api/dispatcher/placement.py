@@ -10,8 +10,10 @@ from __future__ import annotations
 import bisect
 import enum
 import heapq
-from collections.abc import Mapping
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainmaster.models import JobSpec, PlacementStrategy
 
@@ -41,8 +43,9 @@ class Node:
 @dataclass
 class Cluster:
     """Nodes as one admission round sees them. While a round uses it, totals stay as they are and free
-    resources change only through `reserve`, so `admit` remembers per gang shape whether it could ever
-    fit and, until the next `reserve`, why it waits: on a full cluster of a thousand nodes most of a
+    resources change only through `reserve` (they only shrink), so `admit` remembers per gang shape
+    whether it could ever fit, whether it found no room (then it finds none for the rest of the round)
+    and, until the next `reserve`, why it waits: on a full cluster of a thousand nodes most of a
     round's queued jobs share a few shapes."""
 
     nodes: list[Node] = field(default_factory=list)
@@ -50,33 +53,41 @@ class Cluster:
     _reserved: int = field(default=0, repr=False, compare=False)
 
     def total(self) -> Resources:
-        return _sum(node.total for node in self.nodes)
+        return dict(self._kept("total", lambda: _sum(node.total for node in self.nodes)))
 
     def free(self) -> Resources:
-        return _sum(node.free for node in self.nodes)
+        return dict(self._kept("free", lambda: _sum(node.free for node in self.nodes)))
 
     def reserve(self, placement: Mapping[str, list[Resources]]) -> None:
         """Take a placement's bundles out of the free resources (for later jobs in the same round)."""
         self._reserved += 1
         order = self._memo.get(("free order",))
-        for index, node in enumerate(self.nodes):
-            if node.node_id not in placement:
-                continue
+        free = self._memo.get(("free",))
+        where = self._kept("index", lambda: {node.node_id: index for index, node in enumerate(self.nodes)})
+        for node_id, bundles in placement.items():
+            index = where[node_id]
+            node = self.nodes[index]
             if isinstance(order, list):
                 order.pop(bisect.bisect_left(order, (_order_key(node.free), index)))
-            for bundle in placement[node.node_id]:
+            for bundle in bundles:
                 for name, amount in bundle.items():
                     node.free[name] = node.free.get(name, 0.0) - amount
+                    if isinstance(free, dict):
+                        free[name] = free.get(name, 0.0) - amount
             if isinstance(order, list):
                 bisect.insort(order, (_order_key(node.free), index))
+
+    def _kept(self, name: str, compute: Callable[[], Any]) -> Any:
+        """A figure of the whole cluster computed once per round and kept (`reserve` updates the
+        free resources and the free order it keeps)."""
+        if (name,) not in self._memo:
+            self._memo[(name,)] = compute()
+        return self._memo[(name,)]
 
     def free_order(self) -> list[int]:
         """Node indices, the most free first (the order `_place` tries them in), kept up to date by
         `reserve` instead of sorted again for every job."""
-        order = self._memo.get(("free order",))
-        if not isinstance(order, list):
-            order = sorted((_order_key(node.free), index) for index, node in enumerate(self.nodes))
-            self._memo[("free order",)] = order
+        order = self._kept("free order", lambda: sorted((_order_key(n.free), i) for i, n in enumerate(self.nodes)))
         return [index for _, index in order]
 
 
@@ -120,9 +131,14 @@ def admit(spec: JobSpec, cluster: Cluster, driver: Resources) -> Admission:
     waits = cluster._memo.get(("wait", cluster._reserved, *shape))
     if isinstance(waits, str):
         return Admission(Decision.wait, waits)
-    free_order = cluster.free_order()
-    placement = _place(bundles, [node.free for node in cluster.nodes], strategy, spec.scaling.num_workers, free_order)
+    placement = None
+    if ("no room", *shape) not in cluster._memo:
+        room = cluster._kept("free list", lambda: [node.free for node in cluster.nodes])  # changed in place
+        placement = _place(bundles, room, strategy, spec.scaling.num_workers, cluster.free_order())
     if placement is None:
+        # Free resources only shrink during a round, so a shape that found no room finds none later
+        # in the round: only its reason (the free resources now) is written again after a reserve.
+        cluster._memo[("no room", *shape)] = True
         free = cluster.free()
         fragmented = _fits(_sum(bundles), free)
         why = (
@@ -139,15 +155,20 @@ def admit(spec: JobSpec, cluster: Cluster, driver: Resources) -> Admission:
 
 
 def nodes_free(cluster: Cluster, limit: int = 8, *, free: bool = True) -> str:
-    """Each node's free (or total) resources, the most first, for reasons a person reads."""
+    """Each node's free (or total) resources, the most first, for reasons a person reads. Free
+    resources are ranked in the order placement tries the nodes (`Cluster.free_order`, kept by
+    `reserve`), so a reason costs `limit` nodes, not a pass over all of them."""
 
     def amounts(node: Node) -> Resources:
         return node.free if free else node.total
 
-    # nsmallest is sorted(...)[:limit] (ties keep the nodes' order) without sorting every node.
-    ranked = heapq.nsmallest(
-        limit, cluster.nodes, key=lambda n: (-amounts(n).get("GPU", 0.0), -amounts(n).get("CPU", 0.0))
-    )
+    if free:
+        ranked = [cluster.nodes[index] for index in cluster.free_order()[:limit]]
+    else:
+        # nsmallest is sorted(...)[:limit] (ties keep the nodes' order) without sorting every node.
+        ranked = heapq.nsmallest(
+            limit, cluster.nodes, key=lambda n: (-amounts(n).get("GPU", 0.0), -amounts(n).get("CPU", 0.0))
+        )
     shown = [f"{node.label} {_fmt(amounts(node))}" for node in ranked]
     more = f" and {len(cluster.nodes) - limit} more" if len(cluster.nodes) > limit else ""
     return ", ".join(shown) + more if shown else "no nodes"
@@ -179,17 +200,24 @@ def _place(
     left: dict[int, Resources] = {}
     if strategy is PlacementStrategy.STRICT_PACK:
         whole = _sum(bundles)
-        for index in order:
+        for index in _with_room(order, capacities, whole):
             if _fits(whole, capacities[index]):
                 return {index: list(bundles)}
         return None
     placement: dict[int, list[Resources]] = {}
     for position, bundle in enumerate(sorted(bundles, key=lambda b: -b.get("GPU", 0.0) - b.get("CPU", 0.0) / 1e3)):
-        candidates = order
+        candidates: Iterable[int]
         if strategy is PlacementStrategy.STRICT_SPREAD and position < n_workers:
-            candidates = [i for i in order if i not in placement]
+            candidates = _with_room((i for i in order if i not in placement), capacities, bundle)
         elif strategy is PlacementStrategy.SPREAD:
-            candidates = sorted(order, key=lambda i: len(placement.get(i, [])))
+            # The nodes holding fewest of the gang's bundles first, each group in `order`: nodes
+            # holding none are `order` less the placed ones; the placed ones are a few.
+            rank = {index: at for at, index in enumerate(order) if index in placement} if placement else {}
+            placed = sorted(placement, key=lambda i: (len(placement[i]), rank[i]))
+            fresh = _with_room((i for i in order if i not in placement), capacities, bundle)
+            candidates = itertools.chain(fresh, placed)
+        else:
+            candidates = _with_room(order, capacities, bundle)
         for index in candidates:
             if _fits(bundle, left.get(index, capacities[index])):
                 if index not in left:
@@ -200,6 +228,17 @@ def _place(
         else:
             return None
     return placement
+
+
+def _with_room(order: Iterable[int], capacities: list[Resources], bundle: Resources) -> Iterator[int]:
+    """`order` (sorted by `_order_key`, the most room first) up to the first node whose key shows it
+    has too little GPU and CPU together for `bundle`: no node after it can hold the bundle either. On
+    a full cluster of a thousand nodes this ends the scan after the few nodes with room."""
+    bound = _order_key(bundle) + 1e-6  # a node that fits has a key at most this
+    for index in order:
+        if _order_key(capacities[index]) > bound:
+            return
+        yield index
 
 
 def _fits(bundle: Resources, capacity: Resources) -> bool:
