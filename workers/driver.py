@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = JobSpec.model_validate_json(context.spec_json)
     job_output.quiet_platform_requests(context.api_url)
     print(f"[trainmaster] job {args.job_id} attempt {args.attempt}: {spec.entrypoint}", flush=True)
+    threading.Thread(target=_report_driver_up, name="driver-up", daemon=True).start()
     started = time.monotonic()
     try:
         result = build_trainer(spec, context).fit()
@@ -138,6 +139,17 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     return 0
+
+
+def _report_driver_up() -> None:
+    """Event `driver`: the job's driver is up, after how much Python start-up and import time.
+
+    One of the start-up milestones (admitted, driver, gang_pending, workers_started, runtime) that
+    say where a job's start-up time goes; off the main thread, so fit() does not wait for it."""
+    import psutil
+
+    up_s = time.time() - psutil.Process().create_time()
+    post_event("driver", f"driver up after {up_s:.1f} s of Python start-up and imports", {"startup_s": round(up_s, 3)})
 
 
 def _root_cause(exc: BaseException) -> str:

@@ -6,9 +6,10 @@ run (tests/e2e/test_ray_jobs.py), and three dispatchers race over 30 jobs agains
 in tests/integration/test_dispatcher.py.
 
 It also writes where each job's start-up time goes (tests/reliability/startup_phases.json), from
-the job's own events: queued -> admitted, admitted -> Ray driver running, driver -> Ray Train
-controller asking for its placement group, placement group -> workers started, workers -> training
-code running, training -> end.
+the job's own events: queued -> admitted, admitted -> the driver's process started by Ray Jobs (the
+job supervisor actor and the runtime env), the driver's Python start-up and imports, driver -> Ray
+Train controller asking for its placement group, placement group -> workers started, workers ->
+training code running, training -> end.
 """
 
 from __future__ import annotations
@@ -28,7 +29,15 @@ from tests.e2e.test_ray_jobs import TERMINAL, ledger_lines, small_mlp, wait_for
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 JOBS = 100
-PHASES = ("queued", "admitted_to_driver", "driver_to_controller", "placement_and_workers", "workers_to_code", "run")
+PHASES = (
+    "queued",
+    "ray_job_start",
+    "driver_imports",
+    "driver_to_controller",
+    "placement_and_workers",
+    "workers_to_code",
+    "run",
+)
 
 
 def startup_phases(client: tm.Client, job_id: str) -> dict[str, float]:
@@ -42,10 +51,13 @@ def startup_phases(client: tm.Client, job_id: str) -> dict[str, float]:
                 return event.created_at.timestamp()
         return None
 
+    driver = first("driver")
+    startup_s = next((float(e.data.get("startup_s", 0)) for e in events if e.kind == "driver"), 0.0)
     marks = {
         "submitted": job.created_at.timestamp(),
         "admitted": first("status", "starting"),
-        "driver": job.attempts[0].started_at.timestamp() if job.attempts and job.attempts[0].started_at else None,
+        "driver_process": driver - startup_s if driver is not None else None,
+        "driver": driver,
         "controller": first("gang_pending"),
         "workers": first("workers_started"),
         "code": first("runtime"),
