@@ -39,6 +39,9 @@ BAD_SPECS: list[tuple[str, dict[str, Any] | str, str]] = [
     ("zero timeout", spec(timeout_s=0), "timeout_s"),
     ("nccl without GPU", spec(backend="nccl"), "nccl"),
     ("bad code id", spec(code="sha256:xyz"), "code"),
+    ("unknown framework", spec(framework="keras"), "framework"),
+    ("built-in with another framework", spec(framework="tensorflow"), "framework"),
+    ("mpi with a function", spec(framework="mpi", entrypoint="train:main"), "framework"),
 ]
 
 NON_FINITE = ["NaN", "Infinity", "-Infinity"]
