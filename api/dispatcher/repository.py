@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased, selectinload
 
 from api.db.models import ApiToken, Checkpoint, Job, JobAttempt, JobEvent, LogLine, Project, ProjectUsage
-from api.jobs.repository import ACTIVE, admission_order
+from api.jobs.repository import ACTIVE
 from trainmaster.models import JobStatus
 
 ADMISSION_LOCK = 0x746D_6164  # "tmad": one admission round at a time across every dispatcher
@@ -45,24 +45,34 @@ async def lock_queued(session: AsyncSession, limit: int) -> list[Job]:
 
     Within one project usage is the same for every job, so the project's jobs come in the admission
     order by (priority, age) alone: the first `limit` of all are among the first `limit` of each
-    project. Those are read per project on ix_jobs_queued_by_project and only they are sorted, so a
-    round reads projects x limit rows however long the queue is."""
-    usage, order = admission_order()
+    project. Those are read per project on ix_jobs_queued_by_project with their sort keys (an
+    index-only scan), only those narrow rows are sorted, and only the first `limit` are fetched and
+    locked, so a round reads projects x limit index entries and `limit` rows however long the queue is."""
+    usage = ProjectUsage.__table__
     queued = aliased(Job)
     firsts = (
-        select(queued.id)
+        select(queued.id, queued.priority, queued.created_at)
         .where(queued.project_id == Project.id, queued.status == JobStatus.queued)
         .order_by(queued.priority.desc(), queued.created_at, queued.id)
         .limit(limit)
         .lateral()
     )
-    candidates = select(firsts.c.id).select_from(Project).join(firsts, true())
+    gpus = func.coalesce(usage.c.gpus, 0).label("gpus")
+    cpus = func.coalesce(usage.c.cpus, 0).label("cpus")
+    head = (
+        select(firsts.c.id, firsts.c.priority, gpus, cpus, firsts.c.created_at)
+        .select_from(Project)
+        .join(firsts, true())
+        .outerjoin(usage, usage.c.project_id == Project.id)
+        .order_by(firsts.c.priority.desc(), gpus, cpus, firsts.c.created_at, firsts.c.id)
+        .limit(limit)
+        .subquery()
+    )
     query = (
         select(Job)
-        .outerjoin(usage, usage.c.project_id == Job.project_id)
-        .where(Job.id.in_(candidates), Job.status == JobStatus.queued)
-        .order_by(*order)
-        .limit(limit)
+        .join(head, head.c.id == Job.id)
+        .where(Job.status == JobStatus.queued)
+        .order_by(head.c.priority.desc(), head.c.gpus, head.c.cpus, head.c.created_at, head.c.id)
         .with_for_update(of=Job, skip_locked=True)
         .options(selectinload(Job.attempts))
     )
