@@ -47,6 +47,7 @@ class SimRay:
     specs: dict[str, JobSpec] = field(default_factory=dict)  # job id -> spec, for placing its gang
     placed: dict[str, dict[str, list[Resources]]] = field(default_factory=dict)  # job id -> node -> bundles
     free: list[Node] = field(default_factory=list)
+    view: Cluster | None = None  # the nodes as placement sees them between finishes (see submit)
 
     def __post_init__(self) -> None:
         total = {"CPU": self.cpus_per_node, "GPU": self.gpus_per_node}
@@ -58,15 +59,21 @@ class SimRay:
         return Cluster([Node(n.node_id, dict(n.total), dict(n.free), n.ip) for n in self.free])
 
     def submit(self, launch: Launch) -> bool:
+        """Place the gang as Ray would. One `Cluster` view of the nodes is kept between submits (what
+        placement remembers stays true while resources are only taken), so the simulator's own cost
+        per submit stays small beside the dispatcher's; `finish` drops it."""
         job_id = launch.metadata["trainmaster_job_id"]
-        admission = admit(self.specs[job_id], Cluster(self.free), {})
+        if self.view is None:
+            self.view = Cluster(self.free)
+        admission = admit(self.specs[job_id], self.view, {})
         if admission.decision is Decision.admit:
-            Cluster(self.free).reserve(admission.placement)
+            self.view.reserve(admission.placement)
             self.placed[job_id] = admission.placement
         return True
 
     def finish(self, job_id: str) -> None:
         placement = self.placed.pop(job_id, {})
+        self.view = None  # resources come back: what placement remembered no longer holds
         by_id = {node.node_id: node for node in self.free}
         for node_id, bundles in placement.items():
             for bundle in bundles:

@@ -36,6 +36,7 @@ async def admit_round(dispatcher: Dispatcher) -> int:
         held_cpus, held_gpus = await repo.held_resources(session)
         total = cluster.total()
         budget = {"CPU": total.get("CPU", 0.0) - held_cpus, "GPU": total.get("GPU", 0.0) - held_gpus}
+        warning = storage_warning(settings.storage_path, cluster)  # the same for every job of the round
         admitted: list[tuple[Job, JobSpec]] = []  # their attempts are written together, see start_attempts
         for job in await repo.lock_queued(session, settings.admit_batch):
             spec = JobSpec.model_validate(job.spec)
@@ -52,7 +53,7 @@ async def admit_round(dispatcher: Dispatcher) -> int:
                 budget["CPU"] -= job.gang_cpus
                 budget["GPU"] -= job.gang_gpus
                 admitted.append((job, spec))
-                if warning := storage_warning(settings.storage_path, cluster):
+                if warning:
                     await record_event(session, job, "storage_warning", warning)
             elif admission.decision is Decision.wait:
                 job.infeasible_since = None
@@ -77,8 +78,10 @@ def storage_warning(storage_path: str, cluster: Cluster) -> str | None:
     if it is a shared mount on every host, which the dispatcher cannot see. So the job runs (the path
     may well be NFS) and the job's events say what to check: a refusal would stop every cluster that
     mounts its storage at the same path everywhere, which is the usual way to run."""
+    if "://" in storage_path:
+        return None
     hosts = {node.ip for node in cluster.nodes if node.ip}
-    if "://" in storage_path or len(hosts) < 2:
+    if len(hosts) < 2:
         return None
     return (
         f"checkpoints go to the local path {storage_path} while the cluster spans {len(hosts)} hosts "
