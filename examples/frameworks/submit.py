@@ -16,6 +16,7 @@ from pathlib import Path
 import trainmaster as tm
 
 FRAMEWORK_OF = {"lightning": "torch", "accelerate": "torch", "deepspeed": "torch"}
+ENV_OF = {"accelerate": {"ACCELERATE_USE_CPU": "true"}}  # what `accelerate launch --cpu` sets: a CPU gang
 
 parser = argparse.ArgumentParser()
 parser.add_argument("example", choices=sorted(p.name for p in Path(__file__).parent.iterdir() if p.is_dir()))
@@ -30,6 +31,7 @@ job = client.submit(
     args=["--out", args.out] if args.out else [],
     working_dir=Path(__file__).parent / args.example,
     framework=FRAMEWORK_OF.get(args.example, args.example),
+    env=ENV_OF.get(args.example, {}),
     scaling=tm.Scaling(num_workers=args.workers),
 )
 print("submitted", job.id, flush=True)

@@ -11,18 +11,20 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import trainmaster as tm
-from tests.e2e.conftest import REPO, Stack
+from tests.e2e.conftest import REPO, Stack, wait_until
 from tests.e2e.test_ray_jobs import TERMINAL, wait_for
 
 pytestmark = pytest.mark.ray
 
 EXAMPLES = REPO / "examples" / "frameworks"
+WRAPPERS = ("lightning", "accelerate", "deepspeed")  # PyTorch under its wrappers: framework "torch"
 
 
 def run(command: list[str], stack: Stack | None = None, timeout: float = 600) -> str:
@@ -49,7 +51,7 @@ def submitted_id(stdout: str) -> str:
     return next(line.split()[1] for line in stdout.splitlines() if line.startswith("submitted "))
 
 
-@pytest.mark.parametrize("example", ["tensorflow", "mpi", "paddle", "jax"])
+@pytest.mark.parametrize("example", ["tensorflow", "mpi", "paddle", "jax", *WRAPPERS])
 def test_example_runs_alone_then_on_two_workers_unchanged(stack: Stack, tmp_path: Path, example: str) -> None:
     alone = tmp_path / "alone"
     alone.mkdir()
@@ -63,7 +65,8 @@ def test_example_runs_alone_then_on_two_workers_unchanged(stack: Stack, tmp_path
     seen_by_ranks(out, 2)
     with stack.client() as client:
         runtime = [e for e in client.events(submitted_id(stdout)) if e.kind == "runtime"]
-    assert runtime and runtime[0].data["framework"] == example and runtime[0].data["world_size"] == 2
+    framework = "torch" if example in WRAPPERS else example
+    assert runtime and runtime[0].data["framework"] == framework and runtime[0].data["world_size"] == 2
 
 
 def test_jax_function_mode_runs_on_jax_trainer(stack: Stack, tmp_path: Path) -> None:
@@ -81,3 +84,101 @@ def test_jax_function_mode_runs_on_jax_trainer(stack: Stack, tmp_path: Path) -> 
         runtime = [e for e in client.events(job.id) if e.kind == "runtime"]
     seen_by_ranks(tmp_path, 2)
     assert runtime[0].data["backend"].startswith("jax.distributed") and runtime[0].data["world_size"] == 2
+
+
+RETRIED_PADDLE_FUNCTION = textwrap.dedent(
+    """
+    import json, os, tempfile
+    import paddle, paddle.distributed as dist, ray.train, trainmaster
+
+    def train_loop_per_worker(config):
+        dist.init_parallel_env()
+        rank, attempt = dist.get_rank(), os.environ["TRAINMASTER_ATTEMPT"]
+        start = 0
+        if ray.train.get_checkpoint() is not None:
+            with ray.train.get_checkpoint().as_directory() as folder:
+                start = json.load(open(os.path.join(folder, "state.json")))["step"] + 1
+        with open(config["ledger"], "a") as ledger:
+            ledger.write(f"{attempt} {rank} {start}\\n")
+        for step in range(start, 3):
+            total = paddle.to_tensor([float(rank + 1)])
+            dist.all_reduce(total)
+            trainmaster.log({"allreduce": total.item()}, step=step)
+            with tempfile.TemporaryDirectory() as folder:
+                json.dump({"step": step}, open(os.path.join(folder, "state.json"), "w"))
+                checkpoint = ray.train.Checkpoint.from_directory(folder) if rank == 0 else None
+                ray.train.report({"step": step}, checkpoint=checkpoint)
+            print(f"step {step} all-reduce {total.item()}", flush=True)
+            if step == 1 and start == 0:
+                raise RuntimeError("injected failure at step 1")
+    """
+)
+
+
+def test_checkpoints_retries_metrics_and_logs_behave_the_same_for_paddle(stack: Stack, tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "flaky.py").write_text(RETRIED_PADDLE_FUNCTION)
+    ledger = tmp_path / "ledger.txt"
+    with stack.client() as client:
+        job = client.submit(
+            name="paddle-retry",
+            entrypoint="flaky:train_loop_per_worker",
+            working_dir=code,
+            framework="paddle",
+            config={"ledger": str(ledger)},
+            scaling=tm.Scaling(num_workers=2),
+            max_retries=1,
+        )
+        done = wait_for(client, job.id, TERMINAL, timeout=480)
+        assert done.status is tm.JobStatus.succeeded, done.error
+        assert [a.status for a in done.attempts] == ["failed", "succeeded"]
+        assert "injected failure at step 1" in (done.attempts[0].error or "")
+        assert client.checkpoints(job.id), "no checkpoint recorded"
+        points = client.metrics(job.id, names=["allreduce"])
+        assert points and {p.value for p in points} == {3.0} and {p.rank for p in points} == {0, 1}
+        assert any("step 2 all-reduce 3.0" in line.line for line in client.logs(job.id))
+    starts = sorted(tuple(line.split()) for line in ledger.read_text().splitlines())
+    assert starts == [("1", "0", "0"), ("1", "1", "0"), ("2", "0", "2"), ("2", "1", "2")]  # resumed after step 1
+
+
+FOREVER_MPI = textwrap.dedent(
+    """
+    import time
+    from mpi4py import MPI
+    MPI.COMM_WORLD.Barrier()
+    print("mpi ranks up", flush=True)
+    while True:
+        time.sleep(0.5)
+    """
+)
+
+
+def mpi_processes(marker: str) -> list[Any]:
+    import psutil
+
+    return [p for p in psutil.process_iter(["cmdline"]) if any(marker in part for part in p.info["cmdline"] or [])]
+
+
+@pytest.mark.parametrize("ending", ["cancel", "timeout"])
+def test_cancel_and_timeout_stop_every_mpi_process(stack: Stack, tmp_path: Path, ending: str) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    marker = f"forever_{ending}_{tmp_path.name}.py"
+    (code / marker).write_text(FOREVER_MPI)
+    with stack.client() as client:
+        job = client.submit(
+            name=f"mpi-{ending}",
+            entrypoint=f"script:{marker}",
+            working_dir=code,
+            framework="mpi",
+            scaling=tm.Scaling(num_workers=2),
+            timeout_s=60 if ending == "timeout" else None,
+        )
+        wait_until(lambda: len(mpi_processes(marker)) >= 2, 180, interval=0.5, what="both MPI ranks to start")
+        if ending == "cancel":
+            client.cancel(job.id)
+        done = wait_for(client, job.id, TERMINAL, timeout=180)
+        assert done.status is (tm.JobStatus.cancelled if ending == "cancel" else tm.JobStatus.timed_out)
+    wait_until(lambda: not mpi_processes(marker), 60, interval=0.5, what="mpirun and its ranks to exit")
+    wait_until(lambda: stack.ray.free_cpus() == stack.ray.total_cpus(), 60, interval=0.5, what="CPUs to be free")

@@ -42,8 +42,13 @@ def torchrun_env(master_addr: str, master_port: int) -> dict[str, str]:
     """The environment torchrun gives a process, from this Ray Train worker's place in the gang."""
     import ray.train
 
+    from trainmaster.context import JobContext
+
+    job = JobContext.from_env()
     context = ray.train.get_context()
     return {
+        # torchrun's rendezvous id; Lightning and Accelerate read it to know torchrun started them
+        "TORCHELASTIC_RUN_ID": f"{job.job_id}-{job.attempt}" if job else "trainmaster",
         "RANK": str(context.get_world_rank()),
         "LOCAL_RANK": str(context.get_local_rank()),
         "WORLD_SIZE": str(context.get_world_size()),
