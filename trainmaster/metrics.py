@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from trainmaster.context import JobApi, JobContext
+from trainmaster.context import ENV_WORKER_RANK, JobApi, JobContext
 
 FLUSH_INTERVAL_S = 0.2
 BATCH_POINTS = 1000
@@ -147,7 +147,8 @@ def _current() -> MetricsSender | None:
 
 
 def _rank() -> int:
-    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+    # The launcher's own variable first: mpirun's ranks inherit rank 0's worker's environment.
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PADDLE_TRAINER_ID", "SLURM_PROCID", ENV_WORKER_RANK):
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     return 0

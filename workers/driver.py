@@ -9,6 +9,7 @@ checkpoint, so a retry (a new attempt) continues where the last one stopped.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import trainmaster
-from trainmaster.context import JobContext, post_event
+from trainmaster.context import ENV_WORKER_RANK, JobContext, post_event
 from trainmaster.models import JobSpec
 from workers import entrypoints, frameworks, job_output, system_metrics
 from workers.collectives.timeout import collective_timeout_s, explain_failure
@@ -46,6 +47,7 @@ def train_worker(config: dict[str, Any]) -> Any:
     script = tm["mode"] == "script"
     framework.prepare(script)
     context = ray.train.get_context()
+    os.environ[ENV_WORKER_RANK] = str(context.get_world_rank())  # trainmaster.log's rank, any framework
     if context.get_world_rank() == 0:
         device = describe_device()
         seen = framework.runtime()
