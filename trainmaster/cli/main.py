@@ -68,6 +68,9 @@ def submit(
     workers: Annotated[int | None, typer.Option("--workers", "-n", help="gang size")] = None,
     gpu: Annotated[bool, typer.Option("--gpu", help="one GPU per worker")] = False,
     cpus_per_worker: Annotated[float | None, typer.Option(help="CPUs per worker")] = None,
+    framework: Annotated[
+        str | None, typer.Option(help="torch (default), tensorflow, jax, horovod, mpi or paddle")
+    ] = None,
     config: Annotated[str | None, typer.Option(help="JSON object passed to the training function")] = None,
     arg: Annotated[list[str], typer.Option("--arg", help="script argument, repeatable")] = [],  # noqa: B006
     label: Annotated[list[str], typer.Option(help="KEY=VALUE, repeatable")] = [],  # noqa: B006
@@ -106,7 +109,12 @@ def submit(
         body["args"] = arg
     body["labels"] = {**body.get("labels", {}), **_parse_pairs(label, "--label")}
     body["env"] = {**body.get("env", {}), **_parse_pairs(env, "--env")}
-    for key, value in (("priority", priority), ("max_retries", max_retries), ("timeout_s", timeout)):
+    for key, value in (
+        ("framework", framework),
+        ("priority", priority),
+        ("max_retries", max_retries),
+        ("timeout_s", timeout),
+    ):
         if value is not None:
             body[key] = value
     try:
