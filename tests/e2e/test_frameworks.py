@@ -7,11 +7,13 @@ One job per framework; they share the session's Ray head, API and dispatcher.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +164,7 @@ def mpi_processes(marker: str) -> list[Any]:
 
 @pytest.mark.parametrize("ending", ["cancel", "timeout"])
 def test_cancel_and_timeout_stop_every_mpi_process(stack: Stack, tmp_path: Path, ending: str) -> None:
+    """mpirun and its ranks are the worker's child and grandchildren: stopping the Ray job ends them too."""
     code = tmp_path / "code"
     code.mkdir()
     marker = f"forever_{ending}_{tmp_path.name}.py"
@@ -173,12 +176,30 @@ def test_cancel_and_timeout_stop_every_mpi_process(stack: Stack, tmp_path: Path,
             working_dir=code,
             framework="mpi",
             scaling=tm.Scaling(num_workers=2),
-            timeout_s=60 if ending == "timeout" else None,
+            timeout_s=20 if ending == "timeout" else None,
         )
-        wait_until(lambda: len(mpi_processes(marker)) >= 2, 180, interval=0.5, what="both MPI ranks to start")
         if ending == "cancel":
+            wait_until(lambda: len(mpi_processes(marker)) >= 2, 180, interval=0.5, what="both MPI ranks to start")
             client.cancel(job.id)
         done = wait_for(client, job.id, TERMINAL, timeout=180)
         assert done.status is (tm.JobStatus.cancelled if ending == "cancel" else tm.JobStatus.timed_out)
     wait_until(lambda: not mpi_processes(marker), 60, interval=0.5, what="mpirun and its ranks to exit")
     wait_until(lambda: stack.ray.free_cpus() == stack.ray.total_cpus(), 60, interval=0.5, what="CPUs to be free")
+
+
+def test_a_framework_missing_where_the_job_runs_fails_fast_with_the_install_line(stack: Stack) -> None:
+    if importlib.util.find_spec("horovod") is not None:
+        pytest.skip("horovod is installed here; this case needs a framework that is not")
+    started = time.monotonic()
+    with stack.client() as client:
+        job = client.submit(
+            name="no-horovod",
+            entrypoint="script:train.py",
+            working_dir=EXAMPLES / "horovod",
+            framework="horovod",
+            scaling=tm.Scaling(num_workers=2),
+        )
+        done = wait_for(client, job.id, TERMINAL, timeout=120)
+    assert done.status is tm.JobStatus.failed
+    assert "'horovod'" in (done.error or "") and "pip install horovod" in (done.error or ""), done.error
+    assert time.monotonic() - started < 90  # the driver stops before any worker starts, never a hang
