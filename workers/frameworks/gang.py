@@ -20,7 +20,7 @@ def endpoints() -> list[Endpoint]:
     return list(_gang)
 
 
-def _address_and_port() -> Endpoint:
+def address_and_port() -> Endpoint:
     import ray.util
 
     from workers.entrypoints import free_port
@@ -28,14 +28,14 @@ def _address_and_port() -> Endpoint:
     return ray.util.get_node_ip_address(), free_port()
 
 
-def _remember(gang: list[Endpoint]) -> None:
+def remember(gang: list[Endpoint]) -> None:
     _gang[:] = gang
 
 
 class _GangBackend(Backend):
     def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
-        gang = [tuple(endpoint) for endpoint in worker_group.execute(_address_and_port)]
-        worker_group.execute(_remember, gang)
+        gang = [tuple(endpoint) for endpoint in worker_group.execute(address_and_port)]
+        worker_group.execute(remember, gang)
 
 
 @dataclass

@@ -41,8 +41,8 @@ class _CpuJaxBackend(_JaxBackend):
         if backend_config.use_gpu or backend_config.use_tpu:
             super().on_start(worker_group, backend_config)
             return
-        endpoints = [tuple(e) for e in worker_group.execute(gang._address_and_port)]
-        worker_group.execute(gang._remember, endpoints)
+        endpoints = [tuple(e) for e in worker_group.execute(gang.address_and_port)]
+        worker_group.execute(gang.remember, endpoints)
         if backend_config.script:
             return  # the script joins jax.distributed itself, under mpirun
         address, port = endpoints[0]
