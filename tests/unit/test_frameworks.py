@@ -64,10 +64,21 @@ def test_hostfile_has_one_line_per_node_in_rank_order() -> None:
     ]
 
 
+def test_the_first_rank_on_each_other_node_starts_mpiruns_daemon_there() -> None:
+    assert mpi.remote_servers(["10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.2"]) == {
+        "10.0.0.2": 2,
+        "10.0.0.3": 3,
+    }
+    assert mpi.remote_servers(["10.0.0.1", "10.0.0.1"]) == {}  # one node: mpirun starts every rank itself
+
+
 def test_mpirun_forwards_the_named_variables() -> None:
     command = mpi.mpirun_command(Path("/h"), 4, ["TRAINMASTER_JOB_ID"], ["python", "t.py"])
     assert command[:5] == ["mpirun", "--hostfile", "/h", "-np", "4"]
     assert command[command.index("-x") + 1] == "TRAINMASTER_JOB_ID" and command[-2:] == ["python", "t.py"]
+    assert "plm_rsh_agent" not in command
+    agent = mpi.mpirun_command(Path("/h"), 4, [], ["t"], ["python", "mpi_agent.py", "/spec.json"])
+    assert agent[agent.index("plm_rsh_agent") + 1] == "python mpi_agent.py /spec.json"
 
 
 def test_paddle_gets_the_launchers_collective_environment() -> None:

@@ -80,17 +80,23 @@ def trainer(spec: Any, *, train_fn: Any, config: dict[str, Any], scaling: Any, r
     )
 
 
+_script_mode = [False]
+
+
 def prepare(script: bool) -> None:
+    _script_mode[0] = script
     if script:
         mpi.prepare(script)
 
 
 def runtime() -> dict[str, Any]:
-    if os.environ.get("JAX_PLATFORMS") == "cpu":
-        import jax
+    if _script_mode[0]:
+        return {"backend": "mpirun, then jax.distributed (Open MPI detected)", "world_size": len(gang.endpoints())}
+    import jax
 
-        return {"backend": "jax.distributed (gloo CPU collectives)", "world_size": jax.process_count()}
-    return {"backend": "mpirun, then jax.distributed (Open MPI detected)", "world_size": len(gang.endpoints())}
+    platform = os.environ.get("JAX_PLATFORMS", "")
+    backend = "jax.distributed (gloo CPU collectives)" if platform == "cpu" else f"jax.distributed ({platform})"
+    return {"backend": backend, "world_size": jax.process_count()}
 
 
 def run_script(path: Path, args: list[str]) -> None:
