@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.auth.cache import TokenCache
 from api.checkpoints.routes import router as checkpoints_router
 from api.cluster.routes import router as cluster_router
 from api.code_packages.routes import router as code_router
@@ -44,7 +45,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = create_engine(settings)
         app.state.engine = engine
         app.state.sessions = session_factory(engine)
-        app.state.broker = Broker(settings.database_url)
+        app.state.tokens = TokenCache(settings.auth_cache_s)
+        app.state.broker = Broker(settings.database_url, app.state.tokens)
+        app.state.broker.start()  # the token cache is trusted only while it listens
         app.state.stream_limiter = StreamLimiter(settings.max_streams_per_token)
         telemetry = start_telemetry(settings, "trainmaster-api")
         retention = start_retention(settings, app.state.sessions)

@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     sse_send_timeout_s: float = 30.0
     max_streams_per_token: int = 16
     db_pool_size: int = 10
+    # How long an API process trusts a token it checked, without asking the database again. Revocation
+    # still takes effect at once (a NOTIFY from migration 0006 evicts it); 0 turns the cache off.
+    auth_cache_s: float = 5.0
     db_connect_timeout_s: float = 5.0
     page_limit_default: int = 50
     page_limit_max: int = 500

@@ -42,7 +42,7 @@ def api_phases(url: str, token: str, args: Any) -> list[dict[str, Any]]:
     posted = drive(post, args.concurrency, args.client_procs)
     rows.append(summary("POST /v1/jobs", posted, load_1m=load_1m()))
     print(f"API: GET /v1/jobs/{{id}}, {args.concurrency} clients for {args.warmup:g} + {args.duration:g} s", flush=True)
-    reads = [("GET", f"/v1/jobs/{job_id}", None) for job_id in posted.ids[:5000]]
+    reads: list[tuple[str, str, bytes | None]] = [("GET", f"/v1/jobs/{job_id}", None) for job_id in posted.ids[:5000]]
     got = drive(Phase(url, headers, reads, 200, args.warmup, args.duration), args.concurrency, args.client_procs)
     rows.append(summary("GET /v1/jobs/{id}", got, load_1m=load_1m()))
     return rows

@@ -50,12 +50,16 @@ class Outcome:
     errors: Counter[str] = field(default_factory=Counter)
     ids: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    client_cpu_s: float = 0.0  # CPU time of the client processes (all their threads)
+    sent: int = 0  # requests answered, warm-up included
 
     def merge(self, other: Outcome) -> None:
         self.latencies += other.latencies
         self.errors.update(other.errors)
         self.ids += other.ids
         self.seconds = max(self.seconds, other.seconds)
+        self.client_cpu_s += other.client_cpu_s
+        self.sent += other.sent
 
 
 def _http_client(phase: Phase) -> Callable[[tuple[str, str, bytes | None]], tuple[int, bytes]]:
@@ -102,6 +106,7 @@ def _client(phase: Phase, todo: list[tuple[str, str, bytes | None]], begin: floa
             send = _ray_client(phase) if phase.ray_token else _http_client(phase)
             continue
         took = time.time() - started
+        outcome.sent += 1
         if status != phase.expect:
             outcome.errors[f"HTTP {status}: {body[:80]!r}"] += 1
         elif phase.once or started >= measure_from:
@@ -115,6 +120,7 @@ def _client(phase: Phase, todo: list[tuple[str, str, bytes | None]], begin: floa
 def _process(phase: Phase, threads: int, index: int, procs: int, begin: float) -> Outcome:
     """One client process: `threads` clients; with `once`, this process's share of the requests."""
     results: list[Outcome] = []
+    cpu_began = time.process_time()
     mine = phase.requests[index::procs] if phase.once else phase.requests
 
     def run(t: int) -> None:
@@ -128,6 +134,7 @@ def _process(phase: Phase, threads: int, index: int, procs: int, begin: float) -
     total = Outcome()
     for result in results:
         total.merge(result)
+    total.client_cpu_s = time.process_time() - cpu_began
     return total
 
 
@@ -156,4 +163,5 @@ def summary(path: str, outcome: Outcome, **extra: Any) -> dict[str, Any]:
         "errors": sum(outcome.errors.values()),
         "req_per_s": len(outcome.latencies) / outcome.seconds if outcome.seconds else 0.0,
         **ms(outcome.latencies, 50, 99),
+        "client_cpu_ms_per_req": 1000 * outcome.client_cpu_s / max(1, outcome.sent),
     }

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Header
+from fastapi import Depends, Header, Request
 
 from api.auth.service import Principal, authenticate
 from api.db.session import Session
 from api.errors import Unauthorized
 
 
-async def current_principal(session: Session, authorization: Annotated[str | None, Header()] = None) -> Principal:
-    return await authenticate(session, authorization)
+async def current_principal(
+    request: Request, session: Session, authorization: Annotated[str | None, Header()] = None
+) -> Principal:
+    return await authenticate(session, authorization, getattr(request.app.state, "tokens", None))
 
 
 async def current_project(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:

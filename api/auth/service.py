@@ -7,11 +7,15 @@ import secrets
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth import repository
 from api.errors import Unauthorized
+
+if TYPE_CHECKING:
+    from api.auth.cache import TokenCache
 
 TOKEN_PREFIX = "tm_"
 
@@ -64,14 +68,23 @@ async def create_job_tokens(session: AsyncSession, jobs: Sequence[tuple[uuid.UUI
     return tokens
 
 
-async def authenticate(session: AsyncSession, authorization: str | None) -> Principal:
+async def authenticate(session: AsyncSession, authorization: str | None, cache: TokenCache | None = None) -> Principal:
+    """Who sent `Authorization: Bearer <token>`; with a cache, a token checked moments ago and not
+    revoked since is not looked up again (api/auth/cache.py)."""
     if not authorization:
         raise Unauthorized("missing Authorization header: send 'Authorization: Bearer <token>'")
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("Authorization must be 'Bearer <token>'")
-    found = await repository.find_active_token(session, hash_token(token.strip()))
+    token_hash = hash_token(token.strip())
+    if cache is not None and (principal := await cache.get(token_hash)) is not None:
+        return principal
+    stamp = cache.stamp() if cache is not None else None
+    found = await repository.find_active_token(session, token_hash)
     if found is None:
         raise Unauthorized("unknown or revoked token: create one with `trainmaster token create`")
     row, project = found
-    return Principal(project_id=project.id, project_name=project.name, job_id=row.job_id, token_id=row.id)
+    principal = Principal(project_id=project.id, project_name=project.name, job_id=row.job_id, token_id=row.id)
+    if cache is not None and stamp is not None:
+        cache.put(token_hash, principal, stamp)
+    return principal

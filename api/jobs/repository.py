@@ -31,6 +31,35 @@ async def insert_job(session: AsyncSession, values: dict[str, Any]) -> uuid.UUID
     return (await session.execute(statement)).scalar_one_or_none()
 
 
+# One statement for a new job: the row, its first event and the NOTIFY (sent at commit); no row when
+# the project already holds a job with this idempotency key.
+INSERT_QUEUED = text(
+    """
+    WITH job AS (
+        INSERT INTO jobs (id, project_id, name, status, spec, labels, priority, gang_cpus, gang_gpus,
+                          idempotency_key, request_hash, pending_reason)
+        VALUES (:id, :project_id, :name, 'queued', CAST(:spec AS jsonb), CAST(:labels AS jsonb), :priority,
+                :gang_cpus, :gang_gpus, :idempotency_key, :request_hash, :pending_reason)
+        ON CONFLICT (project_id, idempotency_key) DO NOTHING
+        RETURNING id, created_at, spec
+    ),
+    event AS (
+        INSERT INTO job_events (job_id, kind, status, message, data)
+        SELECT id, 'status', 'queued', 'submitted', '{}'::jsonb FROM job
+    )
+    SELECT id, created_at, spec, pg_notify(:channel, :payload) FROM job
+    """
+)
+
+
+async def insert_queued(session: AsyncSession, values: dict[str, Any], channel: str, payload: str) -> Any | None:
+    """Insert a queued job with its `submitted` event and notify `channel`; its (id, created_at, spec as
+    stored: JSONB orders keys its own way, and every later read answers in that order), or None
+    when the project already holds a job with this idempotency key (nothing is written then)."""
+    result = await session.execute(INSERT_QUEUED, {**values, "channel": channel, "payload": payload})
+    return result.first()
+
+
 async def owned_job_id(session: AsyncSession, job_id: uuid.UUID, project_id: uuid.UUID) -> uuid.UUID | None:
     query = select(Job.id).where(Job.id == job_id, Job.project_id == project_id)
     return (await session.execute(query)).scalar_one_or_none()
@@ -152,11 +181,39 @@ QUEUE_POSITIONS = text(
 
 async def queue_positions(session: AsyncSession, jobs: Sequence[Job]) -> dict[uuid.UUID, int]:
     """1-based place in the queue for each queued job, in admission order (see QUEUE_POSITIONS)."""
-    wanted = [job.id for job in jobs if job.status is JobStatus.queued]
-    if not wanted:
+    return await queue_positions_of(session, [job.id for job in jobs if job.status is JobStatus.queued])
+
+
+async def queue_positions_of(session: AsyncSession, queued_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:
+    if not queued_ids:
         return {}
-    rows = await session.execute(QUEUE_POSITIONS, {"ids": wanted})
+    rows = await session.execute(QUEUE_POSITIONS, {"ids": list(queued_ids)})
     return {job_id: int(position) for job_id, position in rows.all()}
+
+
+# One job as GET /v1/jobs/{id} answers it, in one statement: its row, its attempts (as JSON, in order)
+# and, while queued, its queue position (QUEUE_POSITIONS of that one id).
+READ_JOB = text(
+    f"""
+    SELECT j.id, j.name, j.status, j.spec, j.created_at, j.started_at, j.finished_at, j.pending_reason,
+           j.error, j.latest_metrics,
+           coalesce((SELECT json_agg(json_build_object(
+                         'n', a.n, 'ray_submission_id', a.ray_submission_id, 'status', a.status,
+                         'started_at', a.started_at, 'finished_at', a.finished_at, 'error', a.error
+                     ) ORDER BY a.n) FROM job_attempts a WHERE a.job_id = j.id), '[]') AS attempts,
+           CASE WHEN j.status = 'queued'
+                THEN (SELECT position FROM ({QUEUE_POSITIONS.text}) positions WHERE positions.id = j.id) END
+               AS queue_position
+    FROM jobs j
+    WHERE j.id = :id AND j.project_id = :project_id
+    """
+)
+
+
+async def read_job(session: AsyncSession, job_id: uuid.UUID, project_id: uuid.UUID) -> Any | None:
+    """The row READ_JOB reads, or None when the project holds no such job."""
+    result = await session.execute(READ_JOB, {"id": job_id, "project_id": project_id, "ids": [job_id]})
+    return result.first()
 
 
 async def list_events(session: AsyncSession, job_id: uuid.UUID) -> list[JobEvent]:

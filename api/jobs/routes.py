@@ -16,7 +16,7 @@ from trainmaster.models import EventList, Job, JobControl, JobEvent, JobEventIn,
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(400, 401, 404, 409, 413, 415, 422, 503))
 
 
-def require_json(request: Request) -> None:
+async def require_json(request: Request) -> None:
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != "application/json":
         raise UnsupportedMediaType(f"send the job spec as application/json, not {content_type or 'no type'!r}")
@@ -34,7 +34,7 @@ async def submit_job(
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
     response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return await service.describe(session, principal, job)
+    return job.wire
 
 
 @router.get("", response_model=JobList)
@@ -59,8 +59,7 @@ async def list_jobs(
 
 @router.get("/{job_id}", response_model=Job)
 async def get_job(job_id: str, session: Session, principal: ProjectPrincipal) -> Job:
-    job = await service.get_owned(session, principal, job_id)
-    return await service.describe(session, principal, job)
+    return await service.read(session, principal, job_id)
 
 
 @router.post("/{job_id}/cancel", response_model=Job, status_code=status.HTTP_202_ACCEPTED)

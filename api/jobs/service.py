@@ -8,7 +8,9 @@ import hashlib
 import json
 import re
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -18,21 +20,37 @@ from api.db.models import Job as JobRow
 from api.db.models import JobEvent as EventRow
 from api.errors import IdempotencyKeyReused, IllegalTransition, JobNotFound, ValidationError
 from api.jobs import repository
-from api.jobs.status import notify, record_event, transition
+from api.jobs.status import JOB_CHANNEL, record_event, transition
 from trainmaster.models import Attempt, Job, JobControl, JobEvent, JobEventIn, JobSpec, JobStatus
 
 MAX_IDEMPOTENCY_KEY = 256
 
 
 def spec_hash(spec: JobSpec) -> str:
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return _hash_of(spec.model_dump(mode="json"))
+
+
+def _hash_of(spec_json: dict[str, Any]) -> str:
+    canonical = json.dumps(spec_json, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+WAITING = "waiting for the dispatcher"
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A job just stored (or found again by its idempotency key), and its answer."""
+
+    id: uuid.UUID
+    status: JobStatus
+    wire: Job
 
 
 async def submit(
     session: AsyncSession, principal: Principal, spec: JobSpec, idempotency_key: str | None
-) -> tuple[JobRow, bool]:
-    """Store a new queued job with its first event; returns (job, created).
+) -> tuple[Submitted, bool]:
+    """Store a new queued job with its first event; returns (the job, created).
 
     With an Idempotency-Key, a second request with the same spec gets the first job back, whatever
     order concurrent requests commit in; the same key with another spec is refused.
@@ -41,25 +59,29 @@ async def submit(
         raise ValidationError.field(["header", "Idempotency-Key"], f"must be 1-{MAX_IDEMPOTENCY_KEY} characters")
     if spec.code is not None and not await code_repository.exists(session, principal.project_id, spec.code):
         raise ValidationError.field(["body", "code"], f"no uploaded code {spec.code}; upload it with POST /v1/code")
-    digest = spec_hash(spec)
-    job_id = await repository.insert_job(
+    spec_json = spec.model_dump(mode="json")
+    digest = _hash_of(spec_json)
+    resources = spec.scaling.worker_resources()
+    job_id = uuid.uuid4()
+    inserted = await repository.insert_queued(
         session,
         {
-            "id": uuid.uuid4(),
+            "id": job_id,
             "project_id": principal.project_id,
             "name": spec.name,
-            "status": JobStatus.queued,
-            "spec": spec.model_dump(mode="json"),
-            "labels": spec.labels,
+            "spec": json.dumps(spec_json),
+            "labels": json.dumps(spec.labels),
             "priority": spec.priority,
-            "gang_cpus": spec.scaling.worker_resources().get("CPU", 0.0) * spec.scaling.num_workers,
-            "gang_gpus": spec.scaling.worker_resources().get("GPU", 0.0) * spec.scaling.num_workers,
+            "gang_cpus": resources.get("CPU", 0.0) * spec.scaling.num_workers,
+            "gang_gpus": resources.get("GPU", 0.0) * spec.scaling.num_workers,
             "idempotency_key": idempotency_key,
             "request_hash": digest,
-            "pending_reason": "waiting for the dispatcher",
+            "pending_reason": WAITING,
         },
+        JOB_CHANNEL,
+        json.dumps({"job_id": str(job_id), "status": JobStatus.queued.value}),
     )
-    if job_id is None:
+    if inserted is None:
         assert idempotency_key is not None
         existing = await repository.find_by_idempotency_key(session, principal.project_id, idempotency_key)
         if existing is None:  # pragma: no cover - the conflicting row was deleted in between
@@ -69,13 +91,19 @@ async def submit(
                 ["header", "Idempotency-Key"],
                 "this key was already used with a different job spec; use a new key for a new job",
             )
-        return existing, False
-    job = await repository.get_job(session, job_id)
-    assert job is not None
-    session.add(EventRow(job_id=job.id, kind="status", status=JobStatus.queued, message="submitted", data={}))
-    await session.flush()
-    await notify(session, job, JobStatus.queued)
-    return job, True
+        return Submitted(existing.id, existing.status, await describe(session, principal, existing)), False
+    positions = await repository.queue_positions_of(session, [job_id])
+    job = Job(
+        id=str(job_id),
+        project=principal.project_name,
+        name=spec.name,
+        status=JobStatus.queued,
+        spec=inserted.spec,
+        created_at=inserted.created_at,
+        pending_reason=WAITING,
+        queue_position=positions.get(job_id),
+    )
+    return Submitted(job_id, JobStatus.queued, job), True
 
 
 def parse_job_id(raw: str) -> uuid.UUID:
@@ -91,6 +119,29 @@ async def get_owned(session: AsyncSession, principal: Principal, raw_id: str, *,
     if job is None:
         raise JobNotFound(f"no job {raw_id!r} in project {principal.project_name!r}")
     return job
+
+
+async def read(session: AsyncSession, principal: Principal, raw_id: str) -> Job:
+    """One job as answered, read in one statement (attempts and queue position included)."""
+    row = await repository.read_job(session, parse_job_id(raw_id), principal.project_id)
+    if row is None:
+        raise JobNotFound(f"no job {raw_id!r} in project {principal.project_name!r}")
+    status = JobStatus(row.status)
+    return Job(
+        id=str(row.id),
+        project=principal.project_name,
+        name=row.name,
+        status=status,
+        spec=row.spec,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        attempts=row.attempts,
+        pending_reason=row.pending_reason if status in (JobStatus.queued, JobStatus.starting) else None,
+        error=row.error,
+        latest_metrics=row.latest_metrics,
+        queue_position=None if row.queue_position is None else int(row.queue_position),
+    )
 
 
 async def cancel(session: AsyncSession, principal: Principal, raw_id: str) -> JobRow:
