@@ -48,7 +48,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.tokens = TokenCache(settings.auth_cache_s)
         app.state.broker = Broker(settings.database_url, app.state.tokens)
         app.state.broker.start()  # the token cache is trusted only while it listens
-        app.state.stream_limiter = StreamLimiter(settings.max_streams_per_token)
+        app.state.stream_limiter = StreamLimiter(settings.max_streams_per_token, settings.stream_slots_dir)
         telemetry = start_telemetry(settings, "trainmaster-api")
         retention = start_retention(settings, app.state.sessions)
         try:

@@ -52,11 +52,27 @@ def register(app: typer.Typer) -> None:
 def api(
     host: Annotated[str | None, typer.Option(help="bind address (TRAINMASTER_API_HOST)")] = None,
     port: Annotated[int | None, typer.Option(help="port (TRAINMASTER_API_PORT)")] = None,
-    workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes")] = 1,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="worker processes (default: one per CPU core, at most 8)")
+    ] = None,
     migrate: Annotated[bool, typer.Option("--migrate", help="migrate the database first (under a lock)")] = False,
+    access_log: Annotated[bool, typer.Option("--access-log", help="log every request (Prometheus counts them)")] = (
+        False
+    ),
 ) -> None:
-    """Serve the REST API."""
+    """Serve the REST API.
+
+    Several worker processes share the port; each has its own LISTEN connection (streams, token
+    revocations) and database pool, and the per-token stream cap is counted across all of them.
+    """
+    import os
+    import tempfile
+
     uvicorn = _server("uvicorn")
+    # Before the settings are read: the workers share one directory of stream slots (api/streaming/limits.py).
+    slots = None if "TRAINMASTER_STREAM_SLOTS_DIR" in os.environ else tempfile.mkdtemp(prefix="trainmaster-streams-")
+    if slots is not None:
+        os.environ["TRAINMASTER_STREAM_SLOTS_DIR"] = slots
     settings = _server("api.settings").get_settings()
     if migrate:
         _server("api.db.migrate").upgrade(settings.database_url, "head")
@@ -69,10 +85,17 @@ def api(
         factory=True,
         host=host or settings.api_host,
         port=port or settings.api_port,
-        workers=workers,
+        workers=workers or min(os.cpu_count() or 1, 8),
+        loop="uvloop",
+        http="httptools",
+        access_log=access_log,
         log_level="info",
         timeout_graceful_shutdown=5,
     )
+    if slots is not None:
+        import shutil
+
+        shutil.rmtree(slots, ignore_errors=True)
 
 
 def dispatcher() -> None:

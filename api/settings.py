@@ -42,6 +42,7 @@ class Settings(BaseSettings):
     sse_heartbeat_s: float = 15.0
     sse_send_timeout_s: float = 30.0
     max_streams_per_token: int = 16
+    stream_slots_dir: str | None = None  # set by `trainmaster api` so its workers share the stream cap
     db_pool_size: int = 10
     # How long an API process trusts a token it checked, without asking the database again. Revocation
     # still takes effect at once (a NOTIFY from migration 0006 evicts it); 0 turns the cache off.

@@ -104,3 +104,39 @@ def test_readme_sdk_example_runs(api_process: ApiProcess, index: int) -> None:
     )
     assert result.returncode == 0, f"README SDK example failed:\n{result.stdout}\n{result.stderr}"
     assert "queued" in result.stdout
+
+
+def test_several_workers_serve_and_a_revoked_token_is_refused_by_every_one(
+    api_process: ApiProcess, database_url: str
+) -> None:
+    """`trainmaster api` runs one worker process per core by default; each caches the tokens it checked,
+    and a revocation reaches every one of them at once."""
+    import hashlib
+    import uuid
+
+    import httpx
+    import psutil
+    import psycopg
+
+    from api.settings import libpq_url
+    from tests.factories.auth import project_token
+
+    workers = psutil.Process(api_process.process.pid).children(recursive=True)
+    assert len(workers) >= min(2, psutil.cpu_count() or 1)
+    token = project_token(database_url, f"revoke-{uuid.uuid4().hex[:6]}")
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=api_process.url, headers=headers, timeout=10) as first:
+        # Fresh connections land on whichever worker accepts them: enough of them reach every worker.
+        for _ in range(30):
+            with httpx.Client(base_url=api_process.url, headers=headers, timeout=10) as client:
+                assert client.get("/v1/jobs").status_code == 200
+        assert first.get("/v1/jobs").status_code == 200
+        with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
+            conn.execute(
+                "UPDATE api_tokens SET revoked_at = now() WHERE token_hash = %s",
+                (hashlib.sha256(token.encode()).hexdigest(),),
+            )
+        assert first.get("/v1/jobs").status_code == 401
+        for _ in range(30):
+            with httpx.Client(base_url=api_process.url, headers=headers, timeout=10) as client:
+                assert client.get("/v1/jobs").status_code == 401
