@@ -129,10 +129,11 @@ def admission_order() -> tuple[FromClause, tuple[Any, ...]]:
 # The jobs ahead of each one in `admission_order`, without reading the whole queue: whole
 # (priority, project) groups ahead (higher priority, or the same priority and less usage) come from
 # `queue_counts`; only projects with the same priority and exactly the same usage interleave by age.
-# Those tied jobs are read on ix_jobs_queued_by_project, from the front of each tied project up to the
-# newest asked-for job of its class, once for the whole page, and numbered in age order. A job is tied
-# with its own project's older jobs at its priority (always) and with other projects' only while
-# their usage equals its project's (e.g. both hold nothing).
+# Those tied jobs older than the page's oldest asked-for job of a class are counted on
+# ix_jobs_queued_by_project (an index-only count per tied project, no sort); only the tied jobs from
+# that oldest to the newest asked-for job are read and numbered in age order, once for the whole page.
+# A job is tied with its own project's older jobs at its priority (always) and with other projects'
+# only while their usage equals its project's (e.g. both hold nothing).
 QUEUE_POSITIONS = text(
     """
     WITH me AS (
@@ -152,12 +153,29 @@ QUEUE_POSITIONS = text(
         SELECT DISTINCT ON (priority, gpus, cpus) priority, gpus, cpus, created_at, id
         FROM me ORDER BY priority, gpus, cpus, created_at DESC, id DESC
     ),
+    oldest AS (
+        SELECT DISTINCT ON (priority, gpus, cpus) priority, gpus, cpus, created_at, id
+        FROM me ORDER BY priority, gpus, cpus, created_at, id
+    ),
+    classes AS (
+        SELECT n.priority, n.gpus, n.cpus, n.created_at, n.id, o.created_at AS oldest_at, o.id AS oldest_id
+        FROM newest n JOIN oldest o USING (priority, gpus, cpus)
+    ),
     tied AS (
-        SELECT n.priority, n.gpus, n.cpus, n.created_at, n.id, g.project_id
-        FROM newest n JOIN groups g ON g.priority = n.priority AND g.gpus = n.gpus AND g.cpus = n.cpus
+        SELECT c.*, g.project_id
+        FROM classes c JOIN groups g ON g.priority = c.priority AND g.gpus = c.gpus AND g.cpus = c.cpus
         UNION
-        SELECT n.priority, n.gpus, n.cpus, n.created_at, n.id, me.project_id
-        FROM newest n JOIN me ON me.priority = n.priority AND me.gpus = n.gpus AND me.cpus = n.cpus
+        SELECT c.*, me.project_id
+        FROM classes c JOIN me ON me.priority = c.priority AND me.gpus = c.gpus AND me.cpus = c.cpus
+    ),
+    older AS (
+        SELECT tied.priority, tied.gpus, tied.cpus, sum(c.n) AS n
+        FROM tied CROSS JOIN LATERAL (
+            SELECT count(*) AS n FROM jobs j
+            WHERE j.status = 'queued' AND j.project_id = tied.project_id AND j.priority = tied.priority
+              AND (j.created_at, j.id) < (tied.oldest_at, tied.oldest_id)
+        ) c
+        GROUP BY tied.priority, tied.gpus, tied.cpus
     ),
     numbered AS (
         SELECT t.id, row_number() OVER (
@@ -165,6 +183,7 @@ QUEUE_POSITIONS = text(
         FROM tied CROSS JOIN LATERAL (
             SELECT j.id, j.created_at FROM jobs j
             WHERE j.status = 'queued' AND j.project_id = tied.project_id AND j.priority = tied.priority
+              AND (j.created_at, j.id) >= (tied.oldest_at, tied.oldest_id)
               AND (j.created_at, j.id) <= (tied.created_at, tied.id)
         ) t
     )
@@ -173,8 +192,9 @@ QUEUE_POSITIONS = text(
             SELECT sum(g.queued) FROM groups g
             WHERE g.priority > me.priority
                OR (g.priority = me.priority AND (g.gpus, g.cpus) < (me.gpus, me.cpus))
-        ), 0) + numbered.ahead AS position
+        ), 0) + older.n + numbered.ahead AS position
     FROM me JOIN numbered ON numbered.id = me.id
+    JOIN older ON older.priority = me.priority AND older.gpus = me.gpus AND older.cpus = me.cpus
     """
 )
 

@@ -113,6 +113,30 @@ def test_queue_position_equals_admission_order_under_fair_share(http: TestClient
     assert_counters_match_a_recount(database_url)
 
 
+def test_positions_of_a_page_deep_in_a_tied_queue(http: TestClient, database_url: str) -> None:
+    """Projects holding nothing tie: a page in the middle of one project's queue counts the tied jobs
+    older than the page and numbers the ones among it, and still equals the claim order."""
+    tokens = [project_token(database_url, f"tie{i}") for i in range(3)]
+    for i in range(45):
+        submit(http, tokens[(i * 5) % 3], priority=(i * 7) % 2)
+
+    async def claim_order(session: AsyncSession) -> list[str]:
+        return [str(job.id) for job in await dispatcher_repository.lock_queued(session, 1000)]
+
+    place = {job_id: n for n, job_id in enumerate(in_session(database_url, claim_order), start=1)}
+    headers = {"Authorization": f"Bearer {tokens[1]}"}
+    seen, cursor = 0, None
+    while True:
+        params: dict[str, Any] = {"limit": 4, **({"cursor": cursor} if cursor else {})}
+        page = http.get("/v1/jobs", params=params, headers=headers).json()
+        for item in page["items"]:
+            assert item["queue_position"] == place[item["id"]]
+            seen += 1
+        if not (cursor := page["next_cursor"]):
+            break
+    assert seen == 15
+
+
 def test_claim_reads_a_few_per_project_yet_keeps_the_global_order(database_url: str, http: TestClient) -> None:
     """With a limit smaller than the queue, the claim returns the first `limit` of the whole order."""
     tokens = [project_token(database_url, f"p{i}") for i in range(5)]
