@@ -40,7 +40,7 @@ async def held_resources(session: AsyncSession) -> tuple[float, float]:
 
 
 async def lock_queued(session: AsyncSession, limit: int) -> list[Job]:
-    """Queued jobs in admission order (`admission_order`), locked; rows another dispatcher holds are
+    """Queued jobs in admission order (api/jobs/repository.py says which), locked; rows another dispatcher holds are
     skipped.
 
     Within one project usage is the same for every job, so the project's jobs come in the admission

@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import FromClause, Select, String, cast, func, select, text, tuple_
+from sqlalchemy import Select, String, cast, func, select, text, tuple_
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from api.db.models import Job, JobEvent, Project, ProjectUsage
+from api.db.models import Job, JobEvent, Project
 from trainmaster.models import JobStatus
 
 
@@ -107,26 +107,11 @@ async def list_jobs(
 ACTIVE = (JobStatus.starting, JobStatus.running, JobStatus.cancelling)
 
 
-def admission_order() -> tuple[FromClause, tuple[Any, ...]]:
-    """The order the dispatcher admits queued jobs in, and the per-project usage it depends on.
-
-    Priority (high first), then fair share (the project holding the fewest GPUs, then CPUs, in
-    active jobs first), then age. Admission and `queue_position` both use this, so the position a
-    user sees is the order admission takes. Usage is `project_usage`, one row per project kept by a
-    trigger on jobs (migration 0005), so the order costs no sum over the active jobs.
-    """
-    usage = ProjectUsage.__table__
-    order = (
-        Job.priority.desc(),
-        func.coalesce(usage.c.gpus, 0),
-        func.coalesce(usage.c.cpus, 0),
-        Job.created_at,
-        Job.id,
-    )
-    return usage, order
-
-
-# The jobs ahead of each one in `admission_order`, without reading the whole queue: whole
+# The admission order: priority (high first), then fair share (the project holding the fewest GPUs,
+# then CPUs, in active jobs, as `project_usage` counts them), then age. The dispatcher's claim
+# (api/dispatcher/repository.py, `lock_queued`) takes jobs in this order, so the position a user sees
+# is the order admission takes.
+# The jobs ahead of each one in that order, without reading the whole queue: whole
 # (priority, project) groups ahead (higher priority, or the same priority and less usage) come from
 # `queue_counts`; only projects with the same priority and exactly the same usage interleave by age.
 # Those tied jobs older than the page's oldest asked-for job of a class are counted on
