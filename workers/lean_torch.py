@@ -21,7 +21,7 @@ from ray.train.backend import Backend, BackendConfig
 
 
 @dataclass
-class LeanTorchConfig(BackendConfig):  # type: ignore[misc]
+class LeanTorchConfig(BackendConfig):
     """The fields and meaning of `ray.train.torch.TorchConfig`."""
 
     backend: str | None = None
@@ -54,16 +54,17 @@ class CudaDeviceContext:
 
         TorchConfigContextManager().__enter__()
 
-    def __exit__(self, *exc: object) -> bool:
-        return False
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
-class LeanTorchBackend(Backend):  # type: ignore[misc]
+class LeanTorchBackend(Backend):
     """`ray.train.torch.config._TorchBackend.on_start`/`on_shutdown` for Ray Train v2 worker groups."""
 
     share_cuda_visible_devices: bool = True
 
-    def on_start(self, worker_group: Any, backend_config: LeanTorchConfig) -> None:
+    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
+        assert isinstance(backend_config, LeanTorchConfig)
         from ray.train._internal.utils import get_address_and_port
 
         backend = backend_config.backend or _default_backend(worker_group.get_resources_per_worker())
@@ -93,7 +94,7 @@ class LeanTorchBackend(Backend):  # type: ignore[misc]
             ]
         )
 
-    def on_shutdown(self, worker_group: Any, backend_config: LeanTorchConfig) -> None:
+    def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
         import ray
         from ray.exceptions import GetTimeoutError
         from ray.train.constants import (
