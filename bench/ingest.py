@@ -1,11 +1,12 @@
 """Metric ingest throughput: POST /v1/jobs/{id}/metrics against psycopg COPY into the same table.
 
 The API: `trainmaster api` on a scratch database `tm_bench_<random>`, once per `--api-workers` count
-(uvicorn workers). `--senders` asyncio tasks share one keep-alive httpx.AsyncClient and POST request
-bodies encoded beforehand, each a batch of `--batch` one-value points (`{"step", "values": {"loss"},
-"rank", "ts"}`, the shape trainmaster.log sends) with its own batch_id, with a project token, to a queued
-job. `--warmup-batches` go first; then `--points` points are timed from the first request to the last
-answer. Every answer must say all points were stored, and the table must then hold every row sent.
+(`default`: the API's own, one worker per core). `--senders` blocking clients, spread over
+`--client-procs` processes (bench/clients.py), POST request bodies encoded beforehand, each a batch
+of `--batch` one-value points (`{"step", "values": {"loss"}, "rank", "ts"}`, the shape trainmaster.log
+sends) with its own batch_id, with a project token, to a queued job. `--warmup-batches` go first;
+then `--points` points are timed from the first request to the last answer. Every answer must say all
+points were stored, and the table must then hold every row sent.
 
 The peer: as many tasks, one psycopg autocommit connection each to the same database, run `COPY
 metric_points (job_id, attempt, rank, step, name, value, ts) FROM STDIN` with write_row per row, one COPY
@@ -13,7 +14,7 @@ per batch of the same size, the same number of points into the same table: the f
 ingest (no HTTP, JSON, validation, auth, per-job lock, batch-id claim, latest-metrics update or NOTIFY).
 It runs right after the first API phase, with the API stopped.
 
-    .venv/bin/python bench/ingest.py [--senders 4] [--batch 1000] [--points 500000] [--api-workers 1 2]
+    .venv/bin/python bench/ingest.py [--senders 4] [--batch 1000] [--points 500000] [--api-workers default 1]
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
+from clients import Phase, drive
 from common import api_process, migrate_and_token, ms, parser, run, scratch_database, submit_job
 
 COPY = "COPY metric_points (job_id, attempt, rank, step, name, value, ts) FROM STDIN"
@@ -73,16 +74,15 @@ async def api_batches(url: str, token: str, job_id: str, args: argparse.Namespac
         ).encode()
         for n in range(args.warmup_batches + args.points // args.batch)
     ]
-    limits = httpx.Limits(max_connections=args.senders, max_keepalive_connections=args.senders)
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as http:
-
-        async def send(index: int) -> None:
-            response = await http.post(f"/v1/jobs/{job_id}/metrics", content=bodies[index])
-            if response.status_code != 201 or response.json()["stored"] != args.batch:
-                raise RuntimeError(f"batch {index}: HTTP {response.status_code}: {response.text[:300]}")
-
-        return await timed([send] * args.senders, args)
+    headers = {"Authorization": f"Bearer {token}"}
+    path = f"/v1/jobs/{job_id}/metrics"
+    requests: list[tuple[str, str, bytes | None]] = [("POST", path, body) for body in bodies]
+    warmup = drive(Phase(url, headers, requests[: args.warmup_batches], 201, once=True), args.senders, args.procs)
+    measured = drive(Phase(url, headers, requests[args.warmup_batches :], 201, once=True), args.senders, args.procs)
+    for outcome in (warmup, measured):
+        if outcome.errors:
+            raise RuntimeError(f"ingest requests failed: {dict(outcome.errors)}")
+    return measured.seconds, measured.latencies
 
 
 async def copy_batches(database_url: str, job_id: str, args: argparse.Namespace) -> tuple[float, list[float]]:
@@ -156,7 +156,10 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=1000, help="points per request / per COPY")
     p.add_argument("--points", type=int, default=500_000, help="measured points per phase")
     p.add_argument("--warmup-batches", type=int, default=8, help="unmeasured batches first")
-    p.add_argument("--api-workers", type=int, nargs="+", default=[1, 2], help="uvicorn workers, one phase each")
+    p.add_argument(
+        "--api-workers", nargs="+", default=["default", "1"], help="API worker counts, one phase each ('default')"
+    )
+    p.add_argument("--client-procs", dest="procs", type=int, default=2, help="processes the senders are spread over")
     args = p.parse_args()
     if args.points < args.batch:
         p.error("--points must be at least --batch")
@@ -166,10 +169,11 @@ def main() -> int:
         rows: list[dict[str, Any]] = []
         peer: dict[str, Any] = {}
         for workers in args.api_workers:
-            with api_process(database_url, workers) as api:
+            count = None if workers == "default" else int(workers)
+            with api_process(database_url, count) as api:
                 job = submit_job(api.url, token)
                 peer_job = "" if peer else submit_job(api.url, token)  # a job row for the peer's foreign key
-                path = f"POST /v1/jobs/{{id}}/metrics, {workers} API worker{'s' if workers > 1 else ''}"
+                path = f"POST /v1/jobs/{{id}}/metrics, API workers: {workers}"
                 rows.append(measure(path, api_batches(api.url, token, job, args), database_url, job, args, api.pid))
             if not peer:  # right after the first API phase
                 peer = measure(

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
-
-from trainmaster.models import MetricPoint
-
-COPY_POINTS = "COPY metric_points (job_id, attempt, rank, step, name, value, ts) FROM STDIN"
 
 
 async def raw_connection(session: AsyncSession) -> Any:
@@ -25,47 +22,69 @@ async def raw_connection(session: AsyncSession) -> Any:
     return raw.driver_connection
 
 
-async def lock_job_stream(session: AsyncSession, job_id: uuid.UUID) -> None:
-    """Serialize writers of one job so sequence numbers commit in order (readers resume by seq)."""
-    await session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"), {"key": f"m:{job_id}"})
-
-
-async def claim_batch(session: AsyncSession, job_id: uuid.UUID, batch_id: uuid.UUID, points: int) -> bool:
-    """Record a batch id; False when it was stored before (a retry whose first answer was lost)."""
-    result = await session.execute(
-        text(
-            "INSERT INTO metric_batches (job_id, batch_id, points) VALUES (:job, :batch, :points) "
-            "ON CONFLICT DO NOTHING RETURNING batch_id"
-        ),
-        {"job": job_id, "batch": batch_id, "points": points},
+# The job checked (the caller's project), its writers serialized so sequence numbers commit in order
+# (readers resume by seq), and the batch id claimed (a retry whose first answer was lost stores
+# nothing twice), in one statement. The lock is taken on the job's row before the claim reads it.
+BEGIN_BATCH = text(
+    """
+    WITH job AS (
+        SELECT id, pg_advisory_xact_lock(hashtextextended('m:' || id::text, 0)) AS locked
+        FROM jobs WHERE id = :job AND project_id = :project
+    ),
+    claimed AS (
+        INSERT INTO metric_batches (job_id, batch_id, points)
+        SELECT id, CAST(:batch AS uuid), :points FROM job WHERE CAST(:batch AS uuid) IS NOT NULL
+        ON CONFLICT DO NOTHING RETURNING 1
     )
-    return result.first() is not None
+    SELECT (SELECT count(*) FROM job) AS found, (SELECT count(*) FROM claimed) AS claimed
+    """
+)
 
 
-_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+async def begin_batch(
+    session: AsyncSession, job_id: uuid.UUID, project_id: uuid.UUID, batch_id: uuid.UUID | None, points: int
+) -> str:
+    """ "missing" (no such job in the project), "duplicate" (this batch id was stored before) or "new"."""
+    row = (
+        await session.execute(BEGIN_BATCH, {"job": job_id, "project": project_id, "batch": batch_id, "points": points})
+    ).one()
+    if not row.found:
+        return "missing"
+    return "duplicate" if batch_id is not None and not row.claimed else "new"
 
 
-NULL = "\\N"
+COPY_POINTS = "COPY metric_points (job_id, attempt, rank, step, name, value, ts) FROM STDIN (FORMAT binary)"
+_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+_TRAILER = struct.pack(">h", -1)
+_NULL = struct.pack(">i", -1)
+_INT4 = struct.Struct(">ii")
+_INT8 = struct.Struct(">iq")
+_VALUE_TS = struct.Struct(">idiq")  # float8 value, timestamptz (microseconds since 2000-01-01 UTC)
+_LENGTH = struct.Struct(">i")
+_EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
 
 
-def _copy_float(value: float) -> str:
-    if math.isfinite(value):
-        return repr(value)
-    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-
-
-def encode_points(job_id: uuid.UUID, attempt: int | None, points: Sequence[MetricPoint]) -> tuple[bytes, int]:
-    """The rows of a batch in COPY text format, built before any lock is taken (it is the slow part)."""
+def encode_points(job_id: uuid.UUID, attempt: int | None, points: Sequence[Mapping[str, Any]]) -> tuple[bytes, int]:
+    """The rows of a batch (points as validated dicts: step, values, rank, ts) in COPY's binary format,
+    built before any lock is taken: no per-point objects, no text for PostgreSQL to parse back."""
     now = datetime.now(timezone.utc)
-    job, att = str(job_id), NULL if attempt is None else str(attempt)
-    lines = []
+    row_head = struct.pack(">hi16s", 7, 16, job_id.bytes) + (_NULL if attempt is None else _INT4.pack(4, attempt))
+    parts = [_HEADER]
+    rows = 0
     for point in points:
-        step = NULL if point.step is None else point.step
-        prefix = f"{job}\t{att}\t{point.rank}\t{step}\t"
-        ts = (point.ts or now).isoformat()
-        for name, value in point.values.items():
-            lines.append(f"{prefix}{name.translate(_COPY_ESCAPES)}\t{_copy_float(value)}\t{ts}\n")
-    return "".join(lines).encode(), len(lines)
+        step = point.get("step")
+        ts = point.get("ts") or now
+        if ts.tzinfo is None:
+            ts = ts.replace(tzinfo=timezone.utc)  # a time without an offset is UTC
+        micros = (ts - _EPOCH) // _MICROSECOND
+        head = row_head + _INT4.pack(4, point.get("rank", 0)) + (_NULL if step is None else _INT8.pack(8, step))
+        for name, value in point["values"].items():
+            encoded = name.encode()
+            parts.append(head + _LENGTH.pack(len(encoded)) + encoded + _VALUE_TS.pack(8, value, 8, micros))
+            rows += 1
+    parts.append(_TRAILER)
+    return b"".join(parts), rows
 
 
 async def copy_encoded(session: AsyncSession, payload: bytes) -> None:
@@ -74,13 +93,14 @@ async def copy_encoded(session: AsyncSession, payload: bytes) -> None:
         await copy.write(payload)
 
 
-async def merge_latest(session: AsyncSession, job_id: uuid.UUID, latest: dict[str, Any]) -> None:
+async def finish_batch(session: AsyncSession, job_id: uuid.UUID, latest: dict[str, Any], channel: str) -> None:
+    """Merge rank 0's latest values into the job and tell the streams (NOTIFY, sent at commit): one statement."""
     await session.execute(
         text(
-            "UPDATE jobs SET latest_metrics = coalesce(latest_metrics, '{}'::jsonb) || CAST(:latest AS jsonb) "
-            "WHERE id = :job"
+            "WITH merged AS (UPDATE jobs SET latest_metrics = coalesce(latest_metrics, '{}'::jsonb) "
+            "|| CAST(:latest AS jsonb) WHERE id = :job AND :merge) SELECT pg_notify(:channel, :job_text)"
         ),
-        {"latest": _json(latest), "job": job_id},
+        {"latest": _json(latest), "job": job_id, "merge": bool(latest), "channel": channel, "job_text": str(job_id)},
     )
 
 

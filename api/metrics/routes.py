@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, status
 
@@ -14,6 +14,24 @@ from api.streaming.follow import job_stream, last_event_id
 from api.streaming.sse import EventStream
 from trainmaster.models import MetricBatchAck, MetricBatchIn, MetricList
 
+
+def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
+    """A model's JSON schema with its $defs written in place (it sits inside the OpenAPI document)."""
+    defs = schema.pop("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return walk(defs[ref.removeprefix("#/$defs/")])
+            return {key: walk(value) for key, value in node.items()}
+        return [walk(item) for item in node] if isinstance(node, list) else node
+
+    return dict(walk(schema))
+
+
+BATCH_SCHEMA = _inlined(MetricBatchIn.model_json_schema())
+
 router = APIRouter(
     prefix="/v1/jobs/{job_id}/metrics",
     tags=["metrics"],
@@ -22,13 +40,17 @@ router = APIRouter(
 
 
 @router.post(
-    "", response_model=MetricBatchAck, status_code=status.HTTP_201_CREATED, dependencies=[Depends(require_json)]
+    "",
+    response_model=MetricBatchAck,
+    status_code=status.HTTP_201_CREATED,
+    dependencies=[Depends(require_json)],
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": BATCH_SCHEMA}}}},
 )
-async def ingest_metrics(
-    job_id: str, batch: MetricBatchIn, session: Session, principal: AnyPrincipal
-) -> MetricBatchAck:
-    """Store a batch of points (job token or project token); retries with the same batch_id store nothing twice."""
-    return await service.ingest(session, principal, job_id, batch)
+async def ingest_metrics(job_id: str, request: Request, session: Session, principal: AnyPrincipal) -> MetricBatchAck:
+    """Store a batch of points (job token or project token); retries with the same batch_id store nothing twice.
+
+    The body (MetricBatchIn) is validated straight from its bytes into plain values, not models."""
+    return await service.ingest(session, principal, job_id, await request.body())
 
 
 @router.get("", response_model=MetricList)
