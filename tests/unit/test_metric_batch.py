@@ -25,6 +25,7 @@ GOOD: list[Any] = [
     {"points": [{"step": 0, "values": {"loss": 1.5, "acc": 2}, "rank": 3, "ts": "2026-12-01T10:00:00+00:00"}]},
     {"batch_id": str(uuid.uuid4()), "attempt": 2, "points": [{"step": None, "values": {}, "ts": None}]},
     {"batch_id": None, "attempt": None, "points": [{"step": 5, "values": {"x" * 256: -1e300}}]},
+    {"points": [{"values": {"loss": 1}, "ts": 1764612345.25}]},  # Unix seconds, as trainmaster.log sends
 ]
 BAD: list[Any] = [
     {},

@@ -164,3 +164,39 @@ def test_log_outside_a_job_sends_nothing_and_starts_no_thread(
     assert not [t for t in threading.enumerate() if t.name == "trainmaster-metrics" and t.is_alive()]
     assert trainmaster.flush(1)  # nothing logged, so nothing is left to send
     assert sent == []
+
+
+def wait_for(condition: Any, timeout: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_an_idle_sender_sends_a_point_at_once_not_at_the_next_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "FLUSH_INTERVAL_S", 3600.0)  # only "send at once" can deliver it in time
+    api = ScriptedApi()
+    s = sender(api)
+    try:
+        s.log({"loss": 1.0}, 0)
+        wait_for(lambda: api.steps() == [0])
+        s.log({"loss": 0.5}, 1)  # idle again: this one goes at once too
+        wait_for(lambda: api.steps() == [0, 1])
+    finally:
+        s.close()
+
+
+def test_under_load_points_go_in_batches_one_request_per_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "MIN_INTERVAL_S", 0.5)
+    api = ScriptedApi()
+    s = sender(api)
+    try:
+        for step in range(200):  # a fast loop: far more steps than intervals
+            s.log({"loss": 1.0}, step)
+        assert s.flush(10)
+        assert api.steps() == list(range(200))
+        assert len(api.batches) <= 3  # the first point at once, the rest together
+    finally:
+        s.close()
