@@ -14,19 +14,27 @@ After one unmeasured job, `--reps` repetitions of none and trainmaster (order fl
 and a ray_report job after each of the first `--report-runs` repetitions. Before each job every Ray CPU
 is free again.
 
-    .venv/bin/python bench/logging_overhead.py [--reps 3] [--steps 2000] [--report-runs 2]
+With `--pin` (the default on a machine of two or more cores) the stack is split with `taskset` once
+it is up: the Ray head and everything it starts (the training workers) on `--train-cpu`, the API, the
+dispatcher, PostgreSQL and this script on `--platform-cpu`. The figure is then what the training loop
+pays itself (the log call and its sender thread), not the API's and PostgreSQL's share of a shared core.
+
+    .venv/bin/python bench/logging_overhead.py [--reps 3] [--steps 2000] [--report-runs 2] [--no-pin]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
+import subprocess
 import sys
 from collections import Counter
 from typing import Any
 
+import psutil
 from common import REPO, Stack, load_1m, local_stack, parser, run, wait_cluster_idle
 
 import trainmaster as tm
@@ -62,6 +70,36 @@ def run_job(client: tm.Client, stack: Stack, mode: str, label: str, args: argpar
     return record
 
 
+def pin(stack: Stack, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every process of the stack onto its side (all threads, with `taskset -a`); children made later
+    inherit it. Returns what was pinned where."""
+    state = json.loads((stack.home / "stack.json").read_text())
+    ray_marker, home = state.get("ray_temp_dir") or "\0", str(stack.home)
+    roots: dict[int, int] = {}
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if ray_marker in cmdline:
+            roots[process.pid] = args.train_cpu
+        elif home in cmdline or process.pid == state.get("supervisor_pid"):
+            roots.setdefault(process.pid, args.platform_cpu)
+    pinned: dict[int, int] = {}
+    for pid, cpu in roots.items():
+        try:
+            family = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for process in family:
+            pinned.setdefault(process.pid, cpu)
+    pinned[os.getpid()] = args.platform_cpu
+    for pid, cpu in pinned.items():
+        subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], capture_output=True, check=False)
+    sides: Counter[int] = Counter(pinned.values())
+    return [
+        {"cpu": cpu, "processes": n, "side": "training" if cpu == args.train_cpu else "platform"}
+        for cpu, n in sides.items()
+    ]
+
+
 def measure(args: argparse.Namespace, stack: Stack) -> list[dict[str, Any]]:
     (stack.home / "job-code").mkdir()
     (stack.home / "results").mkdir()
@@ -89,9 +127,19 @@ def main() -> int:
     p.add_argument("--features", type=int, default=256, help="MLP input width")
     p.add_argument("--hidden", type=int, default=256, help="MLP hidden width")
     p.add_argument("--job-timeout", type=float, default=300.0, help="seconds one job may take")
+    p.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=(os.cpu_count() or 1) >= 2,
+        help="split training and platform onto two CPUs with taskset",
+    )
+    p.add_argument("--train-cpu", type=int, default=0, help="the CPU of the Ray head and the training workers")
+    p.add_argument("--platform-cpu", type=int, default=1, help="the CPU of the API, dispatcher and PostgreSQL")
     args = p.parse_args()
     with run("logging_overhead", args) as record, local_stack() as stack:
         record.read_postgres(stack.database_url)
+        if args.pin:
+            record.tables["pinned"] = pin(stack, args)
         jobs = measure(args, stack)
         record.tables["jobs"] = jobs
         by_mode = {mode: [job for job in jobs if job["mode"] == mode] for mode in ("none", "trainmaster", "ray_report")}
@@ -111,6 +159,24 @@ def main() -> int:
         for mode in ("trainmaster", "ray_report"):
             if mode in medians:
                 record.ratio(f"{mode} every step, steps/s", medians[mode], "no logging", medians["none"])
+        # Other load on the machine moves whole jobs; the two jobs of one repetition ran back to back,
+        # and the training process's own CPU per step is what logging adds to the step itself.
+        pairs = [
+            {
+                "repetition": rep,
+                "ratio_steps_per_s": by["trainmaster"]["steps_per_s"] / by["none"]["steps_per_s"],
+                "ratio_cpu_per_step": by["none"]["cpu_ms_per_step"] / by["trainmaster"]["cpu_ms_per_step"],
+                "load_1m": by["trainmaster"]["load_1m"],
+            }
+            for rep in sorted({job["job"] for job in jobs if job["job"].startswith("rep-")})
+            if len(by := {job["mode"]: job for job in jobs if job["job"] == rep and job["mode"] != "ray_report"}) == 2
+        ]
+        record.tables["repetitions, trainmaster against none"] = pairs
+        if pairs:
+            steps_ratio = statistics.median(pair["ratio_steps_per_s"] for pair in pairs)
+            cpu_ratio = statistics.median(pair["ratio_cpu_per_step"] for pair in pairs)
+            record.ratio("trainmaster every step, steps/s, median of repetitions", steps_ratio, "no logging", 1.0)
+            record.ratio("trainmaster every step, rank 0 CPU per step (inverse)", cpu_ratio, "no logging", 1.0)
         record.valid = all(job["points_complete"] for job in jobs)
     return 0 if record.valid else 1
 
