@@ -41,3 +41,28 @@ def test_the_kept_free_order_is_a_fresh_sort_after_reserves() -> None:
             c.reserve(admission.placement)
     fresh = sorted(range(40), key=lambda i: (-c.nodes[i].free["GPU"] - c.nodes[i].free["CPU"] / 1e3, i))
     assert c.free_order() == fresh
+
+
+def test_a_shape_without_room_stays_waiting_for_the_round_and_its_reason_follows_reserves() -> None:
+    c = cluster([3.0, 3.0, 2.0])
+    assert admit(job(4), c, {}).decision is Decision.wait
+    one = admit(job(1), c, {})
+    c.reserve(one.placement)
+    later = admit(job(4), c, {})
+    assert later.decision is Decision.wait and "GPU: 7" in later.reason  # 8 free before, 7 now
+    listed = later.reason.split("nodes free: ")[1]
+    assert listed == "n1 {CPU: 16, GPU: 3}, n2 {CPU: 16, GPU: 2}, n0 {CPU: 15, GPU: 2}"  # the free order
+
+
+def test_the_scan_that_stops_early_places_like_a_full_scan() -> None:
+    """Placement stops at the first node (in free order) with too little room for a bundle; the gangs it
+    places and refuses are those a scan over every node places and refuses."""
+    rng = random.Random(11)
+    for _ in range(200):
+        free = [rng.choice([0.0, 1.0, 2.0, 4.0, 8.0]) for _ in range(rng.randint(1, 30))]
+        wanted = job(rng.choice([1.0, 2.0, 4.0]), rng.choice([1, 2, 3, 5]))
+        fast = admit(wanted, cluster(free), {})
+        fits_somewhere = sum(int(gpus // wanted.scaling.worker_resources()["GPU"]) for gpus in free)
+        assert (fast.decision is Decision.admit) == (fits_somewhere >= wanted.scaling.num_workers), (free, wanted)
+        if fast.decision is Decision.admit:
+            assert sum(len(b) for b in fast.placement.values()) == wanted.scaling.num_workers
