@@ -23,6 +23,7 @@ from api.jobs.routes import router as jobs_router
 from api.logs.routes import router as logs_router
 from api.metrics.routes import router as metrics_router
 from api.ops.body_limit import BodyLimitMiddleware
+from api.ops.parent import end_with_parent
 from api.ops.prometheus import RequestMetricsMiddleware, ServiceMetrics
 from api.ops.routes import router as ops_router
 from api.retention.service import start_retention
@@ -42,6 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        end_with_parent()  # a worker of `trainmaster api --workers N` never outlives its supervisor
         engine = create_engine(settings)
         app.state.engine = engine
         app.state.sessions = session_factory(engine)

@@ -6,11 +6,12 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import trainmaster as tm
-from tests.e2e.conftest import REPO, TRAINMASTER, ApiProcess
+from tests.e2e.conftest import REPO, TRAINMASTER, ApiProcess, start_api, stop
 
 
 def cli(api: ApiProcess, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -140,3 +141,32 @@ def test_several_workers_serve_and_a_revoked_token_is_refused_by_every_one(
         for _ in range(30):
             with httpx.Client(base_url=api_process.url, headers=headers, timeout=10) as client:
                 assert client.get("/v1/jobs").status_code == 401
+
+
+def test_workers_end_with_a_killed_supervisor_and_the_port_serves_again(database_url: str, tmp_path: Path) -> None:
+    """SIGKILL of `trainmaster api` (the OOM killer, `kill -9`) must not leave its workers serving as orphans:
+    an open stream ends, so clients reconnect, and a new `trainmaster api` binds the same port."""
+    import psutil
+
+    from api.stack.processes import free_port, wait_for
+
+    port = free_port()
+    api = start_api(database_url, tmp_path / "first.log", port=port)
+    workers = psutil.Process(api.process.pid).children(recursive=True)
+    assert workers, "trainmaster api started no worker processes"
+    api.process.kill()
+    api.process.wait()
+
+    def gone(worker: psutil.Process) -> bool:
+        try:
+            return not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(lambda: all(gone(w) for w in workers), 30, "the killed API's workers to end")
+    again = start_api(database_url, tmp_path / "second.log", port=port)
+    try:
+        with tm.Client(again.url, again.token) as client:
+            assert client.list(limit=1) is not None
+    finally:
+        stop(again.process)
