@@ -208,6 +208,7 @@ def main() -> int:
         record.tables["API latency, split"] = split(received, sender["posts"], skip)
         for pct in ("p50_ms", "p95_ms"):
             record.ratio(f"{api_row['path']}, {pct.replace('_', ' ')}", api_row[pct], peer_row["path"], peer_row[pct])
+        record.ratio(f"{api_row['path']}, p95 ms (goal <= 150)", api_row["p95_ms"], "goal", 150.0)
         losses = api_row["lost"] + api_row["duplicated"] + peer_row["lost"] + peer_row["duplicated"]
         record.valid = not losses and not sender["dropped"] and sender["sent_points"] == points
     return 0 if record.valid else 1
