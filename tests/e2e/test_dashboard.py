@@ -662,8 +662,9 @@ def test_11_logs_stream_live_filter_by_rank_and_download_whole(
     for rank in (0, 1):
         page.wait_for_selector(f"#log-viewport .log-line:has-text('rank {rank} live line')", timeout=60_000)
     page.select_option("#rank-filter", "1")
-    page.wait_for_function(
-        "() => [...document.querySelectorAll('#log-viewport .log-line')].every(l => l.dataset.rank === '1')"
+    page.wait_for_function(  # rows shown, and every one rank 1 (an empty view must not pass)
+        "() => { const rows = [...document.querySelectorAll('#log-viewport .log-line')];"
+        " return rows.length > 0 && rows.every(l => l.dataset.rank === '1'); }"
     )
     shown = page.eval_on_selector_all("#log-viewport .log-line", "ls => ls.map(l => l.textContent)")
     assert shown and any("rank 1 live line" in line for line in shown) and not any("rank 0" in line for line in shown)

@@ -74,8 +74,11 @@ export function logsTab(jobId, getEvents, onState) {
   }
 
   function paint() {
-    const first = Math.max(0, Math.floor(viewport.scrollTop / ROW_PX) - 20);
-    const last = Math.min(visible.length, first + Math.ceil((viewport.clientHeight || 480) / ROW_PX) + 40);
+    // scrollTop can still hold the old, longer list's offset right after a filter shortens it (the
+    // browser clamps it only at its next layout): never start past the rows a full view can show.
+    const inView = Math.ceil((viewport.clientHeight || 480) / ROW_PX);
+    const first = Math.max(0, Math.min(Math.floor(viewport.scrollTop / ROW_PX), visible.length - inView) - 20);
+    const last = Math.min(visible.length, first + inView + 40);
     rows.style.transform = `translateY(${first * ROW_PX}px)`;
     const nodes = [];
     for (let i = first; i < last; i += 1) {
@@ -107,6 +110,7 @@ export function logsTab(jobId, getEvents, onState) {
   });
   rankSelect.addEventListener("change", () => {
     filter = rankSelect.value;
+    follow_ = true; // a new filter shows its newest lines, as the unfiltered view does
     refilter();
   });
   download.addEventListener("click", async () => {
