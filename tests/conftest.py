@@ -16,6 +16,12 @@ import pytest
 
 from api.stack.postgres import create_database, drop_database
 
+# Every Ray cluster the tests start uses token auth, and `import ray` fixes the process's auth mode
+# from the environment of that moment. Test modules that import Ray are imported at collection,
+# before the session's Ray head exists: without this, every Ray API call this process makes later
+# (the state API, the Jobs client) goes out without its token and is refused.
+os.environ["RAY_AUTH_MODE"] = "token"
+
 
 @pytest.fixture(scope="session")
 def pg_server_url() -> Iterator[str]:

@@ -3,6 +3,9 @@
 The driver and the Ray Train controller must not import torch (it costs each job 1 to 2 s of CPU on
 its start-up path), and the Ray functions the workers call must still be the ones Ray's own
 `TorchConfig` uses: a Ray upgrade that moves or reshapes them fails here, not in a job.
+
+Nothing here imports Ray at module level: `import ray` fixes the process's Ray auth mode from the
+environment of that moment, and collection runs before the session's Ray head sets RAY_AUTH_MODE.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ import subprocess
 import sys
 import textwrap
 
-from workers.lean_torch import LeanTorchBackend, LeanTorchConfig
-
 
 def test_the_config_has_the_fields_and_defaults_of_rays_torch_config() -> None:
     from ray.train.torch.config import TorchConfig
+
+    from workers.lean_torch import LeanTorchBackend, LeanTorchConfig
 
     ours = {f.name: f.default for f in dataclasses.fields(LeanTorchConfig)}
     rays = {f.name: f.default for f in dataclasses.fields(TorchConfig)}
