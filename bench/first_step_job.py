@@ -12,6 +12,7 @@ bare `TorchTrainer.fit()`.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -38,3 +39,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             dist.all_reduce(value)
             if value.tolist() != [float(world)] * 4:
                 raise RuntimeError(f"all-reduce of ones over {world} workers gave {value.tolist()}")
+
+
+def stamps(stamp: Path, workers: int) -> tuple[float, float]:
+    """(rank 0's first step, the last rank's first step) from the run's stamp file."""
+    lines = [line.split() for line in stamp.read_text().splitlines()] if stamp.exists() else []
+    by_rank = {int(rank): float(at) for rank, at in lines}
+    if len(lines) != workers or sorted(by_rank) != list(range(workers)):
+        raise RuntimeError(f"{stamp}: expected one first-step stamp per rank of {workers}, found {lines}")
+    return by_rank[0], max(by_rank.values())

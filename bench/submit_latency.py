@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from common import REPO, Stack, load_1m, local_stack, parser, run, wait_cluster_idle
-from first_step_job import train_loop_per_worker
+from first_step_job import stamps, train_loop_per_worker
 
 import trainmaster as tm
 
@@ -48,15 +48,6 @@ MARKS = {
 }
 DRIVER_PROCESS = "driver process started by Ray Jobs (event driver - its startup_s)"
 ORDER = ("submit returned", MARKS["starting"], DRIVER_PROCESS, *list(MARKS.values())[1:])
-
-
-def stamps(stamp: Path, workers: int) -> tuple[float, float]:
-    """(rank 0's first step, the last rank's first step) from the run's stamp file."""
-    lines = [line.split() for line in stamp.read_text().splitlines()] if stamp.exists() else []
-    by_rank = {int(rank): float(at) for rank, at in lines}
-    if len(lines) != workers or sorted(by_rank) != list(range(workers)):
-        raise RuntimeError(f"{stamp}: expected one first-step stamp per rank of {workers}, found {lines}")
-    return by_rank[0], max(by_rank.values())
 
 
 def platform_run(client: tm.Client, workdir: Path, stamp: Path, args: argparse.Namespace) -> dict[str, Any]:

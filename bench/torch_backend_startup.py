@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from common import REPO, load_1m, parser, run
-from first_step_job import train_loop_per_worker
+from first_step_job import stamps, train_loop_per_worker
 
 sys.path.insert(0, str(REPO))
 from api.stack import ray_head
@@ -66,10 +66,8 @@ def fit(path: str, workers: int, storage: Path, stamp: Path) -> dict[str, float]
     ended = time.time()
     if result.error is not None:
         raise RuntimeError(f"{path} failed: {result.error}")
-    stamps = [line.split() for line in stamp.read_text().splitlines()]
-    if sorted(int(rank) for rank, _ in stamps) != list(range(workers)):
-        raise RuntimeError(f"{path}: expected one first-step stamp per rank, found {stamps}")
-    return {"first_step_s": min(float(at) for _, at in stamps) - t0, "fit_s": ended - t0}
+    first, _ = stamps(stamp, workers)
+    return {"first_step_s": first - t0, "fit_s": ended - t0}
 
 
 def wait_idle(head: ray_head.RayHead, timeout_s: float = 120.0) -> None:
