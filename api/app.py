@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.auth.cache import TokenCache
 from api.checkpoints.routes import router as checkpoints_router
 from api.cluster.routes import router as cluster_router
 from api.code_packages.routes import router as code_router
+from api.db.direct import Direct
 from api.db.session import create_engine, session_factory
-from api.errors import DatabaseUnavailable, DomainError
+from api.db.unavailable import DATABASE_DOWN, database_unavailable
+from api.errors import DomainError, domain_error_response, error_response
+from api.jobs.fast import FastLane
 from api.jobs.routes import router as jobs_router
 from api.logs.routes import router as logs_router
 from api.metrics.routes import router as metrics_router
@@ -47,6 +49,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = create_engine(settings)
         app.state.engine = engine
         app.state.sessions = session_factory(engine)
+        app.state.direct = Direct(settings)
+        await app.state.direct.open()
         app.state.tokens = TokenCache(settings.auth_cache_s)
         app.state.broker = Broker(settings.database_url, app.state.tokens)
         app.state.broker.start()  # the token cache is trusted only while it listens
@@ -59,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await retention.stop()
             await telemetry.stop()
             await app.state.broker.stop()
+            await app.state.direct.close()
             await engine.dispose()
 
     app = FastAPI(title="trainmaster", version="0.1.0", lifespan=lifespan)
@@ -77,6 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount(UI_PREFIX, static_files(), name="ui")
 
     _install_error_handlers(app)
+    app.add_middleware(FastLane)  # innermost: after the request metrics and the body limit
     app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)
     app.add_middleware(BodyLimitMiddleware, limit_for_path=_body_limits(settings))
     app.add_middleware(UiSecurityHeaders)
@@ -90,14 +96,10 @@ def _body_limits(settings: Settings) -> Callable[[str], int]:
     return limit_for_path
 
 
-def _error(status_code: int, name: str, detail: object, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": name, "detail": detail}, status_code=status_code, headers=dict(headers or {}))
-
-
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def domain_error(_: Request, exc: DomainError) -> JSONResponse:
-        return _error(exc.status_code, exc.name, exc.detail, exc.headers)
+        return domain_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -105,19 +107,17 @@ def _install_error_handlers(app: FastAPI) -> None:
             {"loc": list(err.get("loc", [])), "msg": err.get("msg", ""), "type": err.get("type", "")}
             for err in exc.errors()
         ]
-        return _error(422, "ValidationError", detail)
+        return error_response(422, "ValidationError", detail)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         names = {404: "NotFound", 405: "MethodNotAllowed"}
-        return _error(exc.status_code, names.get(exc.status_code, "HTTPError"), exc.detail, exc.headers)
+        return error_response(exc.status_code, names.get(exc.status_code, "HTTPError"), exc.detail, exc.headers)
 
     async def database_down(_: Request, exc: Exception) -> JSONResponse:
-        log.warning("database unavailable: %s", exc.__class__.__name__)
-        error = DatabaseUnavailable()
-        return _error(error.status_code, error.name, error.detail, error.headers)
+        return database_unavailable(exc)
 
-    for exc_type in (OperationalError, InterfaceError, PoolTimeout, ConnectionRefusedError):
+    for exc_type in DATABASE_DOWN:
         app.add_exception_handler(exc_type, database_down)
 
     @app.exception_handler(DBAPIError)

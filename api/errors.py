@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+from starlette.responses import JSONResponse
 
 
 class DomainError(Exception):
@@ -98,3 +101,13 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:
         code: {"model": ErrorBody, "description": described[code], "content": {"application/json": {}}}
         for code in codes
     }
+
+
+def error_response(
+    status_code: int, name: str, detail: object, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": name, "detail": detail}, status_code=status_code, headers=dict(headers or {}))
+
+
+def domain_error_response(exc: DomainError) -> JSONResponse:
+    return error_response(exc.status_code, exc.name, exc.detail, exc.headers)

@@ -7,14 +7,12 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 
 from api.auth.service import Principal, authenticate
-from api.db.session import Session
 from api.errors import Unauthorized
 
 
-async def current_principal(
-    request: Request, session: Session, authorization: Annotated[str | None, Header()] = None
-) -> Principal:
-    return await authenticate(session, authorization, getattr(request.app.state, "tokens", None))
+async def current_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
+    """The caller; a token not in the cache is looked up on a direct connection (no ORM session)."""
+    return await authenticate(request.app.state.direct, authorization, getattr(request.app.state, "tokens", None))
 
 
 async def current_project(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:

@@ -8,6 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.db.direct import Direct
 from api.db.models import ApiToken, Project
 
 
@@ -36,11 +37,12 @@ async def add_tokens(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> N
         await session.execute(insert(ApiToken).values(list(rows)))
 
 
-async def find_active_token(session: AsyncSession, token_hash: str) -> tuple[ApiToken, Project] | None:
-    result = await session.execute(
-        select(ApiToken, Project)
-        .join(Project, Project.id == ApiToken.project_id)
-        .where(ApiToken.token_hash == token_hash, ApiToken.revoked_at.is_(None))
-    )
-    row = result.first()
-    return (row[0], row[1]) if row else None
+# Who an active token belongs to: (token id, job id, project id, project name), on a direct connection.
+FIND_ACTIVE_TOKEN = """
+    SELECT t.id, t.job_id, p.id, p.name FROM api_tokens t JOIN projects p ON p.id = t.project_id
+    WHERE t.token_hash = %(hash)s AND t.revoked_at IS NULL
+"""
+
+
+async def find_active_token(direct: Direct, token_hash: str) -> tuple[Any, ...] | None:
+    return await direct.one(FIND_ACTIVE_TOKEN, {"hash": token_hash})

@@ -16,6 +16,7 @@ from api.errors import Unauthorized
 
 if TYPE_CHECKING:
     from api.auth.cache import TokenCache
+    from api.db.direct import Direct
 
 TOKEN_PREFIX = "tm_"
 
@@ -68,7 +69,7 @@ async def create_job_tokens(session: AsyncSession, jobs: Sequence[tuple[uuid.UUI
     return tokens
 
 
-async def authenticate(session: AsyncSession, authorization: str | None, cache: TokenCache | None = None) -> Principal:
+async def authenticate(direct: Direct, authorization: str | None, cache: TokenCache | None = None) -> Principal:
     """Who sent `Authorization: Bearer <token>`; with a cache, a token checked moments ago and not
     revoked since is not looked up again (api/auth/cache.py)."""
     if not authorization:
@@ -80,11 +81,11 @@ async def authenticate(session: AsyncSession, authorization: str | None, cache: 
     if cache is not None and (principal := await cache.get(token_hash)) is not None:
         return principal
     stamp = cache.stamp() if cache is not None else None
-    found = await repository.find_active_token(session, token_hash)
+    found = await repository.find_active_token(direct, token_hash)
     if found is None:
         raise Unauthorized("unknown or revoked token: create one with `trainmaster token create`")
-    row, project = found
-    principal = Principal(project_id=project.id, project_name=project.name, job_id=row.job_id, token_id=row.id)
+    token_id, job_id, project_id, project_name = found
+    principal = Principal(project_id=project_id, project_name=project_name, job_id=job_id, token_id=token_id)
     if cache is not None and stamp is not None:
         cache.put(token_hash, principal, stamp)
     return principal

@@ -6,6 +6,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.db.direct import Direct
 from api.db.models import CodePackage
 
 
@@ -20,6 +21,11 @@ async def store(session: AsyncSession, project_id: uuid.UUID, code_id: str, cont
 async def exists(session: AsyncSession, project_id: uuid.UUID, code_id: str) -> bool:
     query = select(CodePackage.id).where(CodePackage.project_id == project_id, CodePackage.id == code_id)
     return (await session.execute(query)).scalar_one_or_none() is not None
+
+
+async def exists_direct(direct: Direct, project_id: uuid.UUID, code_id: str) -> bool:
+    query = "SELECT 1 FROM code_packages WHERE project_id = %(project)s AND id = %(code)s"
+    return await direct.one(query, {"project": project_id, "code": code_id}) is not None
 
 
 async def content(session: AsyncSession, project_id: uuid.UUID, code_id: str) -> bytes | None:

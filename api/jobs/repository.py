@@ -12,6 +12,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
+from api.db.direct import Direct, pyformat
 from api.db.models import Job, JobEvent, Project
 from trainmaster.models import JobStatus
 
@@ -31,8 +32,10 @@ async def insert_job(session: AsyncSession, values: dict[str, Any]) -> uuid.UUID
     return (await session.execute(statement)).scalar_one_or_none()
 
 
-# One statement for a new job: the row, its first event and the NOTIFY (sent at commit); no row when
-# the project already holds a job with this idempotency key.
+# One statement for a new job: the row, its first event, the NOTIFY (sent at commit) and its place in the
+# queue; no row when the project already holds a job with this idempotency key. The new job is the
+# newest of its class (see QUEUE_POSITIONS below), so every queued job of the groups ahead of it or tied
+# with it is ahead: the maintained counts say how many, without reading the queue.
 INSERT_QUEUED = text(
     """
     WITH job AS (
@@ -46,18 +49,43 @@ INSERT_QUEUED = text(
     event AS (
         INSERT INTO job_events (job_id, kind, status, message, data)
         SELECT id, 'status', 'queued', 'submitted', '{}'::jsonb FROM job
+    ),
+    mine AS (
+        SELECT coalesce(min(gpus), 0) AS gpus, coalesce(min(cpus), 0) AS cpus
+        FROM project_usage WHERE project_id = :project_id
     )
-    SELECT id, created_at, spec, pg_notify(:channel, :payload) FROM job
+    SELECT id, created_at, spec, pg_notify(:channel, :payload),
+           1 + coalesce((
+               SELECT sum(q.queued) FROM queue_counts q LEFT JOIN project_usage u ON u.project_id = q.project_id
+               WHERE q.priority > :priority
+                  OR (q.priority = :priority
+                      AND (coalesce(u.gpus, 0), coalesce(u.cpus, 0)) <= (mine.gpus, mine.cpus))
+           ), 0) AS queue_position
+    FROM job, mine
     """
 )
+INSERT_QUEUED_DIRECT = pyformat(INSERT_QUEUED)
 
 
 async def insert_queued(session: AsyncSession, values: dict[str, Any], channel: str, payload: str) -> Any | None:
     """Insert a queued job with its `submitted` event and notify `channel`; its (id, created_at, spec as
-    stored: JSONB orders keys its own way, and every later read answers in that order), or None
-    when the project already holds a job with this idempotency key (nothing is written then)."""
+    stored: JSONB orders keys its own way, and every later read answers in that order, queue position),
+    or None when the project already holds a job with this idempotency key (nothing is written then)."""
     result = await session.execute(INSERT_QUEUED, {**values, "channel": channel, "payload": payload})
     return result.first()
+
+
+async def insert_queued_direct(direct: Direct, values: dict[str, Any], channel: str, payload: str) -> Any | None:
+    """`insert_queued` as its own transaction on a direct connection (the statement commits as a whole)."""
+    return await direct.one(INSERT_QUEUED_DIRECT, {**values, "channel": channel, "payload": payload})
+
+
+IDEMPOTENT_MATCH = "SELECT id, request_hash FROM jobs WHERE project_id = %(project)s AND idempotency_key = %(key)s"
+
+
+async def idempotent_match(direct: Direct, project_id: uuid.UUID, key: str) -> tuple[Any, ...] | None:
+    """(id, request hash) of the project's job submitted with this idempotency key."""
+    return await direct.one(IDEMPOTENT_MATCH, {"project": project_id, "key": key})
 
 
 async def owned_job_id(session: AsyncSession, job_id: uuid.UUID, project_id: uuid.UUID) -> uuid.UUID | None:
@@ -196,6 +224,8 @@ async def queue_positions_of(session: AsyncSession, queued_ids: Sequence[uuid.UU
     return {job_id: int(position) for job_id, position in rows.all()}
 
 
+_ONE_POSITION = QUEUE_POSITIONS.text.replace(":ids", "ARRAY[CAST(:id AS uuid)]")  # no array parameter to encode
+
 # One job as GET /v1/jobs/{id} answers it, in one statement: its row, its attempts (as JSON, in order)
 # and, while queued, its queue position (QUEUE_POSITIONS of that one id).
 READ_JOB = text(
@@ -207,7 +237,7 @@ READ_JOB = text(
                          'started_at', a.started_at, 'finished_at', a.finished_at, 'error', a.error
                      ) ORDER BY a.n) FROM job_attempts a WHERE a.job_id = j.id), '[]') AS attempts,
            CASE WHEN j.status = 'queued'
-                THEN (SELECT position FROM ({QUEUE_POSITIONS.text}) positions WHERE positions.id = j.id) END
+                THEN (SELECT position FROM ({_ONE_POSITION}) positions WHERE positions.id = j.id) END
                AS queue_position
     FROM jobs j
     WHERE j.id = :id AND j.project_id = :project_id
@@ -215,10 +245,12 @@ READ_JOB = text(
 )
 
 
-async def read_job(session: AsyncSession, job_id: uuid.UUID, project_id: uuid.UUID) -> Any | None:
-    """The row READ_JOB reads, or None when the project holds no such job."""
-    result = await session.execute(READ_JOB, {"id": job_id, "project_id": project_id, "ids": [job_id]})
-    return result.first()
+READ_JOB_DIRECT = pyformat(READ_JOB)
+
+
+async def read_job(direct: Direct, job_id: uuid.UUID, project_id: uuid.UUID) -> tuple[Any, ...] | None:
+    """The row READ_JOB reads (its columns in that order), or None when the project holds no such job."""
+    return await direct.one(READ_JOB_DIRECT, {"id": job_id, "project_id": project_id})
 
 
 async def list_events(session: AsyncSession, job_id: uuid.UUID) -> list[JobEvent]:

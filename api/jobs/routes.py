@@ -11,6 +11,7 @@ from api.db.session import Session
 from api.deps import AppSettings
 from api.errors import UnsupportedMediaType, error_responses
 from api.jobs import service
+from api.wire import json_response
 from trainmaster.models import EventList, Job, JobControl, JobEvent, JobEventIn, JobList, JobSpec, JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(400, 401, 404, 409, 413, 415, 422, 503))
@@ -25,16 +26,15 @@ async def require_json(request: Request) -> None:
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=Job, dependencies=[Depends(require_json)])
 async def submit_job(
     spec: JobSpec,
-    session: Session,
+    request: Request,
     principal: ProjectPrincipal,
-    response: Response,
     idempotency_key: Annotated[str | None, Header()] = None,
-) -> Job:
-    job, created = await service.submit(session, principal, spec, idempotency_key)
+) -> Response:
+    job, created = await service.submit_direct(request.app.state.direct, principal, spec, idempotency_key)
+    headers = {"Location": f"/v1/jobs/{job.id}"}
     if not created:
-        response.headers["Idempotent-Replayed"] = "true"
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return job.wire
+        headers["Idempotent-Replayed"] = "true"
+    return json_response(job.wire, status.HTTP_201_CREATED, headers)
 
 
 @router.get("", response_model=JobList)
@@ -58,8 +58,8 @@ async def list_jobs(
 
 
 @router.get("/{job_id}", response_model=Job)
-async def get_job(job_id: str, session: Session, principal: ProjectPrincipal) -> Job:
-    return await service.read(session, principal, job_id)
+async def get_job(job_id: str, request: Request, principal: ProjectPrincipal) -> Response:
+    return json_response(await service.read(request.app.state.direct, principal, job_id))
 
 
 @router.post("/{job_id}/cancel", response_model=Job, status_code=status.HTTP_202_ACCEPTED)

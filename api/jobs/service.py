@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.service import Principal
 from api.code_packages import repository as code_repository
+from api.db.direct import Direct
 from api.db.models import Job as JobRow
 from api.db.models import JobEvent as EventRow
 from api.errors import IdempotencyKeyReused, IllegalTransition, JobNotFound, ValidationError
@@ -47,63 +48,95 @@ class Submitted:
     wire: Job
 
 
-async def submit(
-    session: AsyncSession, principal: Principal, spec: JobSpec, idempotency_key: str | None
-) -> tuple[Submitted, bool]:
-    """Store a new queued job with its first event; returns (the job, created).
-
-    With an Idempotency-Key, a second request with the same spec gets the first job back, whatever
-    order concurrent requests commit in; the same key with another spec is refused.
-    """
+def _queued_values(principal: Principal, spec: JobSpec, idempotency_key: str | None) -> dict[str, Any]:
+    """The row of a new queued job (INSERT_QUEUED's parameters), its spec hashed for idempotent replays."""
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
         raise ValidationError.field(["header", "Idempotency-Key"], f"must be 1-{MAX_IDEMPOTENCY_KEY} characters")
-    if spec.code is not None and not await code_repository.exists(session, principal.project_id, spec.code):
-        raise ValidationError.field(["body", "code"], f"no uploaded code {spec.code}; upload it with POST /v1/code")
     spec_json = spec.model_dump(mode="json")
-    digest = _hash_of(spec_json)
     resources = spec.scaling.worker_resources()
-    job_id = uuid.uuid4()
-    inserted = await repository.insert_queued(
-        session,
-        {
-            "id": job_id,
-            "project_id": principal.project_id,
-            "name": spec.name,
-            "spec": json.dumps(spec_json),
-            "labels": json.dumps(spec.labels),
-            "priority": spec.priority,
-            "gang_cpus": resources.get("CPU", 0.0) * spec.scaling.num_workers,
-            "gang_gpus": resources.get("GPU", 0.0) * spec.scaling.num_workers,
-            "idempotency_key": idempotency_key,
-            "request_hash": digest,
-            "pending_reason": WAITING,
-        },
-        JOB_CHANNEL,
-        json.dumps({"job_id": str(job_id), "status": JobStatus.queued.value}),
-    )
-    if inserted is None:
-        assert idempotency_key is not None
-        existing = await repository.find_by_idempotency_key(session, principal.project_id, idempotency_key)
-        if existing is None:  # pragma: no cover - the conflicting row was deleted in between
-            raise IdempotencyKeyReused.field(["header", "Idempotency-Key"], "key conflict; retry")
-        if existing.request_hash != digest:
-            raise IdempotencyKeyReused.field(
-                ["header", "Idempotency-Key"],
-                "this key was already used with a different job spec; use a new key for a new job",
-            )
-        return Submitted(existing.id, existing.status, await describe(session, principal, existing)), False
-    positions = await repository.queue_positions_of(session, [job_id])
+    return {
+        "id": uuid.uuid4(),
+        "project_id": principal.project_id,
+        "name": spec.name,
+        "spec": json.dumps(spec_json),
+        "labels": json.dumps(spec.labels),
+        "priority": spec.priority,
+        "gang_cpus": resources.get("CPU", 0.0) * spec.scaling.num_workers,
+        "gang_gpus": resources.get("GPU", 0.0) * spec.scaling.num_workers,
+        "idempotency_key": idempotency_key,
+        "request_hash": _hash_of(spec_json),
+        "pending_reason": WAITING,
+    }
+
+
+def _queued_payload(job_id: uuid.UUID) -> str:
+    return json.dumps({"job_id": str(job_id), "status": JobStatus.queued.value})
+
+
+def _submitted(principal: Principal, spec: JobSpec, inserted: Any) -> Submitted:
+    job_id, created_at, stored_spec, _notified, position = inserted
     job = Job(
         id=str(job_id),
         project=principal.project_name,
         name=spec.name,
         status=JobStatus.queued,
-        spec=inserted.spec,
-        created_at=inserted.created_at,
+        spec=stored_spec,
+        created_at=created_at,
         pending_reason=WAITING,
-        queue_position=positions.get(job_id),
+        queue_position=int(position),
     )
-    return Submitted(job_id, JobStatus.queued, job), True
+    return Submitted(job_id, JobStatus.queued, job)
+
+
+def _reused_key() -> ValidationError:
+    return IdempotencyKeyReused.field(
+        ["header", "Idempotency-Key"],
+        "this key was already used with a different job spec; use a new key for a new job",
+    )
+
+
+async def submit(
+    session: AsyncSession, principal: Principal, spec: JobSpec, idempotency_key: str | None
+) -> tuple[Submitted, bool]:
+    """Store a new queued job with its first event, in the caller's transaction; returns (the job, created).
+
+    With an Idempotency-Key, a second request with the same spec gets the first job back, whatever
+    order concurrent requests commit in; the same key with another spec is refused.
+    """
+    values = _queued_values(principal, spec, idempotency_key)
+    if spec.code is not None and not await code_repository.exists(session, principal.project_id, spec.code):
+        raise ValidationError.field(["body", "code"], f"no uploaded code {spec.code}; upload it with POST /v1/code")
+    inserted = await repository.insert_queued(session, values, JOB_CHANNEL, _queued_payload(values["id"]))
+    if inserted is not None:
+        return _submitted(principal, spec, inserted), True
+    assert idempotency_key is not None
+    existing = await repository.find_by_idempotency_key(session, principal.project_id, idempotency_key)
+    if existing is None:  # pragma: no cover - the conflicting row was deleted in between
+        raise IdempotencyKeyReused.field(["header", "Idempotency-Key"], "key conflict; retry")
+    if existing.request_hash != values["request_hash"]:
+        raise _reused_key()
+    return Submitted(existing.id, existing.status, await describe(session, principal, existing)), False
+
+
+async def submit_direct(
+    direct: Direct, principal: Principal, spec: JobSpec, idempotency_key: str | None
+) -> tuple[Submitted, bool]:
+    """`submit` for `POST /v1/jobs`: one statement on a direct connection, committed when it returns."""
+    values = _queued_values(principal, spec, idempotency_key)
+    if spec.code is not None and not await code_repository.exists_direct(direct, principal.project_id, spec.code):
+        raise ValidationError.field(["body", "code"], f"no uploaded code {spec.code}; upload it with POST /v1/code")
+    inserted = await repository.insert_queued_direct(direct, values, JOB_CHANNEL, _queued_payload(values["id"]))
+    if inserted is not None:
+        return _submitted(principal, spec, inserted), True
+    assert idempotency_key is not None
+    found = await repository.idempotent_match(direct, principal.project_id, idempotency_key)
+    if found is None:  # pragma: no cover - the conflicting row was deleted in between
+        raise IdempotencyKeyReused.field(["header", "Idempotency-Key"], "key conflict; retry")
+    job_id, request_hash = found
+    if request_hash != values["request_hash"]:
+        raise _reused_key()
+    job = await read(direct, principal, str(job_id))
+    return Submitted(job_id, job.status, job), False
 
 
 def parse_job_id(raw: str) -> uuid.UUID:
@@ -121,26 +154,27 @@ async def get_owned(session: AsyncSession, principal: Principal, raw_id: str, *,
     return job
 
 
-async def read(session: AsyncSession, principal: Principal, raw_id: str) -> Job:
+async def read(direct: Direct, principal: Principal, raw_id: str) -> Job:
     """One job as answered, read in one statement (attempts and queue position included)."""
-    row = await repository.read_job(session, parse_job_id(raw_id), principal.project_id)
+    row = await repository.read_job(direct, parse_job_id(raw_id), principal.project_id)
     if row is None:
         raise JobNotFound(f"no job {raw_id!r} in project {principal.project_name!r}")
-    status = JobStatus(row.status)
+    job_id, name, status, spec, created_at, started_at, finished_at, pending, error, latest, attempts, position = row
+    status = JobStatus(status)
     return Job(
-        id=str(row.id),
+        id=str(job_id),
         project=principal.project_name,
-        name=row.name,
+        name=name,
         status=status,
-        spec=row.spec,
-        created_at=row.created_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        attempts=row.attempts,
-        pending_reason=row.pending_reason if status in (JobStatus.queued, JobStatus.starting) else None,
-        error=row.error,
-        latest_metrics=row.latest_metrics,
-        queue_position=None if row.queue_position is None else int(row.queue_position),
+        spec=spec,
+        created_at=created_at,
+        started_at=started_at,
+        finished_at=finished_at,
+        attempts=attempts,
+        pending_reason=pending if status in (JobStatus.queued, JobStatus.starting) else None,
+        error=error,
+        latest_metrics=latest,
+        queue_position=None if position is None else int(position),
     )
 
 

@@ -1,0 +1,31 @@
+"""What PostgreSQL being unreachable looks like, and the 503 that answers it."""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+import psycopg_pool
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.responses import JSONResponse
+
+from api.errors import DatabaseUnavailable, domain_error_response
+
+log = logging.getLogger("trainmaster.api")
+
+# Errors that mean PostgreSQL is unreachable (the engine's, and the direct connections' of api/db/direct.py).
+DATABASE_DOWN: tuple[type[Exception], ...] = (
+    OperationalError,
+    InterfaceError,
+    PoolTimeout,
+    ConnectionRefusedError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    psycopg_pool.PoolTimeout,
+)
+
+
+def database_unavailable(exc: Exception) -> JSONResponse:
+    log.warning("database unavailable: %s", exc.__class__.__name__)
+    return domain_error_response(DatabaseUnavailable())

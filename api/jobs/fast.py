@@ -1,0 +1,134 @@
+"""The fast lane: `GET /v1/jobs/{id}` and `POST /v1/jobs` without FastAPI's routing and dependencies.
+
+These two are what clients call most: every submission, every status poll. Through FastAPI a job read
+walked the route list and solved five dependencies, and that was about half of the API's own CPU for it
+(the profile is in bench/README.md). This ASGI middleware, inside the request-metrics and body-limit
+middleware, answers them with the same service functions, the same authentication and the same error
+bodies. What it does not answer goes on to the FastAPI routes in api/jobs/routes.py, which stay the
+documented contract: other paths and methods, a body that is not JSON, not an object or not a valid spec
+(FastAPI's own 415 and 422 naming the field, so those errors have one source).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError as SpecInvalid
+from starlette.datastructures import Headers
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.auth.deps import current_project
+from api.auth.service import Principal, authenticate
+from api.db.unavailable import DATABASE_DOWN, database_unavailable
+from api.errors import DomainError, domain_error_response
+from api.jobs import service
+from api.wire import json_response
+from trainmaster.models import JobSpec
+
+_ONE_JOB = re.compile(r"^/v1/jobs/([^/]+)$")
+
+
+@dataclass(frozen=True)
+class _Route:
+    """What the request-metrics middleware reads of the matched route (scope["route"]): its template."""
+
+    path: str
+
+
+READ_ROUTE = _Route("/v1/jobs/{job_id}")
+SUBMIT_ROUTE = _Route("/v1/jobs")
+
+
+class FastLane:
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            method, path = scope["method"], scope["path"]
+            if method == "GET" and (match := _ONE_JOB.match(path)):
+                await self._answer(scope, receive, send, READ_ROUTE, self._read, match.group(1))
+                return
+            if method == "POST" and path == "/v1/jobs" and _is_json(scope):
+                body = await _read_body(receive)
+                spec = _parse_spec(body)
+                if spec is not None:
+                    await self._answer(scope, receive, send, SUBMIT_ROUTE, self._submit, spec)
+                    return
+                receive = _replay(body, receive)  # FastAPI says what is wrong with it
+        await self.app(scope, receive, send)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send, route: _Route, handler: Any, arg: Any) -> None:
+        scope["route"] = route
+        headers = Headers(scope=scope)
+        try:
+            principal = await current_project(await self._principal(scope, headers))
+            response = await handler(scope, headers, principal, arg)
+        except DomainError as exc:
+            response = domain_error_response(exc)
+        except DATABASE_DOWN as exc:
+            response = database_unavailable(exc)
+        await response(scope, receive, send)
+
+    async def _principal(self, scope: Scope, headers: Headers) -> Principal:
+        state = scope["app"].state
+        return await authenticate(state.direct, headers.get("authorization"), getattr(state, "tokens", None))
+
+    async def _read(self, scope: Scope, _headers: Headers, principal: Principal, job_id: str) -> Response:
+        return json_response(await service.read(scope["app"].state.direct, principal, job_id))
+
+    async def _submit(self, scope: Scope, headers: Headers, principal: Principal, spec: JobSpec) -> Response:
+        key = headers.get("idempotency-key")
+        job, created = await service.submit_direct(scope["app"].state.direct, principal, spec, key)
+        answer = {"Location": f"/v1/jobs/{job.id}"}
+        if not created:
+            answer["Idempotent-Replayed"] = "true"
+        return json_response(job.wire, 201, answer)
+
+
+def _is_json(scope: Scope) -> bool:
+    content_type = Headers(scope=scope).get("content-type", "")
+    return content_type.split(";")[0].strip().lower() == "application/json"
+
+
+async def _read_body(receive: Receive) -> bytes:
+    parts = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break  # the client went away; the answer will go nowhere
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(parts)
+
+
+def _parse_spec(body: bytes) -> JobSpec | None:
+    """The spec, parsed as FastAPI would (json.loads, then the model); None when FastAPI must refuse it."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    try:
+        return JobSpec.model_validate(document)
+    except SpecInvalid:
+        return None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
