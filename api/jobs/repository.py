@@ -224,21 +224,53 @@ async def queue_positions_of(session: AsyncSession, queued_ids: Sequence[uuid.UU
     return {job_id: int(position) for job_id, position in rows.all()}
 
 
-_ONE_POSITION = QUEUE_POSITIONS.text.replace(":ids", "ARRAY[CAST(:id AS uuid)]")  # no array parameter to encode
-
 # One job as GET /v1/jobs/{id} answers it, in one statement: its row, its attempts (as JSON, in order)
-# and, while queued, its queue position (QUEUE_POSITIONS of that one id).
+# and, while queued, its queue position. That is QUEUE_POSITIONS for a page of one job, where no other
+# job of the page is numbered beside it: the queued jobs of the groups ahead, from the maintained counts,
+# and the tied jobs older than it, counted on ix_jobs_queued_by_project.
 READ_JOB = text(
-    f"""
+    """
+    WITH me AS (
+        SELECT j.priority, j.project_id, j.created_at, j.id,
+               coalesce(u.gpus, 0) AS gpus, coalesce(u.cpus, 0) AS cpus
+        FROM jobs j LEFT JOIN project_usage u ON u.project_id = j.project_id
+        WHERE j.id = :id AND j.project_id = :project_id AND j.status = 'queued'
+    ),
+    groups AS (
+        SELECT q.priority, q.project_id, sum(q.queued) AS queued,
+               coalesce(min(u.gpus), 0) AS gpus, coalesce(min(u.cpus), 0) AS cpus
+        FROM queue_counts q LEFT JOIN project_usage u ON u.project_id = q.project_id
+        WHERE q.priority >= (SELECT priority FROM me)
+        GROUP BY q.priority, q.project_id
+        HAVING sum(q.queued) > 0
+    ),
+    tied AS (
+        SELECT g.project_id FROM groups g, me
+        WHERE g.priority = me.priority AND g.gpus = me.gpus AND g.cpus = me.cpus
+        UNION
+        SELECT project_id FROM me
+    ),
+    place AS (
+        SELECT 1 + coalesce((
+                   SELECT sum(g.queued) FROM groups g
+                   WHERE g.priority > me.priority
+                      OR (g.priority = me.priority AND (g.gpus, g.cpus) < (me.gpus, me.cpus))
+               ), 0) + (
+                   SELECT count(*) FROM tied CROSS JOIN LATERAL (
+                       SELECT 1 FROM jobs o
+                       WHERE o.status = 'queued' AND o.project_id = tied.project_id AND o.priority = me.priority
+                         AND (o.created_at, o.id) < (me.created_at, me.id)
+                   ) older
+               ) AS position
+        FROM me
+    )
     SELECT j.id, j.name, j.status, j.spec, j.created_at, j.started_at, j.finished_at, j.pending_reason,
            j.error, j.latest_metrics,
            coalesce((SELECT json_agg(json_build_object(
                          'n', a.n, 'ray_submission_id', a.ray_submission_id, 'status', a.status,
                          'started_at', a.started_at, 'finished_at', a.finished_at, 'error', a.error
                      ) ORDER BY a.n) FROM job_attempts a WHERE a.job_id = j.id), '[]') AS attempts,
-           CASE WHEN j.status = 'queued'
-                THEN (SELECT position FROM ({_ONE_POSITION}) positions WHERE positions.id = j.id) END
-               AS queue_position
+           (SELECT position FROM place) AS queue_position
     FROM jobs j
     WHERE j.id = :id AND j.project_id = :project_id
     """

@@ -113,6 +113,30 @@ def test_queue_position_equals_admission_order_under_fair_share(http: TestClient
     assert_counters_match_a_recount(database_url)
 
 
+def test_a_submission_answers_the_position_a_read_gives(http: TestClient, database_url: str) -> None:
+    """POST /v1/jobs computes the new job's place from the maintained counts, GET /v1/jobs/{id} counts
+    the tied jobs ahead: with priorities above and below, a project holding GPUs and projects tied on
+    usage, both say the same for every new job, and that is its place in the claim order."""
+    rng = random.Random(11)
+    tokens = {name: project_token(database_url, name) for name in ("red", "green", "blue")}
+    holder = submit(http, tokens["red"], **gpus(2))
+    sql(database_url, "UPDATE jobs SET status = 'running' WHERE id = %s", (holder,))  # red holds 2 GPUs
+    for _ in range(24):
+        name = rng.choice(list(tokens))
+        headers = {"Authorization": f"Bearer {tokens[name]}"}
+        body = spec(priority=rng.choice([0, 0, 3, -1]), **gpus(rng.randint(1, 2)))
+        answer = http.post("/v1/jobs", json=body, headers=headers)
+        assert answer.status_code == 201, answer.text
+        job = answer.json()
+        assert job["queue_position"] is not None
+        assert http.get(f"/v1/jobs/{job['id']}", headers=headers).json()["queue_position"] == job["queue_position"]
+
+        async def claim_order(session: AsyncSession) -> list[str]:
+            return [str(row.id) for row in await dispatcher_repository.lock_queued(session, 1000)]
+
+        assert in_session(database_url, claim_order).index(job["id"]) + 1 == job["queue_position"]
+
+
 def test_positions_of_a_page_deep_in_a_tied_queue(http: TestClient, database_url: str) -> None:
     """Projects holding nothing tie: a page in the middle of one project's queue counts the tied jobs
     older than the page and numbers the ones among it, and still equals the claim order."""
