@@ -4,6 +4,7 @@ with a reason, or failed as infeasible once `infeasible_timeout_s` has passed.""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -14,8 +15,9 @@ from api.dispatcher import launch, preemption
 from api.dispatcher import repository as repo
 from api.dispatcher.backend import Launch, RayUnavailable
 from api.dispatcher.placement import Cluster, Decision, admit
+from api.dispatcher.repository import QueuedJob
 from api.jobs.status import record_event, transition
-from trainmaster.models import JobSpec, JobStatus
+from trainmaster.models import JobStatus, Scaling
 
 if TYPE_CHECKING:
     from api.dispatcher.service import Dispatcher
@@ -32,15 +34,15 @@ async def admit_round(dispatcher: Dispatcher) -> int:
     launches: list[Launch] = []
     async with dispatcher.sessions() as session, session.begin():
         await repo.lock_admission(session)
-        now = await repo.db_now(session)
-        held_cpus, held_gpus = await repo.held_resources(session)
+        now, held_cpus, held_gpus = await repo.held_resources(session)
         total = cluster.total()
         budget = {"CPU": total.get("CPU", 0.0) - held_cpus, "GPU": total.get("GPU", 0.0) - held_gpus}
         warning = storage_warning(settings.storage_path, cluster)  # the same for every job of the round
-        admitted: list[tuple[Job, JobSpec]] = []  # their attempts are written together, see start_attempts
+        admitted: list[QueuedJob] = []  # their attempts are written together, see start_attempts
+        reasons: dict[uuid.UUID, str] = {}  # the waiting jobs' new reasons, written together
         for job in await repo.lock_queued(session, settings.admit_batch):
-            spec = JobSpec.model_validate(job.spec)
-            admission = admit(spec, cluster, driver)
+            # Placement reads only the scaling: the whole spec is validated for the launch alone.
+            admission = admit(Scaling.model_validate(job.spec.get("scaling", {})), cluster, driver)
             if admission.decision is Decision.admit and not _within(budget, job):
                 admission.decision = Decision.wait
                 admission.reason = (
@@ -52,22 +54,22 @@ async def admit_round(dispatcher: Dispatcher) -> int:
                 cluster.reserve(admission.placement)
                 budget["CPU"] -= job.gang_cpus
                 budget["GPU"] -= job.gang_gpus
-                admitted.append((job, spec))
-                if warning:
-                    await record_event(session, job, "storage_warning", warning)
+                admitted.append(job)
             elif admission.decision is Decision.wait:
-                job.infeasible_since = None
-                job.pending_reason = admission.reason
+                reason = admission.reason
                 if settings.preemption:
                     # Preemption counts what active jobs hold in the database: the gangs admitted so
                     # far in this round must be written first.
-                    launches += await launch.start_attempts(dispatcher, session, admitted, now)
+                    launches += await launch.start_attempts(dispatcher, session, admitted, now, warning)
                     admitted.clear()
-                    if room := await preemption.make_room(dispatcher, session, job, cluster, now):
-                        job.pending_reason = room
+                    waiting = await session.get_one(Job, job.id)  # locked already, by lock_queued
+                    if room := await preemption.make_room(dispatcher, session, waiting, cluster, now):
+                        reason = room
+                if reason != job.pending_reason or job.infeasible_since is not None:
+                    reasons[job.id] = reason
             else:
                 await _infeasible(dispatcher, session, job, admission.reason, now)
-        launches += await launch.start_attempts(dispatcher, session, admitted, now)
+        launches += await launch.start_attempts(dispatcher, session, admitted, now, warning, reasons)
     # The attempt rows are committed: only now may Ray hear of them.
     await launch.submit_all(dispatcher, launches)
     return len(launches)
@@ -91,11 +93,16 @@ def storage_warning(storage_path: str, cluster: Cluster) -> str | None:
     )
 
 
-def _within(budget: dict[str, float], job: Job) -> bool:
+def _within(budget: dict[str, float], job: QueuedJob) -> bool:
     return job.gang_cpus <= budget["CPU"] + 1e-9 and job.gang_gpus <= budget["GPU"] + 1e-9
 
 
-async def _infeasible(dispatcher: Dispatcher, session: AsyncSession, job: Job, reason: str, now: datetime) -> None:
+async def _infeasible(
+    dispatcher: Dispatcher, session: AsyncSession, queued: QueuedJob, reason: str, now: datetime
+) -> None:
+    """Mark the job infeasible (an event, the first time), then fail it once `infeasible_timeout_s`
+    has passed. Rare, so through the ORM and the status machine, one job at a time."""
+    job = await session.get_one(Job, queued.id)  # locked already, by lock_queued
     if job.infeasible_since is None:
         job.infeasible_since = now
         await record_event(session, job, "infeasible", reason)
@@ -110,6 +117,8 @@ async def _infeasible(dispatcher: Dispatcher, session: AsyncSession, job: Job, r
 
 
 async def _set_reasons_unreachable(dispatcher: Dispatcher, error: str) -> None:
+    reason = f"the Ray cluster is unreachable ({error}); waiting for it to come back"
     async with dispatcher.sessions() as session, session.begin():
-        for job in await repo.lock_queued(session, dispatcher.settings.admit_batch):
-            job.pending_reason = f"the Ray cluster is unreachable ({error}); waiting for it to come back"
+        queued = await repo.lock_queued(session, dispatcher.settings.admit_batch)
+        changed = {job.id: reason for job in queued if job.pending_reason != reason}
+        await repo.write_round(session, reasons=changed, clear_infeasible=False)

@@ -8,19 +8,22 @@ import logging
 import shlex
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.auth.service import create_job_token, create_job_tokens
+from api.auth.service import create_job_token, hash_token, new_token
 from api.code_packages import archive
 from api.code_packages import repository as code_repository
-from api.db.models import Job, JobAttempt
-from api.dispatcher.backend import Launch, RayUnavailable
-from api.jobs.status import record_event, transition_all
+from api.db.models import Job
+from api.dispatcher import repository as repo
+from api.dispatcher.backend import Launch, RayBackend, RayUnavailable
+from api.dispatcher.repository import QueuedJob
+from api.errors import IllegalTransition
+from api.jobs.status import JOB_CHANNEL, can_transition, record_event
 from api.settings import Settings
 from trainmaster.context import JobContext
 from trainmaster.models import AttemptStatus, JobSpec, JobStatus
@@ -35,30 +38,66 @@ def submission_id(job_id: uuid.UUID, n: int) -> str:
     return f"tm-{job_id}-{n}"
 
 
+class JobRef(Protocol):
+    """What a launch needs of its job: an ORM Job (reconcile) or a queued row (admission)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+
+    @property
+    def project_id(self) -> uuid.UUID: ...
+
+    @property
+    def name(self) -> str: ...
+
+
 async def start_attempts(
-    dispatcher: Dispatcher, session: AsyncSession, admitted: Sequence[tuple[Job, JobSpec]], now: datetime
+    dispatcher: Dispatcher,
+    session: AsyncSession,
+    admitted: Sequence[QueuedJob],
+    now: datetime,
+    warning: str | None = None,
+    reasons: Mapping[uuid.UUID, str] | None = None,
 ) -> list[Launch]:
     """New attempt rows for the gangs an admission round admitted (committed by the caller before any
-    submit) and the launches that go with them, written together: one flush of the attempts and status
-    changes, one INSERT of the job tokens, instead of several round trips per job."""
-    changes: list[tuple[Job, str | None]] = []
-    numbers = []
-    for job, _ in admitted:
-        n = max((a.n for a in job.attempts), default=0) + 1
-        sub_id = submission_id(job.id, n)
-        session.add(JobAttempt(job_id=job.id, n=n, ray_submission_id=sub_id, status=AttemptStatus.pending))
-        job.lease_owner = dispatcher.owner
-        job.lease_expires_at = now + timedelta(seconds=dispatcher.settings.lease_s)
-        job.pending_reason = None
-        job.infeasible_since = None
-        changes.append((job, f"admitted; attempt {n} ({sub_id})"))
-        numbers.append(n)
-    await transition_all(session, changes, JobStatus.starting)
-    tokens = await create_job_tokens(session, [(job.project_id, job.id) for job, _ in admitted])
+    submit) and the launches that go with them. Each job's status change queued -> starting (checked
+    by the status machine's rule), attempt, events (the round's storage `warning` first) and job
+    token, the waiting jobs' new `reasons`, and every NOTIFY, are one statement for the whole round
+    (repository.ROUND_WRITES)."""
+    if admitted and not can_transition(JobStatus.queued, JobStatus.starting):
+        raise IllegalTransition("a queued job cannot become starting")
     settings = dispatcher.settings
+    specs = [JobSpec.model_validate(job.spec) for job in admitted]  # the launch needs all of it
+    tokens = [new_token() for _ in admitted]
+    gangs = [
+        repo.Gang(job, job.attempts + 1, submission_id(job.id, job.attempts + 1), hash_token(token))
+        for job, token in zip(admitted, tokens, strict=True)
+    ]
+    events = [repo.Event(job.id, "storage_warning", warning) for job in admitted] if warning else []
+    events += [
+        repo.Event(
+            gang.job.id,
+            "status",
+            f"admitted; attempt {gang.n} ({gang.submission_id})",
+            JobStatus.starting,
+            {"from": JobStatus.queued.value},
+        )
+        for gang in gangs
+    ]
+    started = await repo.write_round(
+        session,
+        gangs=gangs,
+        events=events,
+        reasons=reasons,
+        owner=dispatcher.owner,
+        lease_expires_at=now + timedelta(seconds=settings.lease_s),
+        channel=JOB_CHANNEL,
+    )
+    if started != len(gangs):
+        raise IllegalTransition(f"{len(gangs) - started} of the round's admitted jobs were no longer queued")
     return [
-        build(settings, job, spec, n, token, await _working_dir(settings, session, job, spec))
-        for (job, spec), n, token in zip(admitted, numbers, tokens, strict=True)
+        build(settings, gang.job, spec, gang.n, token, await _working_dir(settings, session, gang.job, spec))
+        for gang, spec, token in zip(gangs, specs, tokens, strict=True)
     ]
 
 
@@ -69,7 +108,7 @@ async def prepare(settings: Settings, session: AsyncSession, job: Job, spec: Job
     return build(settings, job, spec, n, token, working_dir)
 
 
-async def _working_dir(settings: Settings, session: AsyncSession, job: Job, spec: JobSpec) -> Path | None:
+async def _working_dir(settings: Settings, session: AsyncSession, job: JobRef, spec: JobSpec) -> Path | None:
     """The job's uploaded code, unpacked once per archive; Ray uploads it to the cluster."""
     if spec.code is None:
         return None
@@ -86,7 +125,9 @@ async def _working_dir(settings: Settings, session: AsyncSession, job: Job, spec
     )
 
 
-def build(settings: Settings, job: Job, spec: JobSpec, n: int, token: str, working_dir: Path | None = None) -> Launch:
+def build(
+    settings: Settings, job: JobRef, spec: JobSpec, n: int, token: str, working_dir: Path | None = None
+) -> Launch:
     context = JobContext(
         job_id=str(job.id),
         attempt=n,
@@ -124,34 +165,49 @@ async def submit(dispatcher: Dispatcher, launch: Launch) -> None:
 
 
 async def submit_all(dispatcher: Dispatcher, launches: Sequence[Launch]) -> None:
-    """Hand committed attempts to Ray one after another, then record Ray's answers in one leased
-    transaction: an admission round commits once for all its launches, not once per launch. A crash
-    in between leaves attempts pending, which reconcile submits again under the same id."""
+    """Hand committed attempts to Ray one after another (one worker thread for them all), then
+    record Ray's answers: the accepted ones in one statement under the lease check
+    (repository.mark_submitted), the refused ones in one leased transaction. An admission round
+    commits once for all its launches, not once per launch. A crash in between leaves attempts
+    pending, which reconcile submits again under the same id."""
     if not launches:
         return
+    answers = await asyncio.to_thread(_submit_each, dispatcher.ray, launches)
+    accepted: dict[uuid.UUID, str] = {}
+    refused: dict[uuid.UUID, str] = {}
+    for sent in launches:
+        job_id = uuid.UUID(sent.metadata["trainmaster_job_id"])
+        (refused if answers[sent.submission_id] else accepted)[job_id] = sent.submission_id
+    if accepted:
+        async with dispatcher.sessions() as session, session.begin():
+            await repo.mark_submitted(session, accepted, dispatcher.owner)
+    if not refused:
+        return
+    async with dispatcher.leased_many(refused) as held:
+        for one in held:
+            if one.attempt is None or one.attempt.status is not AttemptStatus.pending:
+                continue
+            # The attempt stays pending; reconcile submits it again (same id) until launch_timeout_s.
+            error = answers[one.attempt.ray_submission_id]
+            if one.attempt.error is None:
+                await record_event(one.session, one.job, "launch_retry", f"Ray refused the launch, retrying: {error}")
+            one.attempt.error = f"Ray refused the launch: {error}"
+
+
+def _submit_each(ray: RayBackend, launches: Sequence[Launch]) -> dict[str, RayUnavailable | None]:
+    """Ray's answer to each launch: None when it took it (now or before), else why it could not."""
     answers: dict[str, RayUnavailable | None] = {}
     for launch in launches:
         try:
-            started = await asyncio.to_thread(dispatcher.ray.submit, launch)
+            started = ray.submit(launch)
         except RayUnavailable as exc:
             log.warning(
                 json.dumps({"event": "submit_deferred", "submission_id": launch.submission_id, "error": str(exc)})
             )
             answers[launch.submission_id] = exc
             continue
-        event = "submitted" if started else "already_submitted"
-        log.info(json.dumps({"event": event, "submission_id": launch.submission_id}))
+        if log.isEnabledFor(logging.INFO):
+            event = "submitted" if started else "already_submitted"
+            log.info(json.dumps({"event": event, "submission_id": launch.submission_id}))
         answers[launch.submission_id] = None
-    by_job = {uuid.UUID(one.metadata["trainmaster_job_id"]): one.submission_id for one in launches}
-    async with dispatcher.leased_many(by_job) as held:
-        for one in held:
-            if one.attempt is None or one.attempt.status is not AttemptStatus.pending:
-                continue
-            refused = answers[one.attempt.ray_submission_id]
-            if refused is None:
-                one.attempt.status = AttemptStatus.submitted
-                continue
-            # The attempt stays pending; reconcile submits it again (same id) until launch_timeout_s.
-            if one.attempt.error is None:
-                await record_event(one.session, one.job, "launch_retry", f"Ray refused the launch, retrying: {refused}")
-            one.attempt.error = f"Ray refused the launch: {refused}"
+    return answers

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmaster.models import JobSpec, PlacementStrategy
+from trainmaster.models import JobSpec, PlacementStrategy, Scaling
 
 Resources = dict[str, float]
 EPSILON = 1e-9
@@ -85,14 +85,31 @@ class Cluster:
         return self._memo[(name,)]
 
     def free_order(self) -> list[int]:
-        """Node indices, the most free first (the order `_place` tries them in), kept up to date by
-        `reserve` instead of sorted again for every job."""
-        order = self._kept("free order", lambda: sorted((_order_key(n.free), i) for i, n in enumerate(self.nodes)))
-        return [index for _, index in order]
+        """Node indices, the most free first (the order `_place` tries them in)."""
+        return [index for _, index in self._free_keys()]
+
+    def _free_keys(self) -> list[tuple[float, int]]:
+        """(`_order_key` of the free resources, node index), sorted: kept up to date by `reserve`
+        instead of sorted again for every job, and read in place (a job's scan stops after the few
+        nodes with room, so no copy of a thousand entries is made for it)."""
+        keys: list[tuple[float, int]] = self._kept("free order", lambda: _sorted_keys(n.free for n in self.nodes))
+        return keys
+
+    def _total_keys(self) -> list[tuple[float, int]]:
+        """The same for the total resources (whether a gang could ever fit), sorted once per round."""
+        keys: list[tuple[float, int]] = self._kept("total order", lambda: _sorted_keys(n.total for n in self.nodes))
+        return keys
 
 
 def _order_key(capacity: Resources) -> float:
     return -capacity.get("GPU", 0.0) - capacity.get("CPU", 0.0) / 1e3
+
+
+def _sorted_keys(capacities: Iterable[Resources]) -> list[tuple[float, int]]:
+    """(`_order_key`, index) of each capacity, sorted: the key is written out here (a thousand nodes a round)."""
+    keys = [(-capacity.get("GPU", 0.0) - capacity.get("CPU", 0.0) / 1e3, i) for i, capacity in enumerate(capacities)]
+    keys.sort()
+    return keys
 
 
 @dataclass
@@ -102,23 +119,27 @@ class Admission:
     placement: dict[str, list[Resources]] = field(default_factory=dict)
 
 
-def gang(spec: JobSpec, driver: Resources) -> list[Resources]:
+def gang(spec: JobSpec | Scaling, driver: Resources) -> list[Resources]:
     """The bundles a job needs: one per worker, plus the driver's (when it asks for anything)."""
-    bundles = [dict(spec.scaling.worker_resources()) for _ in range(spec.scaling.num_workers)]
+    scaling = _scaling(spec)
+    bundles = [dict(scaling.worker_resources()) for _ in range(scaling.num_workers)]
     if any(amount > 0 for amount in driver.values()):
         bundles.append(dict(driver))
     return bundles
 
 
-def admit(spec: JobSpec, cluster: Cluster, driver: Resources) -> Admission:
-    bundles = gang(spec, driver)
-    strategy = spec.scaling.placement_strategy
-    need = describe(spec)
-    shape = (need, spec.scaling.num_workers, *(tuple(sorted(bundle.items())) for bundle in bundles))
+def admit(spec: JobSpec | Scaling, cluster: Cluster, driver: Resources) -> Admission:
+    """Whether the gang of `spec` (a whole JobSpec, or only its `scaling`: all placement reads) fits."""
+    scaling = _scaling(spec)
+    bundles = gang(scaling, driver)
+    strategy = scaling.placement_strategy
+    need = describe(scaling)
+    # Every worker's bundle is the same: the shape is the description, the worker's and the driver's bundle.
+    shape = (need, scaling.num_workers, tuple(sorted(bundles[0].items())), tuple(sorted(driver.items())))
     feasible = cluster._memo.get(("feasible", *shape))
     if feasible is None:
-        totals = [node.total for node in cluster.nodes]
-        feasible = _place(bundles, totals, strategy, spec.scaling.num_workers) is not None
+        totals = cluster._kept("total list", lambda: [node.total for node in cluster.nodes])
+        feasible = _place(bundles, totals, strategy, scaling.num_workers, cluster._total_keys()) is not None
         cluster._memo[("feasible", *shape)] = feasible
     if not feasible:
         total = _fmt(cluster.total())
@@ -134,7 +155,7 @@ def admit(spec: JobSpec, cluster: Cluster, driver: Resources) -> Admission:
     placement = None
     if ("no room", *shape) not in cluster._memo:
         room = cluster._kept("free list", lambda: [node.free for node in cluster.nodes])  # changed in place
-        placement = _place(bundles, room, strategy, spec.scaling.num_workers, cluster.free_order())
+        placement = _place(bundles, room, strategy, scaling.num_workers, cluster._free_keys())
     if placement is None:
         # Free resources only shrink during a round, so a shape that found no room finds none later
         # in the round: only its reason (the free resources now) is written again after a reserve.
@@ -163,7 +184,7 @@ def nodes_free(cluster: Cluster, limit: int = 8, *, free: bool = True) -> str:
         return node.free if free else node.total
 
     if free:
-        ranked = [cluster.nodes[index] for index in cluster.free_order()[:limit]]
+        ranked = [cluster.nodes[index] for _, index in cluster._free_keys()[:limit]]
     else:
         # nsmallest is sorted(...)[:limit] (ties keep the nodes' order) without sorting every node.
         ranked = heapq.nsmallest(
@@ -174,11 +195,16 @@ def nodes_free(cluster: Cluster, limit: int = 8, *, free: bool = True) -> str:
     return ", ".join(shown) + more if shown else "no nodes"
 
 
-def describe(spec: JobSpec) -> str:
-    per_worker = spec.scaling.worker_resources()
-    n = spec.scaling.num_workers
+def describe(spec: JobSpec | Scaling) -> str:
+    scaling = _scaling(spec)
+    per_worker = scaling.worker_resources()
+    n = scaling.num_workers
     parts = [f"{_num(amount * n)} {name}" for name, amount in per_worker.items() if name != "memory"]
-    return f"{', '.join(parts)} as {n} x {_fmt(per_worker)} {spec.scaling.placement_strategy.value}"
+    return f"{', '.join(parts)} as {n} x {_fmt(per_worker)} {scaling.placement_strategy.value}"
+
+
+def _scaling(spec: JobSpec | Scaling) -> Scaling:
+    return spec.scaling if isinstance(spec, JobSpec) else spec
 
 
 def _place(
@@ -186,59 +212,70 @@ def _place(
     capacities: list[Resources],
     strategy: PlacementStrategy,
     n_workers: int,
-    order: list[int] | None = None,
+    keys: list[tuple[float, int]] | None = None,
 ) -> dict[int, list[Resources]] | None:
     """First-fit-decreasing placement; None when the bundles cannot be placed.
 
-    `order` is the capacities' indices sorted by `_order_key` (ties by index), when the caller keeps
-    it (`Cluster.free_order`); otherwise it is sorted here. A node's capacity is copied only when a
-    bundle is taken from it."""
+    `keys` is (`_order_key` of each capacity, its index), sorted (ties by index): the order nodes
+    are tried in, when the caller keeps it (`Cluster._free_keys`); otherwise it is sorted here. A
+    node's capacity is copied only when a bundle is taken from it."""
     if not capacities:
         return None
-    if order is None:
-        order = sorted(range(len(capacities)), key=lambda i: _order_key(capacities[i]))
+    if keys is None:
+        keys = _sorted_keys(capacities)
     left: dict[int, Resources] = {}
     if strategy is PlacementStrategy.STRICT_PACK:
         whole = _sum(bundles)
-        for index in _with_room(order, capacities, whole):
+        for index in _with_room(keys, whole):
             if _fits(whole, capacities[index]):
                 return {index: list(bundles)}
         return None
     placement: dict[int, list[Resources]] = {}
+    # A node too small for a bundle stays too small for the same bundle again (free resources only
+    # shrink here): a gang's identical workers skip the nodes an earlier worker found too small.
+    too_small: set[int] = set()
+    previous: Resources | None = None
     for position, bundle in enumerate(sorted(bundles, key=lambda b: -b.get("GPU", 0.0) - b.get("CPU", 0.0) / 1e3)):
+        if bundle != previous:
+            too_small, previous = set(), bundle
         candidates: Iterable[int]
         if strategy is PlacementStrategy.STRICT_SPREAD and position < n_workers:
-            candidates = _with_room((i for i in order if i not in placement), capacities, bundle)
+            candidates = _with_room(keys, bundle, placement)
         elif strategy is PlacementStrategy.SPREAD:
-            # The nodes holding fewest of the gang's bundles first, each group in `order`: nodes
-            # holding none are `order` less the placed ones; the placed ones are a few.
-            rank = {index: at for at, index in enumerate(order) if index in placement} if placement else {}
-            placed = sorted(placement, key=lambda i: (len(placement[i]), rank[i]))
-            fresh = _with_room((i for i in order if i not in placement), capacities, bundle)
-            candidates = itertools.chain(fresh, placed)
+            # The nodes holding fewest of the gang's bundles first, each group in the keys' order:
+            # nodes holding none are the keys less the placed ones; the placed ones are a few.
+            placed = sorted(placement, key=lambda i: (len(placement[i]), _order_key(capacities[i]), i))
+            candidates = itertools.chain(_with_room(keys, bundle, placement), placed)
         else:
-            candidates = _with_room(order, capacities, bundle)
+            candidates = _with_room(keys, bundle)
         for index in candidates:
+            if index in too_small:
+                continue
             if _fits(bundle, left.get(index, capacities[index])):
                 if index not in left:
                     left[index] = dict(capacities[index])
                 _take(bundle, left[index])
                 placement.setdefault(index, []).append(bundle)
                 break
+            too_small.add(index)
         else:
             return None
     return placement
 
 
-def _with_room(order: Iterable[int], capacities: list[Resources], bundle: Resources) -> Iterator[int]:
-    """`order` (sorted by `_order_key`, the most room first) up to the first node whose key shows it
-    has too little GPU and CPU together for `bundle`: no node after it can hold the bundle either. On
-    a full cluster of a thousand nodes this ends the scan after the few nodes with room."""
+def _with_room(
+    keys: list[tuple[float, int]], bundle: Resources, skip: Mapping[int, object] | None = None
+) -> Iterator[int]:
+    """The node indices of `keys` (sorted, the most room first) up to the first node whose key shows
+    it has too little GPU and CPU together for `bundle`: no node after it can hold the bundle either.
+    On a full cluster of a thousand nodes this ends the scan after the few nodes with room. Nodes in
+    `skip` (those a STRICT_SPREAD or SPREAD gang already uses) are passed over."""
     bound = _order_key(bundle) + 1e-6  # a node that fits has a key at most this
-    for index in order:
-        if _order_key(capacities[index]) > bound:
+    for key, index in keys:
+        if key > bound:
             return
-        yield index
+        if skip is None or index not in skip:
+            yield index
 
 
 def _fits(bundle: Resources, capacity: Resources) -> bool:
