@@ -16,7 +16,7 @@ from api.db.session import create_engine, session_factory
 from api.dispatcher.backend import RayBackend
 from api.dispatcher.faults import with_faults
 from api.dispatcher.ray_jobs import RayJobsBackend
-from api.dispatcher.service import Dispatcher
+from api.dispatcher.service import Dispatcher, freeze_heap
 from api.jobs.status import JOB_CHANNEL
 from api.settings import Settings, get_settings, libpq_url
 from api.sweeps.controller import sweep_round
@@ -67,6 +67,7 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
         loop.add_signal_handler(sig, stopping.set)
     wakeup = Wakeup(settings.database_url)
     telemetry = start_telemetry(settings, "trainmaster-dispatcher")  # OpenTelemetry / MLflow, when configured
+    freeze_heap()
     log.info(json.dumps({"event": "dispatcher_started", "owner": owner, "ray": settings.ray_address}))
     try:
         while not stopping.is_set():

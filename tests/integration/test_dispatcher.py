@@ -526,3 +526,63 @@ def test_250_active_jobs_are_all_reconciled_cancelled_and_timed_out_in_bounds(da
             assert {final[i] for i in timed} == {JobStatus.timed_out}
 
     run(scenario())
+
+
+def test_a_round_writes_each_admitted_gang_whole_and_marks_only_the_submissions_it_still_holds(
+    database_url: str,
+) -> None:
+    """One round admits two gangs and writes them in one statement: each job starting under the
+    lease, its pending attempt, its job token, its events in order (the storage warning, then the
+    status change from queued), and a reason for the job that waits. Another dispatcher takes one job's
+    lease while Ray is being called: that attempt stays pending (reconcile's to follow), the other
+    is marked submitted."""
+    import psycopg
+
+    from api.db.models import ApiToken
+    from api.dispatcher.placement import Cluster, Node
+
+    async def scenario() -> None:
+        async with World(database_url, storage_path="/var/tm/ckpt") as world:
+            two_hosts = Cluster(
+                [
+                    Node("a" * 56, {"CPU": 2}, {"CPU": 2}, ip="10.0.0.1"),
+                    Node("b" * 56, {"CPU": 2}, {"CPU": 2}, ip="10.0.0.2"),
+                ]
+            )
+            world.ray.cluster = lambda: two_hosts  # type: ignore[method-assign]
+            kept, taken = await world.submit(**one_worker(2)), await world.submit(**one_worker(2))
+            waiting = await world.submit(**one_worker(2))
+            submit = world.ray.submit
+
+            def submit_while_another_takes_over(launch: Any) -> bool:
+                if launch.metadata["trainmaster_job_id"] == str(taken):
+                    url = database_url.replace("postgresql+psycopg://", "postgresql://")
+                    with psycopg.connect(url, autocommit=True) as conn:
+                        conn.execute("UPDATE jobs SET lease_owner = 'd2' WHERE id = %s", (taken,))
+                return submit(launch)
+
+            world.ray.submit = submit_while_another_takes_over  # type: ignore[method-assign]
+            assert await world.dispatcher("d1").admit_round() == 2
+
+            for job_id in (kept, taken):
+                job = await world.job(job_id)
+                assert job.status is JobStatus.starting and job.pending_reason is None
+                [attempt] = job.attempts
+                assert attempt.ray_submission_id == f"tm-{job_id}-1"
+                warning, status = [(e.kind, e.status, e.message, e.data) for e in await world.events(job_id)][-2:]
+                assert warning[0] == "storage_warning"
+                assert status == (
+                    "status",
+                    JobStatus.starting,
+                    f"admitted; attempt 1 (tm-{job_id}-1)",
+                    {"from": "queued"},
+                )
+                async with world.sessions() as session:
+                    tokens = (await session.execute(select(ApiToken).where(ApiToken.job_id == job_id))).scalars().all()
+                assert [(t.project_id, t.description) for t in tokens] == [(job.project_id, "job")]
+            assert [a.status for a in await world.attempts(kept)] == ["submitted"]
+            assert [a.status for a in await world.attempts(taken)] == ["pending"]  # d1 lost its lease
+            left = await world.job(waiting)
+            assert left.status is JobStatus.queued and "waiting for resources" in (left.pending_reason or "")
+
+    run(scenario())
