@@ -111,13 +111,13 @@ def _parse_spec(body: bytes) -> JobSpec | None:
     """The spec, parsed as FastAPI would (json.loads, then the model); None when FastAPI must refuse it."""
     try:
         document = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's limit
         return None
     if not isinstance(document, dict):
         return None
     try:
         return JobSpec.model_validate(document)
-    except SpecInvalid:
+    except (SpecInvalid, RecursionError):
         return None
 
 

@@ -1,107 +1,120 @@
-"""Metric points: COPY in, ordered reads out, downsampled reads for charts."""
+"""Metric points: one INSERT per batch in, ordered reads out, downsampled reads for charts."""
 
 from __future__ import annotations
 
 import json
 import math
-import struct
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.db.direct import Direct
 
-async def raw_connection(session: AsyncSession) -> Any:
-    """The psycopg AsyncConnection under the session's transaction (for COPY)."""
-    connection = await session.connection()
-    raw = await connection.get_raw_connection()
-    return raw.driver_connection
-
-
-# The job checked (the caller's project), its writers serialized so sequence numbers commit in order
-# (readers resume by seq), and the batch id claimed (a retry whose first answer was lost stores
-# nothing twice), in one statement. The lock is taken on the job's row before the claim reads it.
-BEGIN_BATCH = text(
-    """
+# A batch stored in one statement, its own transaction on a direct connection (api/db/direct.py): the
+# job checked (the caller's project) and its writers serialized, so sequence numbers commit in order
+# (readers resume by seq); the batch id claimed (a retry whose first answer was lost stores nothing
+# twice); the points inserted from five arrays sent in binary; rank 0's latest values merged into the
+# job; the streams told (NOTIFY, sent at commit). The lock is held from inside the statement to its
+# commit, so no other request's work in the API process stretches it: with COPY between two statements
+# the lock waited on the event loop, which was busy parsing other batches.
+STORE_BATCH = """
     WITH job AS (
         SELECT id, pg_advisory_xact_lock(hashtextextended('m:' || id::text, 0)) AS locked
-        FROM jobs WHERE id = :job AND project_id = :project
+        FROM jobs WHERE id = %(job)s AND project_id = %(project)s
     ),
     claimed AS (
         INSERT INTO metric_batches (job_id, batch_id, points)
-        SELECT id, CAST(:batch AS uuid), :points FROM job WHERE CAST(:batch AS uuid) IS NOT NULL
-        ON CONFLICT DO NOTHING RETURNING 1
+        SELECT id, %(batch)s::uuid, %(points)s FROM job WHERE %(batch)s::uuid IS NOT NULL
+        ON CONFLICT DO NOTHING RETURNING job_id
+    ),
+    accepted AS (
+        SELECT id FROM job WHERE %(batch)s::uuid IS NULL OR EXISTS (SELECT FROM claimed)
+    ),
+    stored AS (
+        INSERT INTO metric_points (job_id, attempt, rank, step, name, value, ts)
+        SELECT accepted.id, %(attempt)s::int4, p.rank, p.step, p.name, p.value, p.ts
+        FROM accepted CROSS JOIN unnest(
+            %(ranks)b::int4[], %(steps)b::int8[], %(names)b::text[], %(values)b::float8[], %(stamps)b::timestamptz[]
+        ) AS p(rank, step, name, value, ts)
+        RETURNING 1
+    ),
+    merged AS (
+        UPDATE jobs SET latest_metrics = coalesce(latest_metrics, '{}'::jsonb) || %(latest)s::jsonb
+        WHERE id = (SELECT id FROM accepted) AND %(merge)s
+        RETURNING 1
     )
-    SELECT (SELECT count(*) FROM job) AS found, (SELECT count(*) FROM claimed) AS claimed
-    """
-)
+    SELECT (SELECT count(*) FROM job) AS found, (SELECT count(*) FROM stored) AS stored,
+           (SELECT count(*) FROM accepted) AS accepted,
+           (SELECT pg_notify(%(channel)s, id::text) FROM accepted) AS notified
+"""
 
 
-async def begin_batch(
-    session: AsyncSession, job_id: uuid.UUID, project_id: uuid.UUID, batch_id: uuid.UUID | None, points: int
-) -> str:
-    """ "missing" (no such job in the project), "duplicate" (this batch id was stored before) or "new"."""
-    row = (
-        await session.execute(BEGIN_BATCH, {"job": job_id, "project": project_id, "batch": batch_id, "points": points})
-    ).one()
-    if not row.found:
-        return "missing"
-    return "duplicate" if batch_id is not None and not row.claimed else "new"
+@dataclass
+class Columns:
+    """A batch's rows as the five arrays STORE_BATCH inserts (one row per point and name)."""
+
+    ranks: list[int]
+    steps: list[int | None]
+    names: list[str]
+    values: list[float]
+    stamps: list[datetime]
 
 
-COPY_POINTS = "COPY metric_points (job_id, attempt, rank, step, name, value, ts) FROM STDIN (FORMAT binary)"
-_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
-_TRAILER = struct.pack(">h", -1)
-_NULL = struct.pack(">i", -1)
-_INT4 = struct.Struct(">ii")
-_INT8 = struct.Struct(">iq")
-_VALUE_TS = struct.Struct(">idiq")  # float8 value, timestamptz (microseconds since 2000-01-01 UTC)
-_LENGTH = struct.Struct(">i")
-_EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def encode_points(job_id: uuid.UUID, attempt: int | None, points: Sequence[Mapping[str, Any]]) -> tuple[bytes, int]:
-    """The rows of a batch (points as validated dicts: step, values, rank, ts) in COPY's binary format,
-    built before any lock is taken: no per-point objects, no text for PostgreSQL to parse back."""
+def columns(points: Sequence[Mapping[str, Any]]) -> Columns:
+    """The rows of a batch (points as validated dicts: step, values, rank, ts); a point without a time
+    gets the time it arrived, and a time without an offset is UTC."""
     now = datetime.now(timezone.utc)
-    row_head = struct.pack(">hi16s", 7, 16, job_id.bytes) + (_NULL if attempt is None else _INT4.pack(4, attempt))
-    parts = [_HEADER]
-    rows = 0
+    rows = Columns([], [], [], [], [])
     for point in points:
-        step = point.get("step")
-        ts = point.get("ts") or now
+        rank, step, ts = point.get("rank", 0), point.get("step"), point.get("ts") or now
         if ts.tzinfo is None:
-            ts = ts.replace(tzinfo=timezone.utc)  # a time without an offset is UTC
-        micros = (ts - _EPOCH) // _MICROSECOND
-        head = row_head + _INT4.pack(4, point.get("rank", 0)) + (_NULL if step is None else _INT8.pack(8, step))
+            ts = ts.replace(tzinfo=timezone.utc)
         for name, value in point["values"].items():
-            encoded = name.encode()
-            parts.append(head + _LENGTH.pack(len(encoded)) + encoded + _VALUE_TS.pack(8, value, 8, micros))
-            rows += 1
-    parts.append(_TRAILER)
-    return b"".join(parts), rows
+            rows.ranks.append(rank)
+            rows.steps.append(step)
+            rows.names.append(name)
+            rows.values.append(value)
+            rows.stamps.append(ts)
+    return rows
 
 
-async def copy_encoded(session: AsyncSession, payload: bytes) -> None:
-    connection = await raw_connection(session)
-    async with connection.cursor() as cursor, cursor.copy(COPY_POINTS) as copy:
-        await copy.write(payload)
-
-
-async def finish_batch(session: AsyncSession, job_id: uuid.UUID, latest: dict[str, Any], channel: str) -> None:
-    """Merge rank 0's latest values into the job and tell the streams (NOTIFY, sent at commit): one statement."""
-    await session.execute(
-        text(
-            "WITH merged AS (UPDATE jobs SET latest_metrics = coalesce(latest_metrics, '{}'::jsonb) "
-            "|| CAST(:latest AS jsonb) WHERE id = :job AND :merge) SELECT pg_notify(:channel, :job_text)"
-        ),
-        {"latest": _json(latest), "job": job_id, "merge": bool(latest), "channel": channel, "job_text": str(job_id)},
-    )
+async def store_batch(
+    direct: Direct,
+    job_id: uuid.UUID,
+    project_id: uuid.UUID,
+    batch_id: uuid.UUID | None,
+    points: int,
+    attempt: int | None,
+    rows: Columns,
+    latest: dict[str, Any],
+    channel: str,
+) -> tuple[str, int]:
+    """("missing", 0): no such job in the project; ("duplicate", 0): this batch id was stored before;
+    ("stored", rows)."""
+    params = {
+        "job": job_id,
+        "project": project_id,
+        "batch": batch_id,
+        "points": points,
+        "attempt": attempt,
+        "ranks": rows.ranks,
+        "steps": rows.steps,
+        "names": rows.names,
+        "values": rows.values,
+        "stamps": rows.stamps,
+        "latest": _json(latest),
+        "merge": bool(latest),
+        "channel": channel,
+    }
+    found, stored, accepted, _notified = await direct.one(STORE_BATCH, params) or (0, 0, 0, None)
+    if not found:
+        return "missing", 0
+    return ("stored", int(stored)) if accepted else ("duplicate", 0)
 
 
 @dataclass(frozen=True)

@@ -46,11 +46,11 @@ router = APIRouter(
     dependencies=[Depends(require_json)],
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": BATCH_SCHEMA}}}},
 )
-async def ingest_metrics(job_id: str, request: Request, session: Session, principal: AnyPrincipal) -> MetricBatchAck:
+async def ingest_metrics(job_id: str, request: Request, principal: AnyPrincipal) -> MetricBatchAck:
     """Store a batch of points (job token or project token); retries with the same batch_id store nothing twice.
 
     The body (MetricBatchIn) is validated straight from its bytes into plain values, not models."""
-    return await service.ingest(session, principal, job_id, await request.body())
+    return await service.ingest(request.app.state.direct, principal, job_id, await request.body())
 
 
 @router.get("", response_model=MetricList)

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from typing_extensions import NotRequired, TypedDict
 
 from api.auth.service import Principal
+from api.db.direct import Direct
 from api.errors import JobNotFound, ValidationError
 from api.jobs import service as jobs
 from api.metrics import repository
@@ -62,19 +63,12 @@ def parse_batch(body: bytes) -> _Batch:
     return batch
 
 
-async def ingest(session: AsyncSession, principal: Principal, raw_id: str, body: bytes) -> MetricBatchAck:
+async def ingest(direct: Direct, principal: Principal, raw_id: str, body: bytes) -> MetricBatchAck:
     if principal.job_id is not None and str(principal.job_id) != raw_id:
         raise JobNotFound(f"no job {raw_id!r} for this job token")
     job_id = jobs.parse_job_id(raw_id)
     batch = parse_batch(body)
     points = batch["points"]
-    payload, stored = repository.encode_points(job_id, batch.get("attempt"), points)
-    state = await repository.begin_batch(session, job_id, principal.project_id, batch.get("batch_id"), len(points))
-    if state == "missing":
-        raise JobNotFound(f"no job {raw_id!r} in project {principal.project_name!r}")
-    if state == "duplicate":
-        return MetricBatchAck(stored=0, duplicate=True)
-    await repository.copy_encoded(session, payload)
     latest: dict[str, Any] = {}
     for point in points:
         if point.get("rank", 0) == 0:
@@ -83,8 +77,20 @@ async def ingest(session: AsyncSession, principal: Principal, raw_id: str, body:
             step = point.get("step")
             if step is not None and not all(name.startswith("report/") for name in values):
                 latest["step"] = step  # the training step, not the epoch of a ray.train.report
-    await repository.finish_batch(session, job_id, latest, METRICS_CHANNEL)
-    return MetricBatchAck(stored=stored)
+    state, stored = await repository.store_batch(
+        direct,
+        job_id,
+        principal.project_id,
+        batch.get("batch_id"),
+        len(points),
+        batch.get("attempt"),
+        repository.columns(points),
+        latest,
+        METRICS_CHANNEL,
+    )
+    if state == "missing":
+        raise JobNotFound(f"no job {raw_id!r} in project {principal.project_name!r}")
+    return MetricBatchAck(stored=stored, duplicate=state == "duplicate")
 
 
 def to_value(row: Any) -> MetricValue:

@@ -5,7 +5,6 @@ what the points said."""
 from __future__ import annotations
 
 import json
-import struct
 import uuid
 from datetime import datetime, timezone
 from typing import Any
@@ -15,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError as PydanticValidationError
 
 from api.errors import ValidationError
-from api.metrics.repository import encode_points
+from api.metrics.repository import columns
 from api.metrics.service import parse_batch
 from trainmaster.models import MetricBatchIn
 
@@ -75,24 +74,17 @@ def test_nan_and_infinity_are_kept_and_nul_names_refused() -> None:
         parse_batch(b'{"points": [')
 
 
-def test_binary_rows_carry_every_field() -> None:
-    job = uuid.uuid4()
+def test_rows_carry_every_field() -> None:
     ts = datetime(2026, 12, 1, 10, 0, 0, 123456, tzinfo=timezone.utc)
-    points = [{"step": 7, "values": {"loss": 0.5, "ü": -2.0}, "rank": 1, "ts": ts}, {"values": {"x": 1.0}}]
-    payload, rows = encode_points(job, 3, points)
-    assert rows == 3
-    assert payload.startswith(b"PGCOPY\n\xff\r\n\x00") and payload.endswith(struct.pack(">h", -1))
-    body = payload[19:]
-    fields, offset = [], 2
-    assert struct.unpack_from(">h", body)[0] == 7
-    for _ in range(7):
-        (length,) = struct.unpack_from(">i", body, offset)
-        offset += 4
-        fields.append(None if length < 0 else body[offset : offset + length])
-        offset += max(length, 0)
-    assert uuid.UUID(bytes=fields[0]) == job
-    assert struct.unpack(">i", fields[1])[0] == 3 and struct.unpack(">i", fields[2])[0] == 1
-    assert struct.unpack(">q", fields[3])[0] == 7 and fields[4] == b"loss"
-    assert struct.unpack(">d", fields[5])[0] == 0.5
-    micros = struct.unpack(">q", fields[6])[0]
-    assert micros == ((ts - datetime(2000, 1, 1, tzinfo=timezone.utc)).total_seconds()) * 1_000_000
+    naive = datetime(2026, 12, 1, 11, 0, 0)
+    points = [
+        {"step": 7, "values": {"loss": 0.5, "ü": -2.0}, "rank": 1, "ts": ts},
+        {"values": {"x": 1.0}},
+        {"step": 8, "values": {"y": 2.0}, "ts": naive},
+    ]
+    before = datetime.now(timezone.utc)
+    rows = columns(points)
+    assert rows.ranks == [1, 1, 0, 0] and rows.steps == [7, 7, None, 8]
+    assert rows.names == ["loss", "ü", "x", "y"] and rows.values == [0.5, -2.0, 1.0, 2.0]
+    assert rows.stamps[:2] == [ts, ts] and rows.stamps[2] >= before  # no time: the time it arrived
+    assert rows.stamps[3] == naive.replace(tzinfo=timezone.utc)  # no offset: UTC
