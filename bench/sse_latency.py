@@ -19,7 +19,6 @@ connection; this process LISTENs on another. The API's fan-out is a NOTIFY per b
 from __future__ import annotations
 
 import itertools
-import json
 import multiprocessing
 import sys
 import time
@@ -58,30 +57,27 @@ def paced(producer: Producer) -> Iterator[int]:
         yield i
 
 
-class TimingTransport(httpx.HTTPTransport):
+class TimedApi(JobApi):
     """Records, per metrics POST, when it left, when its answer came, and the steps it carried."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.posts: list[tuple[float, float, list[int]]] = []
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
+    def post_metrics(self, batch: dict[str, Any]) -> int:
         started = time.time()
-        response = super().handle_request(request)
-        if request.url.path.endswith("/metrics"):
-            points = json.loads(request.content)["points"]
-            self.posts.append((started, time.time(), [p["step"] for p in points if SENT in p["values"]]))
-        return response
+        status = super().post_metrics(batch)
+        self.posts.append((started, time.time(), [p["step"] for p in batch["points"] if SENT in p["values"]]))
+        return status
 
 
 def log_points(producer: Producer) -> dict[str, Any]:
-    transport = TimingTransport()
-    api = JobApi(producer.target, producer.token, producer.job_id, None, transport=transport)
+    api = TimedApi(producer.target, producer.token, producer.job_id, None)
     sender = MetricsSender(api, rank=0)
     for i in paced(producer):
         sender.log({SENT: time.time(), "loss": 1 / (i + 1)}, step=i)
     sender.close(timeout=30)
-    return {"sent_points": sender.sent_points, "dropped": sender.dropped, "posts": transport.posts}
+    return {"sent_points": sender.sent_points, "dropped": sender.dropped, "posts": api.posts}
 
 
 def notify_points(producer: Producer) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import http.client
 import os
 import threading
 import time
@@ -115,11 +116,11 @@ class MetricsSender:
 
     def _send(self, batch: dict[str, Any]) -> bool:
         try:
-            response = self.api.post_metrics(batch)
-        except httpx.HTTPError:
+            status = self.api.post_metrics(batch)
+        except (httpx.HTTPError, OSError, http.client.HTTPException):
             return False
         # Retry 5xx and 429; a 2xx is done, and a 4xx is a batch no retry can fix (dropped).
-        return not (response.status_code >= 500 or response.status_code == 429)
+        return not (status >= 500 or status == 429)
 
     def _report_dropped(self) -> None:
         dropped = self.dropped

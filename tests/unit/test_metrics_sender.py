@@ -13,7 +13,7 @@ import pytest
 
 import trainmaster
 from trainmaster import metrics
-from trainmaster.context import JobApi
+from trainmaster.context import JobApi, MetricsPoster
 from trainmaster.metrics import MetricsSender
 
 
@@ -200,3 +200,41 @@ def test_under_load_points_go_in_batches_one_request_per_interval(monkeypatch: p
         assert len(api.batches) <= 3  # the first point at once, the rest together
     finally:
         s.close()
+
+
+def test_poster_keeps_its_connection_reopens_a_closed_one_and_raises_when_no_one_answers() -> None:
+    """MetricsPoster, the sender's own connection, against a real HTTP server: one connection for
+    consecutive batches, a new one after the server closed it, and an error the sender retries on
+    when nothing listens."""
+    seen: list[tuple[int, bytes, str | None]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append((self.client_address[1], body, self.headers.get("Authorization")))
+            self.send_response(201 if len(seen) != 3 else 503)
+            self.send_header("Content-Length", "0")
+            if len(seen) == 2:
+                self.send_header("Connection", "close")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    poster = MetricsPoster(f"http://127.0.0.1:{server.server_address[1]}/v1/jobs/j/metrics", "tm_job")
+    try:
+        assert [poster.post(b'{"points":[%d]}' % n) for n in range(4)] == [201, 201, 503, 201]
+    finally:
+        server.shutdown()
+        server.server_close()
+    ports = [port for port, _, _ in seen]
+    assert ports[0] == ports[1] and ports[2] != ports[1] and ports[3] == ports[2]
+    assert [body for _, body, _ in seen] == [b'{"points":[%d]}' % n for n in range(4)]
+    assert {auth for _, _, auth in seen} == {"Bearer tm_job"}
+    poster.close()
+    with pytest.raises(OSError):
+        poster.post(b"{}")
