@@ -19,7 +19,7 @@ from api.errors import JobNotFound, ValidationError
 from api.jobs import service as jobs
 from api.metrics import repository
 from api.streaming.broker import METRICS_CHANNEL
-from trainmaster.models import MAX_POINTS_PER_BATCH, MetricBatchAck, MetricValue
+from trainmaster.models import MAX_POINTS_PER_BATCH, MetricBatchAck
 
 STREAM_BATCH = 2000
 
@@ -93,9 +93,33 @@ async def ingest(direct: Direct, principal: Principal, raw_id: str, body: bytes)
     return MetricBatchAck(stored=stored, duplicate=state == "duplicate")
 
 
-def to_value(row: Any) -> MetricValue:
-    value = row.value if row.value is not None and math.isfinite(row.value) else None
-    return MetricValue(seq=row.seq, step=row.step, rank=row.rank, name=row.name, value=value, ts=row.ts)
+class Value(TypedDict):
+    """MetricValue's fields (trainmaster/models.py) as a plain dict: a chart's read of 20,000 points
+    builds no model per point (that took about 15 µs a point) and is encoded once (`encode_list`)."""
+
+    seq: int
+    step: int | None
+    rank: int
+    name: str
+    value: float | None  # null for NaN and infinities, which JSON cannot carry
+    ts: datetime
+
+
+_VALUES = TypeAdapter(list[Value])
+
+
+def to_value(row: Any) -> Value:
+    """A row of (seq, step, rank, name, value, ts), the repository's reads' columns, read by position
+    (a SQLAlchemy Row's attributes cost about 1 µs each)."""
+    seq, step, rank, name, value, ts = row
+    if value is not None and not math.isfinite(value):
+        value = None
+    return {"seq": seq, "step": step, "rank": rank, "name": name, "value": value, "ts": ts}
+
+
+def encode_list(values: list[Value]) -> bytes:
+    """A MetricList's JSON, `{"items": [...]}`, written by pydantic-core as MetricList's would be."""
+    return b'{"items":' + _VALUES.dump_json(values) + b"}"
 
 
 async def read(
@@ -110,7 +134,7 @@ async def read(
     limit: int,
     until_step: int | None = None,
     rank: int | None = None,
-) -> list[MetricValue]:
+) -> list[Value]:
     job = await jobs.get_owned(session, principal, raw_id)
     if since_step is not None and until_step is not None and until_step < since_step:
         raise ValidationError.field(["query", "until_step"], f"must be at least since_step ({since_step})")
@@ -124,4 +148,5 @@ async def read(
 
 async def read_for_stream(session: AsyncSession, job_id: uuid.UUID, after_seq: int) -> tuple[list[dict[str, Any]], int]:
     rows = await repository.read_after(session, job_id, after_seq, STREAM_BATCH)
-    return [to_value(row).model_dump(mode="json") for row in rows], (rows[-1].seq if rows else after_seq)
+    points: list[dict[str, Any]] = _VALUES.dump_python([to_value(row) for row in rows], mode="json")
+    return points, (rows[-1].seq if rows else after_seq)

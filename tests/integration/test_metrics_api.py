@@ -219,3 +219,32 @@ def test_sdk_reads_every_page_of_metrics(sdk, http: TestClient, auth: dict[str, 
     finally:
         client_module.METRICS_PAGE = original
     assert len(values) == 50 and len({v.seq for v in values}) == 50
+
+
+def test_a_read_is_the_metric_lists_own_json_and_the_stream_carries_the_same_points(
+    http: TestClient, auth: dict[str, str]
+) -> None:
+    """The read is encoded once from plain values, not through MetricList: its bytes are still what
+    MetricList writes for the same points (keys, order, times ending in Z, NaN as null), raw and
+    downsampled, and the stream's events hold the same points."""
+    from trainmaster.models import MetricList
+
+    job_id = new_job(http, auth)
+    raw = (
+        '{"points": [{"step": 1, "values": {"loss": NaN, "grad_norm": 2.5e-07}, "ts": "2026-12-01T10:00:00Z"},'
+        ' {"step": 2, "values": {"loss": 0.25, "acc": 1e16}, "rank": 1, "ts": "2026-12-01T10:00:01.5+01:00"}]}'
+    )
+    assert http.post(f"/v1/jobs/{job_id}/metrics", content=raw, headers={**auth, "Content-Type": "application/json"})
+    for params in ({}, {"max_points": 10}, {"name": "loss"}):
+        response = http.get(f"/v1/jobs/{job_id}/metrics", params=params, headers=auth)
+        assert response.status_code == 200 and response.headers["content-type"] == "application/json"
+        assert response.content == MetricList.model_validate_json(response.content).model_dump_json().encode()
+    items = http.get(f"/v1/jobs/{job_id}/metrics", headers=auth).json()["items"]
+    assert [(i["name"], i["value"], i["ts"]) for i in items] == [
+        ("loss", None, "2026-12-01T10:00:00Z"),
+        ("grad_norm", 2.5e-07, "2026-12-01T10:00:00Z"),
+        ("loss", 0.25, "2026-12-01T09:00:01.500000Z"),
+        ("acc", 1e16, "2026-12-01T09:00:01.500000Z"),
+    ]
+    [event] = read_stream(http, job_id, auth, stop_after=1)
+    assert event.event == "metrics" and event.data["items"] == items
