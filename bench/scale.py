@@ -6,8 +6,10 @@ It measures the dispatcher's own code: the admission section imports `api.dispat
 `Dispatcher.admit_round` (claim, placement, attempt rows, job tokens, submit) against a real PostgreSQL
 database and `SimRay` (bench/scale_cluster.py), an in-memory Ray of `--nodes` nodes x 8 GPUs x 96 CPUs.
 For each queue depth: the jobs table is emptied and filled with that many queued jobs over 50 projects
-(mixed priorities and gangs from 1 GPU to 16 x 8 GPUs); rounds run until one admits nothing (the
-cluster is full), then `--finish-rounds` rounds each follow 5% of the running jobs ending.
+(mixed priorities and gangs from 1 GPU to 16 x 8 GPUs) and vacuumed (as autovacuum keeps it); rounds
+run until one admits nothing (the cluster is full), then `--finish-rounds` rounds each follow 5% of the
+running jobs ending. Before the rounds the process freezes its heap, as `trainmaster dispatcher` does
+once it is up (`api.dispatcher.service.freeze_heap`).
 
 The rest runs against `trainmaster api` (one worker) on the same scratch database, reached over HTTP
 with a project token, `--requests` sequential requests per figure after 10 unmeasured:
