@@ -143,17 +143,25 @@ ACTIVE = (JobStatus.starting, JobStatus.running, JobStatus.cancelling)
 # (priority, project) groups ahead (higher priority, or the same priority and less usage) come from
 # `queue_counts`; only projects with the same priority and exactly the same usage interleave by age.
 # Those tied jobs older than the page's oldest asked-for job of a class are counted on
-# ix_jobs_queued_by_project (an index-only count per tied project, no sort); only the tied jobs from
+# ix_jobs_queued_by_project (an index-only count per tied project, no sort), from whichever end is
+# nearer: when fewer than NEWER_CAP of the project's queued jobs are at or after that job (a first
+# page, the usual one), they are counted and taken from the project's maintained count instead of
+# counting every older job; otherwise the older ones are counted. Only the tied jobs from
 # that oldest to the newest asked-for job are read and numbered in age order, once for the whole page.
 # A job is tied with its own project's older jobs at its priority (always) and with other projects'
 # only while their usage equals its project's (e.g. both hold nothing).
+# The page's jobs are found by their ids joined from the array (a primary-key probe each): with
+# `id = ANY(:ids) AND status = 'queued'` the planner read every queued job's entry of ix_jobs_status
+# into a BitmapAnd (2.7 ms at 10,000 queued).
 QUEUE_POSITIONS = text(
     """
     WITH me AS (
         SELECT j.id, j.priority, j.project_id, j.created_at,
                coalesce(u.gpus, 0) AS gpus, coalesce(u.cpus, 0) AS cpus
-        FROM jobs j LEFT JOIN project_usage u ON u.project_id = j.project_id
-        WHERE j.id = ANY(:ids) AND j.status = 'queued'
+        FROM unnest(CAST(:ids AS uuid[])) AS asked(id)
+        JOIN jobs j ON j.id = asked.id
+        LEFT JOIN project_usage u ON u.project_id = j.project_id
+        WHERE j.status = 'queued'
     ),
     groups AS (
         SELECT q.priority, q.project_id, sum(q.queued) AS queued,
@@ -184,9 +192,24 @@ QUEUE_POSITIONS = text(
     older AS (
         SELECT tied.priority, tied.gpus, tied.cpus, sum(c.n) AS n
         FROM tied CROSS JOIN LATERAL (
-            SELECT count(*) AS n FROM jobs j
-            WHERE j.status = 'queued' AND j.project_id = tied.project_id AND j.priority = tied.priority
-              AND (j.created_at, j.id) < (tied.oldest_at, tied.oldest_id)
+            SELECT CASE
+                WHEN newer.n < :newer_cap THEN (
+                    SELECT coalesce(sum(q.queued), 0) FROM queue_counts q
+                    WHERE q.project_id = tied.project_id AND q.priority = tied.priority
+                ) - newer.n
+                ELSE (
+                    SELECT count(*) FROM jobs j
+                    WHERE j.status = 'queued' AND j.project_id = tied.project_id AND j.priority = tied.priority
+                      AND (j.created_at, j.id) < (tied.oldest_at, tied.oldest_id)
+                ) END AS n
+            FROM (
+                SELECT count(*) AS n FROM (
+                    SELECT FROM jobs j
+                    WHERE j.status = 'queued' AND j.project_id = tied.project_id AND j.priority = tied.priority
+                      AND (j.created_at, j.id) >= (tied.oldest_at, tied.oldest_id)
+                    LIMIT :newer_cap
+                ) capped
+            ) newer
         ) c
         GROUP BY tied.priority, tied.gpus, tied.cpus
     ),
@@ -217,10 +240,15 @@ async def queue_positions(session: AsyncSession, jobs: Sequence[Job]) -> dict[uu
     return await queue_positions_of(session, [job.id for job in jobs if job.status is JobStatus.queued])
 
 
-async def queue_positions_of(session: AsyncSession, queued_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:
+NEWER_CAP = 1000
+
+
+async def queue_positions_of(
+    session: AsyncSession, queued_ids: Sequence[uuid.UUID], *, newer_cap: int = NEWER_CAP
+) -> dict[uuid.UUID, int]:
     if not queued_ids:
         return {}
-    rows = await session.execute(QUEUE_POSITIONS, {"ids": list(queued_ids)})
+    rows = await session.execute(QUEUE_POSITIONS, {"ids": list(queued_ids), "newer_cap": newer_cap})
     return {job_id: int(position) for job_id, position in rows.all()}
 
 

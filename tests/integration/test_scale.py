@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.session import create_engine, session_factory
 from api.dispatcher import repository as dispatcher_repository
+from api.jobs import repository as jobs_repository
 from api.metrics import repository as metrics_repository
 from api.retention.service import purge_round
 from api.settings import Settings
@@ -159,6 +160,35 @@ def test_positions_of_a_page_deep_in_a_tied_queue(http: TestClient, database_url
         if not (cursor := page["next_cursor"]):
             break
     assert seen == 15
+
+
+def test_positions_counted_from_either_end_of_a_tied_queue_agree(http: TestClient, database_url: str) -> None:
+    """The jobs older than a page are counted either directly or as the project's maintained count
+    less the jobs at or after the page (QUEUE_POSITIONS picks by NEWER_CAP): both equal the claim order,
+    with tied projects, two priorities, a project holding GPUs and a cancelled job in between."""
+    tokens = [project_token(database_url, f"end{i}") for i in range(3)]
+    holder = submit(http, tokens[2], **gpus(1))
+    sql(database_url, "UPDATE jobs SET status = 'running' WHERE id = %s", (holder,))
+    queued = [submit(http, tokens[i % 3], priority=(i * 5) % 2) for i in range(36)]
+    http.post(f"/v1/jobs/{queued[7]}/cancel", headers={"Authorization": f"Bearer {tokens[7 % 3]}"})
+
+    async def claim_order(session: AsyncSession) -> list[str]:
+        return [str(job.id) for job in await dispatcher_repository.lock_queued(session, 1000)]
+
+    place = {job_id: n for n, job_id in enumerate(in_session(database_url, claim_order), start=1)}
+    assert len(place) == 35
+    ids = [uuid.UUID(job_id) for job_id in place]
+    for cap in (0, 1, 3, 1000):  # 0: always count the older jobs; 1000: always take the maintained count
+
+        async def positions(session: AsyncSession, cap: int = cap) -> dict[str, int]:
+            pages = [ids[n : n + 4] for n in range(0, len(ids), 4)]
+            found: dict[str, int] = {}
+            for page in pages:
+                got = await jobs_repository.queue_positions_of(session, page, newer_cap=cap)
+                found.update({str(job_id): position for job_id, position in got.items()})
+            return found
+
+        assert in_session(database_url, positions) == place, f"newer_cap={cap}"
 
 
 def test_claim_reads_a_few_per_project_yet_keeps_the_global_order(database_url: str, http: TestClient) -> None:
