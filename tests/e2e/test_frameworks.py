@@ -136,12 +136,17 @@ def test_checkpoints_retries_metrics_and_logs_behave_the_same_for_paddle(stack: 
         assert done.status is tm.JobStatus.succeeded, done.error
         assert [a.status for a in done.attempts] == ["failed", "succeeded"]
         assert "injected failure at step 1" in (done.attempts[0].error or "")
-        assert client.checkpoints(job.id), "no checkpoint recorded"
+        saved = [c.step for c in client.checkpoints(job.id) if c.attempt == 1 and c.step is not None]
+        assert saved, "attempt 1 recorded no checkpoint"
         points = client.metrics(job.id, names=["allreduce"])
         assert points and {p.value for p in points} == {3.0} and {p.rank for p in points} == {0, 1}
         assert any("step 2 all-reduce 3.0" in line.line for line in client.logs(job.id))
+    # The retry resumes right after attempt 1's last recorded checkpoint: step 1's, or step 0's when
+    # the failure raised just after step 1's report reached Ray Train's controller before its checkpoint
+    # was registered (seen under heavy load: CI at load 5 with other test runs).
+    resumed = str(max(saved) + 1)
     starts = sorted(tuple(line.split()) for line in ledger.read_text().splitlines())
-    assert starts == [("1", "0", "0"), ("1", "1", "0"), ("2", "0", "2"), ("2", "1", "2")]  # resumed after step 1
+    assert starts == [("1", "0", "0"), ("1", "1", "0"), ("2", "0", resumed), ("2", "1", resumed)]
 
 
 FOREVER_MPI = textwrap.dedent(
