@@ -49,6 +49,10 @@ def _ping_when_idle(engine: AsyncEngine) -> None:
             cursor = dbapi_connection.cursor()
             cursor.execute("SELECT 1")
             cursor.close()
+            # Not left in the transaction the SELECT opened: a checkout must be idle, or setting
+            # AUTOCOMMIT on it fails ("can't change 'autocommit' now": every admission round failed
+            # on the dispatcher's first round after an idle second).
+            dbapi_connection.rollback()
         except Exception as exc:
             raise DisconnectionError(str(exc)) from exc  # the pool retries with a new connection
 
