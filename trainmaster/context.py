@@ -162,21 +162,23 @@ class MetricsPoster:
         self.connection: http.client.HTTPConnection | None = None
 
     def post(self, body: bytes) -> int:
-        for retry in (False, True):  # a kept-alive connection the server closed meanwhile: once more on a new one
-            connection = self.connection or self._connect()
-            try:
-                connection.request("POST", self.path, body, self.headers)
-                response = connection.getresponse()
-                response.read()
-            except (OSError, http.client.HTTPException):
-                self.close()
-                if retry:
-                    raise
-                continue
-            if response.will_close:
-                self.close()
-            return response.status
-        raise AssertionError("unreachable")  # pragma: no cover
+        try:
+            return self._post(body)
+        except (OSError, http.client.HTTPException):
+            return self._post(body)  # a kept-alive connection the server closed meanwhile: once more on a new one
+
+    def _post(self, body: bytes) -> int:
+        connection = self.connection or self._connect()
+        try:
+            connection.request("POST", self.path, body, self.headers)
+            response = connection.getresponse()
+            response.read()
+        except (OSError, http.client.HTTPException):
+            self.close()
+            raise
+        if response.will_close:
+            self.close()
+        return response.status
 
     def _connect(self) -> http.client.HTTPConnection:
         kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -64,18 +63,8 @@ class Direct:
     async def _reset(self, connection: AsyncConnection[Any]) -> None:
         self._returned[id(connection)] = time.monotonic()
 
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
-        async with self.pool.connection() as connection:
-            yield connection
-
     async def one(self, query: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
         """The first row of one statement, or None."""
         async with self.pool.connection() as connection:
             cursor = await connection.execute(query, params)
             return await cursor.fetchone()
-
-    async def all(self, query: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        async with self.pool.connection() as connection:
-            cursor = await connection.execute(query, params)
-            return await cursor.fetchall()

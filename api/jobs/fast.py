@@ -49,22 +49,23 @@ class FastLane:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            method, path = scope["method"], scope["path"]
+            method, path, headers = scope["method"], scope["path"], Headers(scope=scope)
             if method == "GET" and (match := _ONE_JOB.match(path)):
-                await self._answer(scope, receive, send, READ_ROUTE, self._read, match.group(1))
+                await self._answer(scope, receive, send, headers, READ_ROUTE, self._read, match.group(1))
                 return
-            if method == "POST" and path == "/v1/jobs" and _is_json(scope):
+            if method == "POST" and path == "/v1/jobs" and _is_json(headers):
                 body = await _read_body(receive)
                 spec = _parse_spec(body)
                 if spec is not None:
-                    await self._answer(scope, receive, send, SUBMIT_ROUTE, self._submit, spec)
+                    await self._answer(scope, receive, send, headers, SUBMIT_ROUTE, self._submit, spec)
                     return
                 receive = _replay(body, receive)  # FastAPI says what is wrong with it
         await self.app(scope, receive, send)
 
-    async def _answer(self, scope: Scope, receive: Receive, send: Send, route: _Route, handler: Any, arg: Any) -> None:
+    async def _answer(
+        self, scope: Scope, receive: Receive, send: Send, headers: Headers, route: _Route, handler: Any, arg: Any
+    ) -> None:
         scope["route"] = route
-        headers = Headers(scope=scope)
         try:
             principal = await current_project(await self._principal(scope, headers))
             response = await handler(scope, headers, principal, arg)
@@ -90,8 +91,8 @@ class FastLane:
         return json_response(job.wire, 201, answer)
 
 
-def _is_json(scope: Scope) -> bool:
-    content_type = Headers(scope=scope).get("content-type", "")
+def _is_json(headers: Headers) -> bool:
+    content_type = headers.get("content-type", "")
     return content_type.split(";")[0].strip().lower() == "application/json"
 
 

@@ -95,6 +95,14 @@ def _reused_key() -> ValidationError:
     )
 
 
+def _no_code(spec: JobSpec) -> ValidationError:
+    return ValidationError.field(["body", "code"], f"no uploaded code {spec.code}; upload it with POST /v1/code")
+
+
+def _key_vanished() -> ValidationError:  # the conflicting row was deleted in between
+    return IdempotencyKeyReused.field(["header", "Idempotency-Key"], "key conflict; retry")
+
+
 async def submit(
     session: AsyncSession, principal: Principal, spec: JobSpec, idempotency_key: str | None
 ) -> tuple[Submitted, bool]:
@@ -105,14 +113,14 @@ async def submit(
     """
     values = _queued_values(principal, spec, idempotency_key)
     if spec.code is not None and not await code_repository.exists(session, principal.project_id, spec.code):
-        raise ValidationError.field(["body", "code"], f"no uploaded code {spec.code}; upload it with POST /v1/code")
+        raise _no_code(spec)
     inserted = await repository.insert_queued(session, values, JOB_CHANNEL, _queued_payload(values["id"]))
     if inserted is not None:
         return _submitted(principal, spec, inserted), True
     assert idempotency_key is not None
     existing = await repository.find_by_idempotency_key(session, principal.project_id, idempotency_key)
-    if existing is None:  # pragma: no cover - the conflicting row was deleted in between
-        raise IdempotencyKeyReused.field(["header", "Idempotency-Key"], "key conflict; retry")
+    if existing is None:  # pragma: no cover
+        raise _key_vanished()
     if existing.request_hash != values["request_hash"]:
         raise _reused_key()
     return Submitted(existing.id, existing.status, await describe(session, principal, existing)), False
@@ -124,14 +132,14 @@ async def submit_direct(
     """`submit` for `POST /v1/jobs`: one statement on a direct connection, committed when it returns."""
     values = _queued_values(principal, spec, idempotency_key)
     if spec.code is not None and not await code_repository.exists_direct(direct, principal.project_id, spec.code):
-        raise ValidationError.field(["body", "code"], f"no uploaded code {spec.code}; upload it with POST /v1/code")
+        raise _no_code(spec)
     inserted = await repository.insert_queued_direct(direct, values, JOB_CHANNEL, _queued_payload(values["id"]))
     if inserted is not None:
         return _submitted(principal, spec, inserted), True
     assert idempotency_key is not None
     found = await repository.idempotent_match(direct, principal.project_id, idempotency_key)
-    if found is None:  # pragma: no cover - the conflicting row was deleted in between
-        raise IdempotencyKeyReused.field(["header", "Idempotency-Key"], "key conflict; retry")
+    if found is None:  # pragma: no cover
+        raise _key_vanished()
     job_id, request_hash = found
     if request_hash != values["request_hash"]:
         raise _reused_key()

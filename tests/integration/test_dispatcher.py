@@ -463,19 +463,24 @@ def test_logs_are_read_incrementally_and_stored_once_in_order(database_url: str)
     run(scenario())
 
 
+def two_host_cluster() -> Any:
+    """Two Ray nodes of 2 CPUs on two hosts."""
+    from api.dispatcher.placement import Cluster, Node
+
+    return Cluster(
+        [
+            Node("a" * 56, {"CPU": 2}, {"CPU": 2}, ip="10.0.0.1"),
+            Node("b" * 56, {"CPU": 2}, {"CPU": 2}, ip="10.0.0.2"),
+        ]
+    )
+
+
 def test_a_local_storage_path_on_a_cluster_of_several_hosts_is_flagged_before_the_job_runs(
     database_url: str,
 ) -> None:
-    from api.dispatcher.placement import Cluster, Node
-
     async def scenario() -> None:
         async with World(database_url, storage_path="/var/tm/ckpt") as world:
-            two_hosts = Cluster(
-                [
-                    Node("a" * 56, {"CPU": 2}, {"CPU": 2}, ip="10.0.0.1"),
-                    Node("b" * 56, {"CPU": 2}, {"CPU": 2}, ip="10.0.0.2"),
-                ]
-            )
+            two_hosts = two_host_cluster()
             world.ray.cluster = lambda: two_hosts  # type: ignore[method-assign]
             flagged = await world.submit(**one_worker())
             await world.dispatcher().admit_round()
@@ -539,16 +544,10 @@ def test_a_round_writes_each_admitted_gang_whole_and_marks_only_the_submissions_
     import psycopg
 
     from api.db.models import ApiToken
-    from api.dispatcher.placement import Cluster, Node
 
     async def scenario() -> None:
         async with World(database_url, storage_path="/var/tm/ckpt") as world:
-            two_hosts = Cluster(
-                [
-                    Node("a" * 56, {"CPU": 2}, {"CPU": 2}, ip="10.0.0.1"),
-                    Node("b" * 56, {"CPU": 2}, {"CPU": 2}, ip="10.0.0.2"),
-                ]
-            )
+            two_hosts = two_host_cluster()
             world.ray.cluster = lambda: two_hosts  # type: ignore[method-assign]
             kept, taken = await world.submit(**one_worker(2)), await world.submit(**one_worker(2))
             waiting = await world.submit(**one_worker(2))
