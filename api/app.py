@@ -21,6 +21,7 @@ from api.db.session import create_engine, session_factory
 from api.db.unavailable import DATABASE_DOWN, database_unavailable
 from api.errors import DomainError, domain_error_response, error_response
 from api.jobs.fast import FastLane
+from api.jobs.ranks import QueueRanks
 from api.jobs.routes import router as jobs_router
 from api.logs.routes import router as logs_router
 from api.metrics.routes import router as metrics_router
@@ -52,7 +53,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.direct = Direct(settings)
         await app.state.direct.open()
         app.state.tokens = TokenCache(settings.auth_cache_s)
-        app.state.broker = Broker(settings.database_url, app.state.tokens)
+        app.state.ranks = QueueRanks(settings.queue_rank_cache_jobs)
+        app.state.broker = Broker(settings.database_url, app.state.tokens, app.state.ranks)
         app.state.broker.start()  # the token cache is trusted only while it listens
         app.state.stream_limiter = StreamLimiter(settings.max_streams_per_token, settings.stream_slots_dir)
         telemetry = start_telemetry(settings, "trainmaster-api")

@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     # How long an API process trusts a token it checked, without asking the database again. Revocation
     # still takes effect at once (a NOTIFY from migration 0006 evicts it); 0 turns the cache off.
     auth_cache_s: float = 5.0
+    # Queued jobs whose count of older jobs of their project an API process keeps for queue positions
+    # (api/jobs/ranks.py: exact, dropped by a NOTIFY from migration 0008 when it may change); 0: off.
+    queue_rank_cache_jobs: int = 200_000
     db_connect_timeout_s: float = 5.0
     page_limit_default: int = 50
     page_limit_max: int = 500

@@ -68,3 +68,9 @@ class Direct:
         async with self.pool.connection() as connection:
             cursor = await connection.execute(query, params)
             return await cursor.fetchone()
+
+    async def all(self, query: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """Every row of one statement."""
+        async with self.pool.connection() as connection:
+            cursor = await connection.execute(query, params)
+            return await cursor.fetchall()

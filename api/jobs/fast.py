@@ -11,6 +11,7 @@ documented contract: other paths and methods, a body that is not JSON, not an ob
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ class FastLane:
         self, scope: Scope, receive: Receive, send: Send, headers: Headers, route: _Route, handler: Any, arg: Any
     ) -> None:
         scope["route"] = route
+        scope["tm.arrived"] = asyncio.get_running_loop().time()  # the rank cache is trusted from here on
         try:
             principal = await current_project(await self._principal(scope, headers))
             response = await handler(scope, headers, principal, arg)
@@ -80,7 +82,9 @@ class FastLane:
         return await authenticate(state.direct, headers.get("authorization"), getattr(state, "tokens", None))
 
     async def _read(self, scope: Scope, _headers: Headers, principal: Principal, job_id: str) -> Response:
-        return json_response(await service.read(scope["app"].state.direct, principal, job_id))
+        state = scope["app"].state
+        ranks = getattr(state, "ranks", None)
+        return json_response(await service.read(state.direct, principal, job_id, ranks, scope["tm.arrived"]))
 
     async def _submit(self, scope: Scope, headers: Headers, principal: Principal, spec: JobSpec) -> Response:
         key = headers.get("idempotency-key")

@@ -255,7 +255,10 @@ async def queue_positions_of(
 # One job as GET /v1/jobs/{id} answers it, in one statement: its row, its attempts (as JSON, in order)
 # and, while queued, its queue position. That is QUEUE_POSITIONS for a page of one job, where no other
 # job of the page is numbered beside it: the queued jobs of the groups ahead, from the maintained counts,
-# and the tied jobs older than it, counted on ix_jobs_queued_by_project.
+# and the tied jobs older than it, counted on ix_jobs_queued_by_project. The count of its own project's
+# older jobs ("older") is not made when the caller passes it (api/jobs/ranks.py keeps it per process):
+# COALESCE evaluates the subquery only when the parameter is NULL. The row ends with that count, the
+# job's priority and created_at in µs (its place in the group, as the tm_queue notices give it).
 READ_JOB = text(
     """
     WITH me AS (
@@ -272,25 +275,32 @@ READ_JOB = text(
         GROUP BY q.priority, q.project_id
         HAVING sum(q.queued) > 0
     ),
-    tied AS (
+    others AS (
         SELECT g.project_id FROM groups g, me
-        WHERE g.priority = me.priority AND g.gpus = me.gpus AND g.cpus = me.cpus
-        UNION
-        SELECT project_id FROM me
+        WHERE g.priority = me.priority AND g.gpus = me.gpus AND g.cpus = me.cpus AND g.project_id <> me.project_id
+    ),
+    own AS (
+        SELECT coalesce(CAST(:older AS bigint), (
+                   SELECT count(*) FROM jobs o
+                   WHERE o.status = 'queued' AND o.project_id = me.project_id AND o.priority = me.priority
+                     AND (o.created_at, o.id) < (me.created_at, me.id)
+               )) AS older
+        FROM me
     ),
     place AS (
         SELECT 1 + coalesce((
                    SELECT sum(g.queued) FROM groups g
                    WHERE g.priority > me.priority
                       OR (g.priority = me.priority AND (g.gpus, g.cpus) < (me.gpus, me.cpus))
-               ), 0) + (
-                   SELECT count(*) FROM tied CROSS JOIN LATERAL (
+               ), 0) + own.older + (
+                   SELECT count(*) FROM others CROSS JOIN LATERAL (
                        SELECT 1 FROM jobs o
-                       WHERE o.status = 'queued' AND o.project_id = tied.project_id AND o.priority = me.priority
+                       WHERE o.status = 'queued' AND o.project_id = others.project_id AND o.priority = me.priority
                          AND (o.created_at, o.id) < (me.created_at, me.id)
                    ) older
-               ) AS position
-        FROM me
+               ) AS position,
+               own.older
+        FROM me, own
     )
     SELECT j.id, j.name, j.status, j.spec, j.created_at, j.started_at, j.finished_at, j.pending_reason,
            j.error, j.latest_metrics,
@@ -298,8 +308,9 @@ READ_JOB = text(
                          'n', a.n, 'ray_submission_id', a.ray_submission_id, 'status', a.status,
                          'started_at', a.started_at, 'finished_at', a.finished_at, 'error', a.error
                      ) ORDER BY a.n) FROM job_attempts a WHERE a.job_id = j.id), '[]') AS attempts,
-           (SELECT position FROM place) AS queue_position
-    FROM jobs j
+           place.position AS queue_position, place.older, j.priority,
+           (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_us
+    FROM jobs j LEFT JOIN place ON true
     WHERE j.id = :id AND j.project_id = :project_id
     """
 )
@@ -308,9 +319,31 @@ READ_JOB = text(
 READ_JOB_DIRECT = pyformat(READ_JOB)
 
 
-async def read_job(direct: Direct, job_id: uuid.UUID, project_id: uuid.UUID) -> tuple[Any, ...] | None:
-    """The row READ_JOB reads (its columns in that order), or None when the project holds no such job."""
-    return await direct.one(READ_JOB_DIRECT, {"id": job_id, "project_id": project_id})
+async def read_job(
+    direct: Direct, job_id: uuid.UUID, project_id: uuid.UUID, older: int | None = None
+) -> tuple[Any, ...] | None:
+    """The row READ_JOB reads (its columns in that order), or None when the project holds no such job.
+    `older`: the job's count of its own project's older queued jobs, when known (see READ_JOB)."""
+    return await direct.one(READ_JOB_DIRECT, {"id": job_id, "project_id": project_id, "older": older})
+
+
+# Every queued job of one project and priority in queue order, numbered from 0: what api/jobs/ranks.py
+# keeps of a group it has nothing of (one index scan of ix_jobs_queued_by_project instead of a count per
+# job polled). The oldest `limit` only: the counts of a queue's head are exact on their own.
+GROUP_RANKS = """
+    SELECT (extract(epoch FROM created_at) * 1000000)::bigint, id::text,
+           row_number() OVER (ORDER BY created_at, id) - 1
+    FROM jobs
+    WHERE status = 'queued' AND project_id = %(project_id)s AND priority = %(priority)s
+    ORDER BY created_at, id
+    LIMIT %(limit)s
+"""
+
+
+async def group_ranks(direct: Direct, project_id: uuid.UUID, priority: int, limit: int) -> list[tuple[int, str, int]]:
+    """(created µs, id, queued jobs of the group ahead of it) for the oldest `limit` queued jobs of a group."""
+    rows = await direct.all(GROUP_RANKS, {"project_id": project_id, "priority": priority, "limit": limit})
+    return [(int(created_us), job_id, int(older)) for created_us, job_id, older in rows]
 
 
 async def list_events(session: AsyncSession, job_id: uuid.UUID) -> list[JobEvent]:

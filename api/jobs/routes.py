@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
@@ -59,7 +60,9 @@ async def list_jobs(
 
 @router.get("/{job_id}", response_model=Job)
 async def get_job(job_id: str, request: Request, principal: ProjectPrincipal) -> Response:
-    return json_response(await service.read(request.app.state.direct, principal, job_id))
+    state = request.app.state
+    arrived = asyncio.get_running_loop().time()
+    return json_response(await service.read(state.direct, principal, job_id, getattr(state, "ranks", None), arrived))
 
 
 @router.post("/{job_id}/cancel", response_model=Job, status_code=status.HTTP_202_ACCEPTED)

@@ -21,6 +21,7 @@ from api.db.models import Job as JobRow
 from api.db.models import JobEvent as EventRow
 from api.errors import IdempotencyKeyReused, IllegalTransition, JobNotFound, ValidationError
 from api.jobs import repository
+from api.jobs.ranks import QueueRanks, Stamp
 from api.jobs.status import JOB_CHANNEL, record_event, transition
 from trainmaster.models import Attempt, Job, JobControl, JobEvent, JobEventIn, JobSpec, JobStatus
 
@@ -162,12 +163,22 @@ async def get_owned(session: AsyncSession, principal: Principal, raw_id: str, *,
     return job
 
 
-async def read(direct: Direct, principal: Principal, raw_id: str) -> Job:
-    """One job as answered, read in one statement (attempts and queue position included)."""
-    row = await repository.read_job(direct, parse_job_id(raw_id), principal.project_id)
+async def read(
+    direct: Direct, principal: Principal, raw_id: str, ranks: QueueRanks | None = None, arrived: float = 0.0
+) -> Job:
+    """One job as answered, read in one statement (attempts and queue position included). With `ranks`
+    (this process's cache, api/jobs/ranks.py), a queued job's count of its own project's older jobs
+    comes from there when it is known as of `arrived` (the loop's clock when the request came)."""
+    job_id = parse_job_id(raw_id)
+    older = await ranks.older(str(job_id), arrived) if ranks is not None else None
+    stamp = ranks.stamp() if ranks is not None else None
+    row = await repository.read_job(direct, job_id, principal.project_id, older)
     if row is None:
         raise JobNotFound(f"no job {raw_id!r} in project {principal.project_name!r}")
-    job_id, name, status, spec, created_at, started_at, finished_at, pending, error, latest, attempts, position = row
+    (job_id, name, status, spec, created_at, started_at, finished_at, pending, error, latest, attempts, position,
+     counted, priority, created_us) = row  # fmt: skip
+    if ranks is not None and stamp is not None and older is None and counted is not None:
+        await _keep_rank(direct, ranks, stamp, principal.project_id, priority, (created_us, str(job_id), counted))
     status = JobStatus(status)
     return Job(
         id=str(job_id),
@@ -184,6 +195,20 @@ async def read(direct: Direct, principal: Principal, raw_id: str) -> Job:
         latest_metrics=latest,
         queue_position=None if position is None else int(position),
     )
+
+
+GROUP_RANKS_LIMIT = 20_000  # a group's head read whole at most this deep (about 10 ms at 10,000)
+
+
+async def _keep_rank(
+    direct: Direct, ranks: QueueRanks, stamp: Stamp, project_id: uuid.UUID, priority: int, counted: tuple[int, str, int]
+) -> None:
+    """Keep a count just made; of a group this process holds nothing of, number the whole group once."""
+    project = str(project_id)
+    if ranks.cold(project, priority):
+        head = await repository.group_ranks(direct, project_id, priority, GROUP_RANKS_LIMIT)
+        ranks.put(project, priority, head, stamp)
+    ranks.put(project, priority, [counted], stamp)
 
 
 async def cancel(session: AsyncSession, principal: Principal, raw_id: str) -> JobRow:

@@ -3,7 +3,8 @@
 One LISTEN connection per process (per uvicorn worker) serves every stream; a notification only says
 "job X has something new", and each stream reads what it has not sent yet by sequence number. So a
 lost or coalesced notification, or a reconnect, never loses data: on reconnect every stream re-reads.
-The same connection hears `tm_auth` (a token revoked, api/auth/cache.py): the token cache is trusted
+The same connection hears `tm_queue` (a job entered or left the queue: api/jobs/ranks.py, held to the
+same rules) and `tm_auth` (a token revoked, api/auth/cache.py): the token cache is trusted
 only while this connection is up, is emptied whenever it is lost or made again, and a cached token is
 used only after a round trip on this connection that began after the request arrived (`synced`), so
 a revocation committed before the request is always handled first.
@@ -23,6 +24,7 @@ import psycopg
 from psycopg.generators import notifies
 
 from api.auth.cache import TokenCache
+from api.jobs.ranks import QueueRanks
 from api.jobs.status import JOB_CHANNEL
 from api.settings import libpq_url
 
@@ -31,16 +33,20 @@ log = logging.getLogger("trainmaster.api.broker")
 METRICS_CHANNEL = "tm_metrics"
 LOGS_CHANNEL = "tm_logs"
 AUTH_CHANNEL = "tm_auth"  # migration 0006: the hash of a revoked or deleted token, or "*"
-CHANNELS = (JOB_CHANNEL, METRICS_CHANNEL, LOGS_CHANNEL, AUTH_CHANNEL)
+QUEUE_CHANNEL = "tm_queue"  # migration 0008: a job entered or left the queue (api/jobs/ranks.py)
+CHANNELS = (JOB_CHANNEL, METRICS_CHANNEL, LOGS_CHANNEL, AUTH_CHANNEL, QUEUE_CHANNEL)
 
 
 class Broker:
-    def __init__(self, database_url: str, tokens: TokenCache | None = None):
+    def __init__(self, database_url: str, tokens: TokenCache | None = None, ranks: QueueRanks | None = None):
         self.database_url = libpq_url(database_url)
         self.waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
         self.task: asyncio.Task[None] | None = None
         self.tokens = tokens or TokenCache(0)
         self.tokens.synced = self.synced
+        self.ranks = ranks or QueueRanks(0)
+        self.ranks.synced_since = self.synced_since
+        self.round_trip_began = -1.0  # loop time at which the last answered sync round trip was sent
         self.sync_wanted = asyncio.Event()
         self.sync_waiters: list[asyncio.Future[None]] = []
 
@@ -85,6 +91,13 @@ class Broker:
         except (asyncio.TimeoutError, psycopg.Error):
             return False
 
+    async def synced_since(self, since: float, timeout_s: float = 1.0) -> bool:
+        """`synced`, unless a round trip sent at or after `since` (the loop's clock) has been answered
+        already: requests share the one the token cache made for them."""
+        if self.tokens.listening and self.round_trip_began >= since:
+            return True
+        return await self.synced(timeout_s)
+
     def _wake(self, job_id: str | None) -> None:
         targets = self.waiters.get(job_id, ()) if job_id else [e for es in self.waiters.values() for e in es]
         for event in targets:
@@ -93,6 +106,8 @@ class Broker:
     def _on_notify(self, notice: psycopg.Notify) -> None:
         if notice.channel == AUTH_CHANNEL:
             self.tokens.revoked(notice.payload)
+        elif notice.channel == QUEUE_CHANNEL:
+            self.ranks.moved(notice.payload)
         else:
             self._wake(_job_of(notice.payload))
 
@@ -113,6 +128,7 @@ class Broker:
             if not self.sync_waiters:
                 continue
             waiting, self.sync_waiters = self.sync_waiters, []
+            began = asyncio.get_running_loop().time()
             try:
                 await conn.execute("SELECT 1")  # notices ahead of its answer are handled on the way
             except BaseException as exc:
@@ -120,6 +136,7 @@ class Broker:
                     if not done.done():
                         done.set_exception(psycopg.OperationalError("listener lost"))
                 raise exc
+            self.round_trip_began = began
             for done in waiting:
                 if not done.done():
                     done.set_result(None)
@@ -134,6 +151,7 @@ class Broker:
                         await conn.execute(f"LISTEN {channel}")
                     backoff = 0.2
                     self.tokens.listener_up()
+                    self.ranks.listener_up()
                     self._wake(None)  # anything sent while we were away is read now
                     await self._listen(conn)
             except asyncio.CancelledError:
@@ -141,11 +159,13 @@ class Broker:
             except (psycopg.Error, OSError) as exc:
                 log.warning(json.dumps({"event": "listen_lost", "error": str(exc)[:200], "retry_in_s": backoff}))
                 self.tokens.listener_down()
+                self.ranks.listener_down()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 self._wake(None)
             finally:
                 self.tokens.listener_down()
+                self.ranks.listener_down()
                 for done in self.sync_waiters:
                     if not done.done():
                         done.set_exception(psycopg.OperationalError("listener lost"))
