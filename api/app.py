@@ -53,7 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.direct = Direct(settings)
         await app.state.direct.open()
         app.state.tokens = TokenCache(settings.auth_cache_s)
-        app.state.ranks = QueueRanks(settings.queue_rank_cache_jobs)
+        app.state.ranks.listener_down()  # a new lifespan: nothing of an earlier one is trusted
         app.state.broker = Broker(settings.database_url, app.state.tokens, app.state.ranks)
         app.state.broker.start()  # the token cache is trusted only while it listens
         app.state.stream_limiter = StreamLimiter(settings.max_streams_per_token, settings.stream_slots_dir)
@@ -70,7 +70,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="trainmaster", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
-    app.state.metrics = ServiceMetrics()
+    app.state.ranks = QueueRanks(settings.queue_rank_cache_jobs)
+    app.state.metrics = ServiceMetrics(app.state.ranks)
 
     app.include_router(ops_router)
     app.include_router(jobs_router)

@@ -68,6 +68,7 @@ class QueueRanks:
         self.recent: deque[tuple[int, Group, Place]] = deque(maxlen=recent)  # (number, group, place)
         self.hits = 0
         self.misses = 0
+        self.warms = 0
         self.synced_since: Callable[[float], Awaitable[bool]] = _never  # set by the broker
 
     @property
@@ -126,6 +127,7 @@ class QueueRanks:
 
     def put(self, project_id: str, priority: int, rows: list[tuple[int, str, int]], stamp: Stamp) -> None:
         """Counts read after `stamp`: (created µs, job id, older) of jobs of one group."""
+        self.warms += len(rows) > 1
         if not self.enabled or stamp.generation == 0 or stamp.generation != self.generation or not self.listening:
             return
         if len(self.group_of) + len(rows) > self.max_entries:

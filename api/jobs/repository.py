@@ -259,13 +259,18 @@ async def queue_positions_of(
 # older jobs ("older") is not made when the caller passes it (api/jobs/ranks.py keeps it per process):
 # COALESCE evaluates the subquery only when the parameter is NULL. The row ends with that count, the
 # job's priority and created_at in µs (its place in the group, as the tm_queue notices give it).
+# The job is found by its primary key alone (OFFSET 0 keeps the planner from folding the project and
+# status in): the generic plan these connections use (api/db/direct.py), made while the statistics
+# still described an empty queue, otherwise walked the project's whole queue index for it (168 buffers
+# at 20,000 queued).
 READ_JOB = text(
     """
     WITH me AS (
         SELECT j.priority, j.project_id, j.created_at, j.id,
                coalesce(u.gpus, 0) AS gpus, coalesce(u.cpus, 0) AS cpus
-        FROM jobs j LEFT JOIN project_usage u ON u.project_id = j.project_id
-        WHERE j.id = :id AND j.project_id = :project_id AND j.status = 'queued'
+        FROM (SELECT * FROM jobs WHERE id = :id OFFSET 0) j
+        LEFT JOIN project_usage u ON u.project_id = j.project_id
+        WHERE j.project_id = :project_id AND j.status = 'queued'
     ),
     groups AS (
         SELECT q.priority, q.project_id, sum(q.queued) AS queued,
@@ -279,7 +284,7 @@ READ_JOB = text(
         SELECT g.project_id FROM groups g, me
         WHERE g.priority = me.priority AND g.gpus = me.gpus AND g.cpus = me.cpus AND g.project_id <> me.project_id
     ),
-    own AS (
+    own AS MATERIALIZED (
         SELECT coalesce(CAST(:older AS bigint), (
                    SELECT count(*) FROM jobs o
                    WHERE o.status = 'queued' AND o.project_id = me.project_id AND o.priority = me.priority

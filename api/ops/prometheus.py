@@ -8,10 +8,11 @@ import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.jobs.ranks import QueueRanks
 from api.telemetry.repository import Gauges
 from trainmaster.models import JobStatus
 
@@ -24,7 +25,7 @@ HISTOGRAMS = {  # figure → (name, help): the same figures as OpenTelemetry's t
 
 
 class ServiceMetrics:
-    def __init__(self) -> None:
+    def __init__(self, ranks: QueueRanks | None = None) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "trainmaster_http_requests_total",
@@ -41,10 +42,29 @@ class ServiceMetrics:
         self.jobs = Gauge("trainmaster_jobs", "Jobs by status", ["status"], registry=self.registry)
         self.platform = PlatformCollector()
         self.registry.register(self.platform)
+        if ranks is not None:
+            self.registry.register(RankCacheCollector(ranks))
 
     def set_job_counts(self, counts: dict[JobStatus, int]) -> None:
         for status in JobStatus:
             self.jobs.labels(status=status.value).set(counts.get(status, 0))
+
+
+class RankCacheCollector(Collector):
+    """How the queue-rank cache of this process answered (api/jobs/ranks.py): a poll of a queued job it
+    knew (hit), did not (miss: counted in PostgreSQL), and the groups it numbered whole (warm)."""
+
+    def __init__(self, ranks: QueueRanks) -> None:
+        self.ranks = ranks
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "trainmaster_queue_rank_cache", "Queue-rank cache lookups of this API process", labels=["outcome"]
+        )
+        for outcome, value in (("hit", self.ranks.hits), ("miss", self.ranks.misses), ("warm", self.ranks.warms)):
+            family.add_metric([outcome], value)
+        yield family
+        yield GaugeMetricFamily("trainmaster_queue_rank_cache_jobs", "Queued jobs it knows", len(self.ranks.group_of))
 
 
 class PlatformCollector(Collector):
