@@ -11,7 +11,10 @@ trainmaster   `trainmaster.log({"loss": ...}, step=i)`; every point must then be
 ray_report    `ray.train.report(...)`, a barrier with Ray Train's controller: `--report-steps` only
 
 After one unmeasured job, `--reps` repetitions of none and trainmaster (order flipped every repetition),
-and a ray_report job after each of the first `--report-runs` repetitions. Before each job every Ray CPU
+and a ray_report job after each of the first `--report-runs` repetitions. Then `--alternate-jobs` jobs
+of mode alternate: blocks of `--block` steps without and with logging in turn inside one job, each
+logging block divided by the block before it (the same processes a second apart: this machine's
+neighbours move whole jobs by 20% either way, a block pair far less). Before each job every Ray CPU
 is free again.
 
 With `--pin` (the default on a machine of two or more cores) the stack is split with `taskset` once
@@ -47,7 +50,13 @@ def run_job(client: tm.Client, stack: Stack, mode: str, label: str, args: argpar
     wait_cluster_idle(client)
     load, result_path = load_1m(), stack.home / "results" / f"{label}-{mode}.jsonl"
     steps, warmup = (args.report_steps, 1) if mode == "ray_report" else (args.steps, args.warmup_steps)
-    config = {"mode": mode, "steps": steps, "warmup_steps": warmup, "result_path": str(result_path)}
+    config = {
+        "mode": mode,
+        "steps": steps,
+        "warmup_steps": warmup,
+        "result_path": str(result_path),
+        "block": args.block,
+    }
     job = client.submit(
         name=f"bench-steps-{mode}-{label}",
         entrypoint=ENTRYPOINT,
@@ -64,10 +73,35 @@ def run_job(client: tm.Client, stack: Stack, mode: str, label: str, args: argpar
     if len(lines) != 1:
         raise RuntimeError(f"{result_path}: expected one result line from rank 0, found {len(lines)}")
     per_rank = Counter(point.rank for point in client.metrics(job.id, names=["loss"]))
-    expected = {rank: warmup + steps for rank in range(args.workers)} if mode == "trainmaster" else {}
-    record = {"job": label, **json.loads(lines[0]), "points_complete": dict(per_rank) == expected, "load_1m": load}
-    print(f"{label:<7} {mode:<11} {record['steps_per_s']:8.2f} steps/s  points complete: {record['points_complete']}")
+    result = json.loads(lines[0])
+    logged = warmup + steps if mode == "trainmaster" else 0
+    if mode == "alternate":
+        logged = warmup + sum(args.block for block in result["blocks"] if block["logging"])
+        on_off = pairs_of(result["blocks"])
+        result = {"mode": mode, "steps": steps, "pairs": len(on_off), **summary_of_pairs(on_off)}
+    expected = {rank: logged for rank in range(args.workers)} if logged else {}
+    record = {"job": label, **result, "points_complete": dict(per_rank) == expected, "load_1m": load}
+    rate = f"{record['steps_per_s']:8.2f} steps/s" if "steps_per_s" in record else f"{record['ratio_median']:.3f}x"
+    print(f"{label:<7} {mode:<11} {rate}  points complete: {record['points_complete']}")
     return record
+
+
+def pairs_of(blocks: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(without, with) for each logging block and the block just before it."""
+    return [(blocks[n - 1], blocks[n]) for n in range(1, len(blocks)) if blocks[n]["logging"]]
+
+
+def summary_of_pairs(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    ratios = [on["steps_per_s"] / off["steps_per_s"] for off, on in pairs]
+    cpu = [off["cpu_ms_per_step"] / on["cpu_ms_per_step"] for off, on in pairs]
+    return {
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "cpu_ratio_median": statistics.median(cpu),
+        "off_steps_per_s": statistics.median(off["steps_per_s"] for off, _ in pairs),
+        "on_steps_per_s": statistics.median(on["steps_per_s"] for _, on in pairs),
+    }
 
 
 def pin(stack: Stack, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -112,6 +146,8 @@ def measure(args: argparse.Namespace, stack: Stack) -> list[dict[str, Any]]:
                 jobs.append(run_job(client, stack, mode, f"rep-{rep + 1}", args))
             if rep < args.report_runs:
                 jobs.append(run_job(client, stack, "ray_report", f"rep-{rep + 1}", args))
+        for n in range(args.alternate_jobs):
+            jobs.append(run_job(client, stack, "alternate", f"alt-{n + 1}", args))
     return jobs
 
 
@@ -122,6 +158,8 @@ def main() -> int:
     p.add_argument("--warmup-steps", type=int, default=50, help="unmeasured steps first")
     p.add_argument("--report-runs", type=int, default=2, help="ray_report jobs (0: none)")
     p.add_argument("--report-steps", type=int, default=5, help="measured steps per ray_report job")
+    p.add_argument("--alternate-jobs", type=int, default=1, help="jobs alternating blocks without and with logging")
+    p.add_argument("--block", type=int, default=100, help="steps per block of an alternate job")
     p.add_argument("--workers", type=int, default=2, help="Ray Train workers")
     p.add_argument("--batch", type=int, default=64, help="rows of the fixed batch")
     p.add_argument("--features", type=int, default=256, help="MLP input width")
@@ -141,7 +179,16 @@ def main() -> int:
         if args.pin:
             record.tables["pinned"] = pin(stack, args)
         jobs = measure(args, stack)
-        record.tables["jobs"] = jobs
+        record.tables["jobs"] = [job for job in jobs if job["mode"] != "alternate"]
+        alternating = [job for job in jobs if job["mode"] == "alternate"]
+        if alternating:
+            record.tables["alternating blocks in one job (with logging / the block before, without)"] = alternating
+            record.ratio(
+                "trainmaster every step, alternating blocks, median of pairs",
+                statistics.median(job["ratio_median"] for job in alternating),
+                "no logging",
+                1.0,
+            )
         by_mode = {mode: [job for job in jobs if job["mode"] == mode] for mode in ("none", "trainmaster", "ray_report")}
         record.tables["steps per second"] = [
             {
@@ -157,7 +204,7 @@ def main() -> int:
         ]
         medians = {row["mode"]: row["median"] for row in record.tables["steps per second"]}
         for mode in ("trainmaster", "ray_report"):
-            if mode in medians:
+            if mode in medians and "none" in medians:
                 record.ratio(f"{mode} every step, steps/s", medians[mode], "no logging", medians["none"])
         # Other load on the machine moves whole jobs; the two jobs of one repetition ran back to back,
         # and the training process's own CPU per step is what logging adds to the step itself.

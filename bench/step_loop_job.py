@@ -8,6 +8,9 @@ after each step (every mode calls `loss.item()`):
     none          nothing
     trainmaster   trainmaster.log({"loss": ...}, step=i)
     ray_report    ray.train.report({"loss": ..., "step": i})
+    alternate     blocks of `block` steps, without and with trainmaster.log in turn, in the same
+                  processes (warm-up logs, so the sender thread is running throughout): a pair of
+                  neighbouring blocks shares the machine's state, which whole jobs a minute apart do not
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import statistics
 import time
 from typing import Any
 
-MODES = ("none", "trainmaster", "ray_report")
+MODES = ("none", "trainmaster", "ray_report", "alternate")
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -41,7 +44,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     labels = torch.randint(0, 10, (len(inputs),))
     loss_fn = nn.CrossEntropyLoss()
 
-    def steps(first: int, count: int) -> list[float]:
+    def steps(first: int, count: int, mode: str = mode) -> list[float]:
         durations = []
         for step in range(first, first + count):
             began = time.perf_counter()
@@ -49,7 +52,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             loss = loss_fn(model(inputs), labels)
             loss.backward()
             optimizer.step()
-            if mode == "trainmaster":
+            if mode in ("trainmaster", "alternate"):
                 trainmaster.log({"loss": loss.item()}, step=step)
             elif mode == "ray_report":
                 ray.train.report({"loss": loss.item(), "step": step})
@@ -61,6 +64,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     warmup, count = int(config.get("warmup_steps", 50)), int(config.get("steps", 2000))
     steps(0, warmup)
     dist.barrier()
+    if mode == "alternate":
+        alternate(steps, warmup, count, int(config.get("block", 100)), str(config["result_path"]))
+        return
     began, cpu_began = time.perf_counter(), time.process_time()
     durations = steps(warmup, count)
     seconds, cpu_s = time.perf_counter() - began, time.process_time() - cpu_began
@@ -76,3 +82,24 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         }
         with open(str(config["result_path"]), "a", encoding="utf-8") as out:
             out.write(json.dumps(result) + "\n")
+
+
+def alternate(steps: Any, first: int, count: int, block: int, result_path: str) -> None:
+    """`count` steps in blocks of `block`, logging in every second block; rank 0 writes each block."""
+    import ray.train
+    import torch.distributed as dist
+
+    import trainmaster
+
+    blocks = []
+    for n in range(count // block):
+        logging = n % 2 == 1
+        dist.barrier()  # both ranks start the block together
+        began, cpu_began = time.perf_counter(), time.process_time()
+        steps(first + n * block, block, "alternate" if logging else "none")
+        seconds, cpu_s = time.perf_counter() - began, time.process_time() - cpu_began
+        blocks.append({"logging": logging, "steps_per_s": block / seconds, "cpu_ms_per_step": cpu_s / block * 1000})
+    trainmaster.flush(timeout=60)
+    if ray.train.get_context().get_world_rank() == 0:
+        with open(result_path, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"mode": "alternate", "steps": count, "block": block, "blocks": blocks}) + "\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -56,6 +57,18 @@ def test_every_point_arrives_once_in_batches() -> None:
     assert s.flush(10)
     assert api.steps() == list(range(2500))
     assert max(len(points) for points in api.batches.values()) <= 1000
+    s.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread nice is Linux's")
+def test_the_sender_thread_yields_the_cpu_to_training_and_the_training_thread_keeps_its_priority() -> None:
+    api = ScriptedApi()
+    s = sender(api)
+    s.log({"loss": 1.0}, 0)
+    assert s.flush(10)
+    assert s.thread.native_id is not None
+    assert os.getpriority(os.PRIO_PROCESS, s.thread.native_id) == 19
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < 19  # the caller, training, untouched
     s.close()
 
 
