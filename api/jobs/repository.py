@@ -257,7 +257,10 @@ async def queue_positions_of(
 # job of the page is numbered beside it: the queued jobs of the groups ahead, from the maintained counts,
 # and the tied jobs older than it, counted on ix_jobs_queued_by_project. The count of its own project's
 # older jobs ("older") is not made when the caller passes it (api/jobs/ranks.py keeps it per process):
-# COALESCE evaluates the subquery only when the parameter is NULL. The row ends with that count, the
+# COALESCE evaluates the subquery only when the parameter is NULL, and it counts from the nearer end
+# as QUEUE_POSITIONS does: a job with fewer than `newer_cap` of its group at or after it (a job just
+# submitted, polled by its `wait()`) takes the group's maintained count less those, so the newest job
+# of a deep queue no longer counts every job ahead of it. The row ends with that count, the
 # job's priority and created_at in µs (its place in the group, as the tm_queue notices give it).
 # The job is found by its primary key alone (OFFSET 0 keeps the planner from folding the project and
 # status in): the generic plan these connections use (api/db/direct.py), made while the statistics
@@ -286,9 +289,24 @@ READ_JOB = text(
     ),
     own AS MATERIALIZED (
         SELECT coalesce(CAST(:older AS bigint), (
-                   SELECT count(*) FROM jobs o
-                   WHERE o.status = 'queued' AND o.project_id = me.project_id AND o.priority = me.priority
-                     AND (o.created_at, o.id) < (me.created_at, me.id)
+                   SELECT CASE
+                       WHEN newer.n < :newer_cap THEN (
+                           SELECT sum(q.queued) FROM queue_counts q
+                           WHERE q.project_id = me.project_id AND q.priority = me.priority
+                       ) - newer.n
+                       ELSE (
+                           SELECT count(*) FROM jobs o
+                           WHERE o.status = 'queued' AND o.project_id = me.project_id AND o.priority = me.priority
+                             AND (o.created_at, o.id) < (me.created_at, me.id)
+                       ) END
+                   FROM (
+                       SELECT count(*) AS n FROM (
+                           SELECT FROM jobs o
+                           WHERE o.status = 'queued' AND o.project_id = me.project_id AND o.priority = me.priority
+                             AND (o.created_at, o.id) >= (me.created_at, me.id)
+                           LIMIT :newer_cap
+                       ) capped
+                   ) newer
                )) AS older
         FROM me
     ),
@@ -325,11 +343,12 @@ READ_JOB_DIRECT = pyformat(READ_JOB)
 
 
 async def read_job(
-    direct: Direct, job_id: uuid.UUID, project_id: uuid.UUID, older: int | None = None
+    direct: Direct, job_id: uuid.UUID, project_id: uuid.UUID, older: int | None = None, *, newer_cap: int = NEWER_CAP
 ) -> tuple[Any, ...] | None:
     """The row READ_JOB reads (its columns in that order), or None when the project holds no such job.
     `older`: the job's count of its own project's older queued jobs, when known (see READ_JOB)."""
-    return await direct.one(READ_JOB_DIRECT, {"id": job_id, "project_id": project_id, "older": older})
+    params = {"id": job_id, "project_id": project_id, "older": older, "newer_cap": newer_cap}
+    return await direct.one(READ_JOB_DIRECT, params)
 
 
 # Every queued job of one project and priority in queue order, numbered from 0: what api/jobs/ranks.py

@@ -5,13 +5,19 @@ the dispatcher's own claim order, and the cache is shown to answer (its hit coun
 
 from __future__ import annotations
 
+import asyncio
 import time
+import uuid
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.db.direct import Direct
 from api.dispatcher import repository as dispatcher_repository
+from api.jobs import repository as jobs_repository
 from api.jobs.ranks import QueueRanks
+from api.settings import Settings
 from tests.integration.test_scale import in_session, sql, submit
 
 
@@ -81,3 +87,34 @@ def test_positions_from_the_warm_cache_follow_every_change(
     while ranks.group_of:  # the '*' notice empties it
         assert time.monotonic() < deadline, "TRUNCATE's notice did not empty the rank cache"
         time.sleep(0.02)
+
+
+@pytest.mark.parametrize("newer_cap", [1000, 4, 1])
+def test_a_count_made_in_postgresql_from_either_end_is_the_claim_order(
+    http: TestClient, token: str, other_token: str, database_url: str, newer_cap: int
+) -> None:
+    """The count READ_JOB makes when no cache knows it: from the newer end (the maintained count less
+    the newer jobs) while fewer than `newer_cap` are newer, else from the older end; two projects that
+    hold nothing are tied and interleave by age; priorities and a cancelled job in between."""
+    ids = []
+    for n in range(12):
+        ids.append(submit(http, token if n % 3 else other_token, **({"priority": 2} if n % 5 == 4 else {})))
+    sql(database_url, "UPDATE jobs SET status = 'cancelled' WHERE id = %s", (ids[6],))
+    order = claim_order(database_url)
+    project_of = dict(sql(database_url, "SELECT id::text, project_id FROM jobs"))
+
+    async def read_all() -> dict[str, int | None]:
+        direct = Direct(Settings(database_url=database_url))
+        await direct.open()
+        try:
+            found = {}
+            for job_id in ids:
+                row = await jobs_repository.read_job(direct, uuid.UUID(job_id), project_of[job_id], newer_cap=newer_cap)
+                assert row is not None
+                found[job_id] = row[11]
+            return found
+        finally:
+            await direct.close()
+
+    read = asyncio.run(read_all())
+    assert read == {job_id: (order.index(job_id) + 1 if job_id in order else None) for job_id in ids}
