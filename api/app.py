@@ -53,7 +53,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.direct = Direct(settings)
         await app.state.direct.open()
         app.state.tokens = TokenCache(settings.auth_cache_s)
-        app.state.ranks.listener_down()  # a new lifespan: nothing of an earlier one is trusted
         app.state.broker = Broker(settings.database_url, app.state.tokens, app.state.ranks)
         app.state.broker.start()  # the token cache is trusted only while it listens
         app.state.stream_limiter = StreamLimiter(settings.max_streams_per_token, settings.stream_slots_dir)

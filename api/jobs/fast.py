@@ -83,8 +83,7 @@ class FastLane:
 
     async def _read(self, scope: Scope, _headers: Headers, principal: Principal, job_id: str) -> Response:
         state = scope["app"].state
-        ranks = getattr(state, "ranks", None)
-        return json_response(await service.read(state.direct, principal, job_id, ranks, scope["tm.arrived"]))
+        return json_response(await service.read(state.direct, principal, job_id, state.ranks, scope["tm.arrived"]))
 
     async def _submit(self, scope: Scope, headers: Headers, principal: Principal, spec: JobSpec) -> Response:
         key = headers.get("idempotency-key")

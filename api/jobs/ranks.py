@@ -33,8 +33,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-ALL = "*"
-
 Group = tuple[str, int]  # (project id, priority)
 Place = tuple[int, str]  # (created_at in µs since the epoch, job id): queue order within a group
 
@@ -88,15 +86,11 @@ class QueueRanks:
     def moved(self, payload: str) -> None:
         """A job entered or left its group's queue (the trigger's notice, or '*' for all)."""
         self.notices += 1
-        if payload == ALL:
-            self.recent.clear()  # a read that spans it is not stored (see `_replay`)
-            self._clear()
-            return
         try:
             project, priority, created_us, job_id = payload.split(" ")
             group, place = (project, int(priority)), (int(created_us), job_id)
-        except ValueError:
-            self.recent.clear()
+        except ValueError:  # '*' (TRUNCATE), or a notice this version cannot read: forget everything
+            self.recent.clear()  # and a read that spans it is not stored (see `_replay`)
             self._clear()
             return
         self.recent.append((self.notices, group, place))
@@ -114,20 +108,19 @@ class QueueRanks:
         if not self.enabled or not self.listening or job_id not in self.group_of:
             self.misses += 1
             return None
-        if not await self.synced_since(arrived):
-            self.misses += 1
-            return None
-        group = self.group_of.get(job_id)
-        counts = self.groups.get(group) if group is not None else None
-        if counts is None or job_id not in counts.older:
+        group = self.group_of.get(job_id) if await self.synced_since(arrived) else None
+        if group is None:  # not caught up, or dropped by a notice handled meanwhile
             self.misses += 1
             return None
         self.hits += 1
-        return counts.older[job_id]
+        return self.groups[group].older[job_id]
 
-    def put(self, project_id: str, priority: int, rows: list[tuple[int, str, int]], stamp: Stamp) -> None:
-        """Counts read after `stamp`: (created µs, job id, older) of jobs of one group."""
-        self.warms += len(rows) > 1
+    def put(
+        self, project_id: str, priority: int, rows: list[tuple[int, str, int]], stamp: Stamp, *, whole: bool = False
+    ) -> None:
+        """Counts read after `stamp`: (created µs, job id, older) of jobs of one group; `whole`: its head
+        numbered at once (counted as a warm)."""
+        self.warms += whole
         if not self.enabled or stamp.generation == 0 or stamp.generation != self.generation or not self.listening:
             return
         if len(self.group_of) + len(rows) > self.max_entries:

@@ -62,7 +62,7 @@ async def list_jobs(
 async def get_job(job_id: str, request: Request, principal: ProjectPrincipal) -> Response:
     state = request.app.state
     arrived = asyncio.get_running_loop().time()
-    return json_response(await service.read(state.direct, principal, job_id, getattr(state, "ranks", None), arrived))
+    return json_response(await service.read(state.direct, principal, job_id, state.ranks, arrived))
 
 
 @router.post("/{job_id}/cancel", response_model=Job, status_code=status.HTTP_202_ACCEPTED)

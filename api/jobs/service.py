@@ -171,7 +171,7 @@ async def read(
     comes from there when it is known as of `arrived` (the loop's clock when the request came)."""
     job_id = parse_job_id(raw_id)
     older = await ranks.older(str(job_id), arrived) if ranks is not None else None
-    stamp = ranks.stamp() if ranks is not None else None
+    stamp = ranks.stamp() if ranks is not None else None  # before the read: what arrives during it applies
     row = await repository.read_job(direct, job_id, principal.project_id, older)
     if row is None:
         raise JobNotFound(f"no job {raw_id!r} in project {principal.project_name!r}")
@@ -207,7 +207,7 @@ async def _keep_rank(
     project = str(project_id)
     if ranks.cold(project, priority):
         head = await repository.group_ranks(direct, project_id, priority, GROUP_RANKS_LIMIT)
-        ranks.put(project, priority, head, stamp)
+        ranks.put(project, priority, head, stamp, whole=True)
     ranks.put(project, priority, [counted], stamp)
 
 
