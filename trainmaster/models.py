@@ -331,12 +331,17 @@ class EventList(_Response):
     items: list[JobEvent]
 
 
+# The columns' ranges (bigint step, integer rank and attempt): a value past them is a 422, not a failed insert.
+MAX_STEP = 2**63 - 1
+MAX_RANK = MAX_ATTEMPT = 2**31 - 1
+
+
 class MetricPoint(_Request):
     """One logged step: several named values. NaN and infinities are kept (a diverging loss is news)."""
 
-    step: int | None = Field(default=None, ge=0)
+    step: int | None = Field(default=None, ge=0, le=MAX_STEP)
     values: dict[Annotated[str, Field(min_length=1, max_length=256)], Annotated[float, Field(allow_inf_nan=True)]]
-    rank: int = Field(default=0, ge=0)
+    rank: int = Field(default=0, ge=0, le=MAX_RANK)
     ts: datetime | None = None
 
 
@@ -347,7 +352,7 @@ class MetricBatchIn(_Request):
     """`batch_id` makes a retried send idempotent: a batch already stored is not stored again."""
 
     batch_id: uuid.UUID | None = None
-    attempt: int | None = Field(default=None, ge=1)
+    attempt: int | None = Field(default=None, ge=1, le=MAX_ATTEMPT)
     points: list[MetricPoint] = Field(max_length=MAX_POINTS_PER_BATCH)
 
     @model_validator(mode="after")

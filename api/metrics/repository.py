@@ -5,23 +5,23 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.direct import Direct
+from api.metrics.batch import Batch
 
 # A batch stored in one statement, its own transaction on a direct connection (api/db/direct.py): the
 # job checked (the caller's project) and its writers serialized, so sequence numbers commit in order
 # (readers resume by seq); the batch id claimed (a retry whose first answer was lost stores nothing
-# twice); the points inserted from five arrays sent in binary; rank 0's latest values merged into the
-# job; the streams told (NOTIFY, sent at commit). The lock is held from inside the statement to its
-# commit, so no other request's work in the API process stretches it: with COPY between two statements
-# the lock waited on the event loop, which was busy parsing other batches.
+# twice); the points inserted from five binary arrays (built in api/metrics/batch.py); rank 0's latest
+# values merged into the job; the streams told (NOTIFY, sent at commit). The lock is held from inside
+# the statement to its commit, so no other request's work in the API process stretches it: with COPY
+# between two statements the lock waited on the event loop, which was busy parsing other batches.
 STORE_BATCH = """
     WITH job AS (
         SELECT id, pg_advisory_xact_lock(hashtextextended('m:' || id::text, 0)) AS locked
@@ -54,61 +54,25 @@ STORE_BATCH = """
 """
 
 
-@dataclass
-class Columns:
-    """A batch's rows as the five arrays STORE_BATCH inserts (one row per point and name)."""
-
-    ranks: list[int]
-    steps: list[int | None]
-    names: list[str]
-    values: list[float]
-    stamps: list[datetime]
-
-
-def columns(points: Sequence[Mapping[str, Any]]) -> Columns:
-    """The rows of a batch (points as validated dicts: step, values, rank, ts); a point without a time
-    gets the time it arrived, and a time without an offset is UTC."""
-    now = datetime.now(timezone.utc)
-    rows = Columns([], [], [], [], [])
-    for point in points:
-        rank, step, ts = point.get("rank", 0), point.get("step"), point.get("ts") or now
-        if ts.tzinfo is None:
-            ts = ts.replace(tzinfo=timezone.utc)
-        for name, value in point["values"].items():
-            rows.ranks.append(rank)
-            rows.steps.append(step)
-            rows.names.append(name)
-            rows.values.append(value)
-            rows.stamps.append(ts)
-    return rows
-
-
 async def store_batch(
-    direct: Direct,
-    job_id: uuid.UUID,
-    project_id: uuid.UUID,
-    batch_id: uuid.UUID | None,
-    points: int,
-    attempt: int | None,
-    rows: Columns,
-    latest: dict[str, Any],
-    channel: str,
+    direct: Direct, job_id: uuid.UUID, project_id: uuid.UUID, batch: Batch, channel: str
 ) -> tuple[str, int]:
     """("missing", 0): no such job in the project; ("duplicate", 0): this batch id was stored before;
     ("stored", rows)."""
+    rows = batch.rows
     params = {
         "job": job_id,
         "project": project_id,
-        "batch": batch_id,
-        "points": points,
-        "attempt": attempt,
+        "batch": batch.batch_id,
+        "points": batch.points,
+        "attempt": batch.attempt,
         "ranks": rows.ranks,
         "steps": rows.steps,
         "names": rows.names,
         "values": rows.values,
         "stamps": rows.stamps,
-        "latest": _json(latest),
-        "merge": bool(latest),
+        "latest": _json(batch.latest),
+        "merge": bool(batch.latest),
         "channel": channel,
     }
     found, stored, accepted, _notified = await direct.one(STORE_BATCH, params) or (0, 0, 0, None)

@@ -1,66 +1,26 @@
-"""Metrics: batched ingest (binary COPY + one NOTIFY), reads for charts, live streams."""
+"""Metrics: batched ingest (one statement of binary arrays + one NOTIFY), reads for charts, live streams."""
 
 from __future__ import annotations
 
 import math
 import uuid
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi.exceptions import RequestValidationError
-from pydantic import ConfigDict, Field, TypeAdapter
-from pydantic import ValidationError as PydanticValidationError
+from pydantic import TypeAdapter
 from sqlalchemy.ext.asyncio import AsyncSession
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict
 
 from api.auth.service import Principal
 from api.db.direct import Direct
 from api.errors import JobNotFound, ValidationError
 from api.jobs import service as jobs
 from api.metrics import repository
+from api.metrics.batch import parse_batch
 from api.streaming.broker import METRICS_CHANNEL
-from trainmaster.models import MAX_POINTS_PER_BATCH, MetricBatchAck
+from trainmaster.models import MetricBatchAck
 
 STREAM_BATCH = 2000
-
-
-class _Point(TypedDict):
-    """MetricPoint's rules (trainmaster/models.py), validated into a plain dict: no object per point."""
-
-    __pydantic_config__ = ConfigDict(extra="forbid", allow_inf_nan=False)  # type: ignore[misc]
-    step: NotRequired[Annotated[int, Field(ge=0)] | None]
-    values: dict[Annotated[str, Field(min_length=1, max_length=256)], Annotated[float, Field(allow_inf_nan=True)]]
-    rank: NotRequired[Annotated[int, Field(ge=0)]]
-    ts: NotRequired[datetime | None]
-
-
-class _Batch(TypedDict):
-    """MetricBatchIn's rules, likewise (tests/unit/test_metric_batch.py holds the two to the same answers)."""
-
-    __pydantic_config__ = ConfigDict(extra="forbid", allow_inf_nan=False)  # type: ignore[misc]
-    batch_id: NotRequired[uuid.UUID | None]
-    attempt: NotRequired[Annotated[int, Field(ge=1)] | None]
-    points: Annotated[list[_Point], Field(max_length=MAX_POINTS_PER_BATCH)]
-
-
-_BATCH = TypeAdapter(_Batch)
-
-
-def parse_batch(body: bytes) -> _Batch:
-    """A metric batch from the request body, parsed and validated in one pass (pydantic-core), or the
-    same 422 FastAPI answers for a MetricBatchIn body."""
-    try:
-        batch = _BATCH.validate_json(body)
-    except PydanticValidationError as exc:
-        errors = [{**err, "loc": ("body", *err["loc"])} for err in exc.errors(include_url=False)]
-        raise RequestValidationError(errors) from None
-    for index, point in enumerate(batch["points"]):
-        for name in point["values"]:
-            if "\x00" in name:
-                raise ValidationError.field(
-                    ["body", "points", index, "values"], "a metric name contains a NUL character (\\u0000)"
-                )
-    return batch
 
 
 async def ingest(direct: Direct, principal: Principal, raw_id: str, body: bytes) -> MetricBatchAck:
@@ -68,26 +28,7 @@ async def ingest(direct: Direct, principal: Principal, raw_id: str, body: bytes)
         raise JobNotFound(f"no job {raw_id!r} for this job token")
     job_id = jobs.parse_job_id(raw_id)
     batch = parse_batch(body)
-    points = batch["points"]
-    latest: dict[str, Any] = {}
-    for point in points:
-        if point.get("rank", 0) == 0:
-            values = point["values"]
-            latest.update(values)
-            step = point.get("step")
-            if step is not None and not all(name.startswith("report/") for name in values):
-                latest["step"] = step  # the training step, not the epoch of a ray.train.report
-    state, stored = await repository.store_batch(
-        direct,
-        job_id,
-        principal.project_id,
-        batch.get("batch_id"),
-        len(points),
-        batch.get("attempt"),
-        repository.columns(points),
-        latest,
-        METRICS_CHANNEL,
-    )
+    state, stored = await repository.store_batch(direct, job_id, principal.project_id, batch, METRICS_CHANNEL)
     if state == "missing":
         raise JobNotFound(f"no job {raw_id!r} in project {principal.project_name!r}")
     return MetricBatchAck(stored=stored, duplicate=state == "duplicate")
