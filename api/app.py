@@ -20,7 +20,7 @@ from api.code_packages.routes import router as code_router
 from api.db.direct import Direct
 from api.db.session import create_engine, session_factory
 from api.db.unavailable import DATABASE_DOWN, database_unavailable
-from api.errors import DomainError, domain_error_response, error_response
+from api.errors import DomainError, domain_error_response, error_response, request_invalid_response
 from api.jobs.fast import FastLane
 from api.jobs.ranks import QueueRanks
 from api.jobs.routes import router as jobs_router
@@ -116,11 +116,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        detail = [
-            {"loc": list(err.get("loc", [])), "msg": err.get("msg", ""), "type": err.get("type", "")}
-            for err in exc.errors()
-        ]
-        return error_response(422, "ValidationError", detail)
+        return request_invalid_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from fastapi.exceptions import RequestValidationError
 from starlette.responses import JSONResponse
 
 
@@ -111,3 +112,13 @@ def error_response(
 
 def domain_error_response(exc: DomainError) -> JSONResponse:
     return error_response(exc.status_code, exc.name, exc.detail, exc.headers)
+
+
+def request_invalid_response(exc: RequestValidationError) -> JSONResponse:
+    """A 422 for a request FastAPI (or a decoder holding to its rules) found invalid: each error's field
+    path (`loc`), message and type."""
+    detail = [
+        {"loc": list(err.get("loc", [])), "msg": err.get("msg", ""), "type": err.get("type", "")}
+        for err in exc.errors()
+    ]
+    return error_response(422, "ValidationError", detail)

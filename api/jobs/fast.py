@@ -1,12 +1,14 @@
-"""The fast lane: `GET /v1/jobs/{id}` and `POST /v1/jobs` without FastAPI's routing and dependencies.
+"""The fast lane: `GET /v1/jobs/{id}`, `POST /v1/jobs` and `POST /v1/jobs/{id}/metrics` without FastAPI's
+routing and dependencies.
 
-These two are what clients call most: every submission, every status poll. Through FastAPI a job read
+These are what clients call most: every submission, every status poll, every metric batch. Through FastAPI a job read
 walked the route list and solved five dependencies, and that was about half of the API's own CPU for it
 (the profile is in bench/README.md). This ASGI middleware, inside the request-metrics and body-limit
 middleware, answers them with the same service functions, the same authentication and the same error
 bodies. What it does not answer goes on to the FastAPI routes in api/jobs/routes.py, which stay the
 documented contract: other paths and methods, a body that is not JSON, not an object or not a valid spec
-(FastAPI's own 415 and 422 naming the field, so those errors have one source).
+(FastAPI's own 415 and 422 naming the field, so those errors have one source). A metric batch is
+decoded by api/metrics/batch.py on both ways in, and its 422 is rendered by the same function.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError as SpecInvalid
 from starlette.datastructures import Headers
 from starlette.responses import Response
@@ -25,12 +28,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.auth.deps import current_project
 from api.auth.service import Principal, authenticate
 from api.db.unavailable import DATABASE_DOWN, database_unavailable
-from api.errors import DomainError, domain_error_response
+from api.errors import DomainError, domain_error_response, request_invalid_response
 from api.jobs import service
+from api.metrics.service import ingest
 from api.wire import json_response
 from trainmaster.models import JobSpec
 
 _ONE_JOB = re.compile(r"^/v1/jobs/([^/]+)$")
+_METRICS = re.compile(r"^/v1/jobs/([^/]+)/metrics$")
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class _Route:
 
 READ_ROUTE = _Route("/v1/jobs/{job_id}")
 SUBMIT_ROUTE = _Route("/v1/jobs")
+INGEST_ROUTE = _Route("/v1/jobs/{job_id}/metrics")
 
 
 class FastLane:
@@ -53,6 +59,10 @@ class FastLane:
             method, path, headers = scope["method"], scope["path"], Headers(scope=scope)
             if method == "GET" and (match := _ONE_JOB.match(path)):
                 await self._answer(scope, receive, send, headers, READ_ROUTE, self._read, match.group(1))
+                return
+            if method == "POST" and (match := _METRICS.match(path)) and _is_json(headers):
+                body = await _read_body(receive)
+                await self._answer(scope, receive, send, headers, INGEST_ROUTE, self._ingest, (match.group(1), body))
                 return
             if method == "POST" and path == "/v1/jobs" and _is_json(headers):
                 body = await _read_body(receive)
@@ -69,10 +79,14 @@ class FastLane:
         scope["route"] = route
         scope["tm.arrived"] = asyncio.get_running_loop().time()  # the rank cache is trusted from here on
         try:
-            principal = await current_project(await self._principal(scope, headers))
+            principal = await self._principal(scope, headers)
+            if route is not INGEST_ROUTE:
+                principal = await current_project(principal)  # a job token writes its metrics, no more
             response = await handler(scope, headers, principal, arg)
         except DomainError as exc:
             response = domain_error_response(exc)
+        except RequestValidationError as exc:
+            response = request_invalid_response(exc)
         except DATABASE_DOWN as exc:
             response = database_unavailable(exc)
         await response(scope, receive, send)
@@ -92,6 +106,11 @@ class FastLane:
         if not created:
             answer["Idempotent-Replayed"] = "true"
         return json_response(job.wire, 201, answer)
+
+    async def _ingest(self, scope: Scope, _headers: Headers, principal: Principal, arg: tuple[str, bytes]) -> Response:
+        job_id, body = arg
+        ack = await ingest(scope["app"].state.direct, principal, job_id, body)
+        return json_response(ack, 201)
 
 
 def _is_json(headers: Headers) -> bool:

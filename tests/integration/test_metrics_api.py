@@ -248,3 +248,38 @@ def test_a_read_is_the_metric_lists_own_json_and_the_stream_carries_the_same_poi
     ]
     [event] = read_stream(http, job_id, auth, stop_after=1)
     assert event.event == "metrics" and event.data["items"] == items
+
+
+def test_bad_batches_are_refused_naming_the_field_and_store_nothing(
+    http: TestClient, auth: dict[str, str], database_url: str
+) -> None:
+    """The fast lane (api/jobs/fast.py) answers ingest; its refusals are FastAPI's, field path included."""
+    job_id = new_job(http, auth)
+    json_headers = {**auth, "Content-Type": "application/json"}
+    cases: list[tuple[bytes, str]] = [
+        (b'{"points": [{"step": -1, "values": {"loss": 1}}]}', '["body", "points", 0, "step"]'),
+        (b'{"points": [{"values": {"loss": 1}, "rank": 2147483648}]}', '["body", "points", 0, "rank"]'),
+        (b'{"points": [{"values": {"loss": 1}}], "extra": 1}', '["body", "extra"]'),
+        (b'{"points": [{"values": {"a\\u0000b": 1}}]}', '["body", "points", 0, "values"]'),
+        (b'{"points": [', '["body"'),
+    ]
+    for raw, loc in cases:
+        response = http.post(f"/v1/jobs/{job_id}/metrics", content=raw, headers=json_headers)
+        assert response.status_code == 422, (raw, response.text)
+        assert response.json()["error"] == "ValidationError" and loc in json.dumps(response.json()["detail"]), raw
+    plain = http.post(
+        f"/v1/jobs/{job_id}/metrics", content=b'{"points": []}', headers={**auth, "Content-Type": "text/plain"}
+    )
+    assert plain.status_code == 415
+    limit = Settings().max_body_bytes
+    oversize = b'{"points": [{"values": {"' + b"x" * limit + b'": 1}}]}'
+    assert http.post(f"/v1/jobs/{job_id}/metrics", content=oversize, headers=json_headers).status_code == 413
+    no_token = http.post(
+        f"/v1/jobs/{job_id}/metrics", content=b'{"points": []}', headers={"Content-Type": "application/json"}
+    )
+    assert no_token.status_code == 401
+    assert stored_rows(database_url, job_id) == 0
+    lax = b'{"points": [{"step": "3", "values": {"loss": 1}, "ts": "2026-12-01T10:00Z"}]}'  # pydantic's reading
+    assert http.post(f"/v1/jobs/{job_id}/metrics", content=lax, headers=json_headers).json()["stored"] == 1
+    items = http.get(f"/v1/jobs/{job_id}/metrics", headers=auth).json()["items"]
+    assert [(i["step"], i["ts"][:19]) for i in items] == [(3, "2026-12-01T10:00:00")]
