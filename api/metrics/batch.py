@@ -135,32 +135,43 @@ def _micros(ts: datetime | float | None, now: int) -> int:
 
 
 def _rows(points: list[Point], now: int) -> tuple[Rows, dict[str, Any]]:
+    """The arrays, and `latest`: rank 0's newest value of each name, with the step of its newest point
+    that is not only ray.train.report's values (their step is an epoch)."""
     ranks: list[int] = []
     steps: list[int | None] = []
     names: list[str] = []
     values: list[float] = []
     stamps: list[int] = []
     latest: dict[str, Any] = {}
+    stepped: list[Point] = []  # rank 0's points with a step, oldest first
     for point in points:
-        stamp, rank, step, named = _micros(point.ts, now), point.rank, point.step, point.values
+        rank, step, named, ts = point.rank, point.step, point.values, point.ts
+        if ts.__class__ is float and 0.0 <= ts < _UNIX_SECONDS_BELOW:  # _micros, inlined for the usual time
+            whole = int(ts)
+            fraction = (ts - whole) * 1e6
+            part = int(fraction)
+            stamp = whole * 1_000_000 + part + (fraction - part >= 0.5) - _EPOCH_UNIX_US
+        else:
+            stamp = _micros(ts, now)
+        names.extend(named)
+        values.extend(named.values())
         if len(named) == 1:  # the usual point: one value
-            for name, value in named.items():
-                names.append(name)
-                values.append(value)
             ranks.append(rank)
             steps.append(step)
             stamps.append(stamp)
         else:
             count = len(named)
-            names.extend(named)
-            values.extend(named.values())
             ranks.extend([rank] * count)
             steps.extend([step] * count)
             stamps.extend([stamp] * count)
         if rank == 0:
             latest.update(named)
-            if step is not None and not all(name.startswith("report/") for name in named):
-                latest["step"] = step  # the training step, not the epoch of a ray.train.report
+            if step is not None:
+                stepped.append(point)
+    for point in reversed(stepped):
+        if any(not name.startswith("report/") for name in point.values):
+            latest["step"] = point.step
+            break
     arrays = int4_array(ranks), int8_array(steps), text_array(names), float8_array(values), timestamptz_array(stamps)
     return Rows(*arrays, len(names)), latest
 
