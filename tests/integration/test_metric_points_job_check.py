@@ -1,0 +1,114 @@
+"""metric_points.job_id keeps a foreign key's guarantees without one (migration 0009): a point names a
+job that exists, and goes when its job goes, whichever way the job goes and whichever comes first."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import datetime, timezone
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+
+from api.settings import libpq_url as libpq
+from tests.integration.test_metrics_api import new_job, points, post
+
+INSERT = "INSERT INTO metric_points (job_id, name, value) VALUES (%s, 'loss', 1.0)"
+
+
+def count(database_url: str, sql: str, *args: object) -> int:
+    with psycopg.connect(libpq(database_url)) as conn:
+        row = conn.execute(sql, args).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def points_of(database_url: str, job_id: str) -> int:
+    return count(database_url, "SELECT count(*) FROM metric_points WHERE job_id = %s", job_id)
+
+
+def test_a_point_for_no_job_is_refused_by_insert_and_copy(database_url: str) -> None:
+    ghost = uuid.uuid4()
+    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.ForeignKeyViolation, match=str(ghost)):
+            conn.execute(INSERT, (ghost,))
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):  # noqa: SIM117
+            with conn.cursor().copy("COPY metric_points (job_id, name, value) FROM STDIN") as copy:
+                copy.write_row((ghost, "loss", 1.0))
+    assert count(database_url, "SELECT count(*) FROM metric_points") == 0
+
+
+def test_points_go_with_their_job_its_project_and_a_truncate(
+    http: TestClient, auth: dict[str, str], database_url: str
+) -> None:
+    kept, deleted, by_project = new_job(http, auth), new_job(http, auth), new_job(http, auth)
+    for job_id in (kept, deleted, by_project):
+        assert post(http, job_id, auth, {"points": points(0, 3)}).status_code == 201
+    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+        conn.execute("DELETE FROM jobs WHERE id = %s", (deleted,))
+        assert (points_of(database_url, deleted), points_of(database_url, kept)) == (0, 6)
+        other = conn.execute(
+            "INSERT INTO projects (id, name) VALUES (gen_random_uuid(), 'gone') RETURNING id"
+        ).fetchone()
+        assert other is not None
+        conn.execute("UPDATE jobs SET project_id = %s WHERE id = %s", (other[0], by_project))
+        conn.execute("DELETE FROM projects WHERE id = %s", (other[0],))  # cascades to the job, then its points
+        assert (points_of(database_url, by_project), points_of(database_url, kept)) == (0, 6)
+        conn.execute("TRUNCATE jobs CASCADE")
+    assert count(database_url, "SELECT count(*) FROM metric_points") == 0
+
+
+def test_a_job_deleted_while_a_batch_is_written_takes_the_batch_with_it(
+    http: TestClient, auth: dict[str, str], database_url: str
+) -> None:
+    """The writer locks its job (FOR KEY SHARE, as the key's check did): the delete waits for the
+    writer's commit, then removes what it committed. No point outlives its job."""
+    job_id = new_job(http, auth)
+    now = datetime.now(timezone.utc)
+    with psycopg.connect(libpq(database_url)) as writer, psycopg.connect(libpq(database_url)) as deleter:
+        writer.execute(INSERT, (job_id,))  # in its transaction, not committed
+        deleter.execute("SET lock_timeout = '300ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            deleter.execute("DELETE FROM jobs WHERE id = %s", (job_id,))
+        deleter.rollback()
+        done = threading.Event()
+
+        def delete() -> None:
+            deleter.execute("SET lock_timeout = '30s'")
+            deleter.execute("DELETE FROM jobs WHERE id = %s", (job_id,))
+            deleter.commit()
+            done.set()
+
+        thread = threading.Thread(target=delete)
+        thread.start()
+        assert not done.wait(0.5)  # waits on the writer's lock
+        writer.execute("INSERT INTO metric_points (job_id, name, value, ts) VALUES (%s, 'acc', 2.0, %s)", (job_id, now))
+        writer.commit()
+        thread.join(30)
+        assert done.is_set()
+    assert points_of(database_url, job_id) == 0
+
+
+def test_a_batch_for_a_job_being_deleted_fails_once_the_delete_commits(
+    http: TestClient, auth: dict[str, str], database_url: str
+) -> None:
+    job_id = new_job(http, auth)
+    with psycopg.connect(libpq(database_url)) as deleter, psycopg.connect(libpq(database_url)) as writer:
+        deleter.execute("DELETE FROM jobs WHERE id = %s", (job_id,))  # not committed yet
+        failed: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                writer.execute(INSERT, (job_id,))
+            except psycopg.Error as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=write)
+        thread.start()
+        thread.join(0.5)
+        assert thread.is_alive()  # the writer waits for the delete
+        deleter.commit()
+        thread.join(30)
+        assert len(failed) == 1 and isinstance(failed[0], psycopg.errors.ForeignKeyViolation)
+    assert count(database_url, "SELECT count(*) FROM metric_points") == 0
