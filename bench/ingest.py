@@ -4,17 +4,25 @@ The API: `trainmaster api` on a scratch database `tm_bench_<random>`, once per `
 (`default`: the API's own, one worker per core). `--senders` blocking clients, spread over
 `--client-procs` processes (bench/clients.py), POST request bodies encoded beforehand, each a batch
 of `--batch` one-value points (`{"step", "values": {"loss"}, "rank", "ts"}`, the shape trainmaster.log
-sends) with its own batch_id, with a project token, to a queued job. `--warmup-batches` go first;
-then `--points` points are timed from the first request to the last answer. Every answer must say all
-points were stored, and the table must then hold every row sent.
+sends) with its own batch_id, with a project token, to `--jobs` queued jobs in turn. `--warmup-batches`
+go first; then `--points` points are timed from the first request to the last answer. Every answer
+must say all points were stored, and the table must then hold every row sent.
 
 The peer: as many tasks, one psycopg autocommit connection each to the same database, run `COPY
 metric_points (job_id, attempt, rank, step, name, value, ts) FROM STDIN` with write_row per row, one COPY
-per batch of the same size, the same number of points into the same table: the floor under the API's
-ingest (no HTTP, JSON, validation, auth, per-job lock, batch-id claim, latest-metrics update or NOTIFY).
-It runs right after the first API phase, with the API stopped.
+per batch of the same size, the same number of points into the same table, to as many jobs in turn:
+the floor under the API's ingest (no HTTP, JSON, validation, auth, per-job lock, batch-id claim,
+latest-metrics update or NOTIFY).
 
-    .venv/bin/python bench/ingest.py [--senders 4] [--batch 1000] [--points 500000] [--api-workers default 1]
+`--reps` rounds, each the API phases and then the peer's, one after the other: each API phase is
+divided by its round's peer, and the ratio reported is the median of the rounds (this machine's
+throughput drifts by a quarter between minutes; a pair measured a few seconds apart shares the drift).
+
+One job's batches are written one at a time (its sequence numbers commit in order, so a reader resuming
+by seq misses nothing: api/metrics/repository.py), so with `--jobs 1` the API's figure is the ceiling of
+a single job; with several jobs, the platform's.
+
+    .venv/bin/python bench/ingest.py [--senders 4] [--batch 1000] [--points 500000] [--jobs 1] [--reps 3]
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import time
 import uuid
@@ -61,7 +70,7 @@ async def timed(senders: list[Send], args: argparse.Namespace) -> tuple[float, l
     return time.monotonic() - began, latencies
 
 
-async def api_batches(url: str, token: str, job_id: str, args: argparse.Namespace) -> tuple[float, list[float]]:
+async def api_batches(url: str, token: str, jobs: list[str], args: argparse.Namespace) -> tuple[float, list[float]]:
     ts = datetime.now(timezone.utc).isoformat()
     bodies = [
         json.dumps(
@@ -75,8 +84,10 @@ async def api_batches(url: str, token: str, job_id: str, args: argparse.Namespac
         for n in range(args.warmup_batches + args.points // args.batch)
     ]
     headers = {"Authorization": f"Bearer {token}"}
-    path = f"/v1/jobs/{job_id}/metrics"
-    requests: list[tuple[str, str, bytes | None]] = [("POST", path, body) for body in bodies]
+    paths = [f"/v1/jobs/{job}/metrics" for job in jobs]
+    requests: list[tuple[str, str, bytes | None]] = [
+        ("POST", paths[n % len(paths)], body) for n, body in enumerate(bodies)
+    ]
     warmup = drive(Phase(url, headers, requests[: args.warmup_batches], 201, once=True), args.senders, args.procs)
     measured = drive(Phase(url, headers, requests[args.warmup_batches :], 201, once=True), args.senders, args.procs)
     for outcome in (warmup, measured):
@@ -85,13 +96,14 @@ async def api_batches(url: str, token: str, job_id: str, args: argparse.Namespac
     return measured.seconds, measured.latencies
 
 
-async def copy_batches(database_url: str, job_id: str, args: argparse.Namespace) -> tuple[float, list[float]]:
-    ts, job = datetime.now(timezone.utc), uuid.UUID(job_id)
+async def copy_batches(database_url: str, jobs: list[str], args: argparse.Namespace) -> tuple[float, list[float]]:
+    ts, ids = datetime.now(timezone.utc), [uuid.UUID(job) for job in jobs]
     connect = psycopg.AsyncConnection.connect
     conns = [await connect(database_url, autocommit=True, connect_timeout=10) for _ in range(args.senders)]
 
     def sender(conn: psycopg.AsyncConnection[Any]) -> Send:
         async def send(index: int) -> None:
+            job = ids[index % len(ids)]
             async with conn.cursor() as cursor, cursor.copy(COPY) as copy:  # autocommit: one COPY, one transaction
                 for i in steps(index, args.batch):
                     await copy.write_row((job, None, 0, i, "loss", 1 / (i + 1), ts))
@@ -124,21 +136,23 @@ def measure(
     path: str,
     phase: Coroutine[Any, Any, tuple[float, list[float]]],
     database_url: str,
-    job_id: str,
+    jobs: list[str],
     args: argparse.Namespace,
     api_pgid: int = 0,
 ) -> dict[str, Any]:
     """Run one phase; its row: throughput, batch latency, CPU per batch, and the rows the table holds."""
     batches = args.points // args.batch
-    print(f"{path}: {args.senders} senders x {batches} batches of {args.batch}", flush=True)
+    print(f"{path}: {args.senders} senders x {batches} batches of {args.batch}, {len(jobs)} job(s)", flush=True)
     api_cpu, client_cpu = group_cpu_s(api_pgid), time.process_time()
     seconds, latencies = asyncio.run(phase)
     api_cpu, client_cpu = group_cpu_s(api_pgid) - api_cpu, time.process_time() - client_cpu
+    ids = [uuid.UUID(job) for job in jobs]
     with psycopg.connect(database_url) as conn:
-        row = conn.execute("SELECT count(*) FROM metric_points WHERE job_id = %s", (uuid.UUID(job_id),)).fetchone()
+        row = conn.execute("SELECT count(*) FROM metric_points WHERE job_id = ANY(%s)", (ids,)).fetchone()
     sent = (batches + args.warmup_batches) * args.batch
     return {
         "path": path,
+        "jobs": len(jobs),
         "points": batches * args.batch,
         "seconds": seconds,
         "points_per_s": batches * args.batch / seconds,
@@ -159,6 +173,8 @@ def main() -> int:
     p.add_argument(
         "--api-workers", nargs="+", default=["default", "1"], help="API worker counts, one phase each ('default')"
     )
+    p.add_argument("--jobs", type=int, default=1, help="jobs the batches go to, in turn (API and peer alike)")
+    p.add_argument("--reps", type=int, default=3, help="rounds of the API phases and the peer's")
     p.add_argument("--client-procs", dest="procs", type=int, default=2, help="processes the senders are spread over")
     args = p.parse_args()
     if args.points < args.batch:
@@ -167,23 +183,49 @@ def main() -> int:
         record.read_postgres(database_url)
         token = migrate_and_token(database_url)
         rows: list[dict[str, Any]] = []
-        peer: dict[str, Any] = {}
-        for workers in args.api_workers:
-            count = None if workers == "default" else int(workers)
-            with api_process(database_url, count) as api:
-                job = submit_job(api.url, token)
-                peer_job = "" if peer else submit_job(api.url, token)  # a job row for the peer's foreign key
-                path = f"POST /v1/jobs/{{id}}/metrics, API workers: {workers}"
-                rows.append(measure(path, api_batches(api.url, token, job, args), database_url, job, args, api.pid))
-            if not peer:  # right after the first API phase
-                peer = measure(
-                    "peer: psycopg COPY", copy_batches(database_url, peer_job, args), database_url, peer_job, args
+        ratios: dict[str, list[float]] = {}
+        with api_process(database_url, 1) as api:  # every phase's jobs, queued up front
+            rounds = [
+                (
+                    [[submit_job(api.url, token) for _ in range(args.jobs)] for _ in args.api_workers],
+                    [submit_job(api.url, token) for _ in range(args.jobs)],
                 )
-                rows.append(peer)
+                for _ in range(args.reps)
+            ]
+        for rep, (api_jobs, peer_jobs) in enumerate(rounds, start=1):
+            order: list[tuple[str | None, list[str]]] = list(zip(args.api_workers, api_jobs, strict=True))
+            # the table grows by every phase: the peer goes last in odd rounds and first in even ones
+            order = [*order, (None, peer_jobs)] if rep % 2 else [(None, peer_jobs), *order]
+            measured: list[dict[str, Any]] = []
+            peer: dict[str, Any] = {}
+            for workers, jobs in order:
+                if workers is None:
+                    peer = measure(
+                        "peer: psycopg COPY", copy_batches(database_url, jobs, args), database_url, jobs, args
+                    )
+                    continue
+                count = None if workers == "default" else int(workers)
+                with api_process(database_url, count) as api:
+                    path = f"POST /v1/jobs/{{id}}/metrics, API workers: {workers}"
+                    phase = api_batches(api.url, token, jobs, args)
+                    measured.append(measure(path, phase, database_url, jobs, args, api.pid))
+            for row in (*measured, peer):
+                row["round"] = rep
+                if row is not peer:
+                    row["ratio"] = row["points_per_s"] / peer["points_per_s"]
+                    ratios.setdefault(row["path"], []).append(row["ratio"])
+                    print(f"round {rep}: {row['path']}: {row['ratio']:.3f}x the peer", flush=True)
+            rows += [*measured, peer]
         record.tables["ingest"] = rows
-        for row in rows:
-            if row is not peer:
-                record.ratio(f"{row['path']}, points/s", row["points_per_s"], peer["path"], peer["points_per_s"])
+        peers = [row["points_per_s"] for row in rows if row["path"].startswith("peer")]
+        for path, each in ratios.items():
+            api = statistics.median(row["points_per_s"] for row in rows if row["path"] == path)
+            record.ratio(
+                f"{path}, points/s, median of {len(each)} rounds", api, "peer: psycopg COPY", statistics.median(peers)
+            )
+            record.ratio(
+                f"{path}, median of the rounds' ratios", statistics.median(each), "peer of the same round", 1.0
+            )
         record.valid = all(row["rows_stored"] == row["rows_sent"] for row in rows)
     return 0 if record.valid else 1
 
