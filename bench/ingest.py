@@ -3,10 +3,11 @@
 The API: `trainmaster api` on a scratch database `tm_bench_<random>`, once per `--api-workers` count
 (`default`: the API's own, one worker per core). `--senders` blocking clients, spread over
 `--client-procs` processes (bench/clients.py), POST request bodies encoded beforehand, each a batch
-of `--batch` one-value points (`{"step", "values": {"loss"}, "rank", "ts"}`, the shape trainmaster.log
-sends) with its own batch_id, with a project token, to `--jobs` queued jobs in turn. `--warmup-batches`
-go first; then `--points` points are timed from the first request to the last answer. Every answer
-must say all points were stored, and the table must then hold every row sent.
+of `--batch` one-value points (`{"step", "values": {"loss"}, "rank", "ts"}`, ts in Unix seconds: the
+shape trainmaster.log sends) with its own batch_id and attempt, with a project token, to `--jobs` queued
+jobs in turn. `--warmup-batches` go first; then `--points` points are timed from the first request to
+the last answer. Every answer must say all points were stored, and the table must then hold every row
+sent.
 
 The peer: as many tasks, one psycopg autocommit connection each to the same database, run `COPY
 metric_points (job_id, attempt, rank, step, name, value, ts) FROM STDIN` with write_row per row, one COPY
@@ -71,13 +72,15 @@ async def timed(senders: list[Send], args: argparse.Namespace) -> tuple[float, l
 
 
 async def api_batches(url: str, token: str, jobs: list[str], args: argparse.Namespace) -> tuple[float, list[float]]:
-    ts = datetime.now(timezone.utc).isoformat()
+    began = time.time()
     bodies = [
         json.dumps(
             {
                 "batch_id": str(uuid.uuid4()),
+                "attempt": 1,
                 "points": [
-                    {"step": i, "values": {"loss": 1 / (i + 1)}, "rank": 0, "ts": ts} for i in steps(n, args.batch)
+                    {"step": i, "values": {"loss": 1 / (i + 1)}, "rank": 0, "ts": began + i * 1e-3}
+                    for i in steps(n, args.batch)
                 ],
             }
         ).encode()
@@ -97,7 +100,9 @@ async def api_batches(url: str, token: str, jobs: list[str], args: argparse.Name
 
 
 async def copy_batches(database_url: str, jobs: list[str], args: argparse.Namespace) -> tuple[float, list[float]]:
-    ts, ids = datetime.now(timezone.utc), [uuid.UUID(job) for job in jobs]
+    began, ids = time.time(), [uuid.UUID(job) for job in jobs]
+    total = (args.warmup_batches + args.points // args.batch) * args.batch
+    stamps = [datetime.fromtimestamp(began + i * 1e-3, timezone.utc) for i in range(total)]  # not timed
     connect = psycopg.AsyncConnection.connect
     conns = [await connect(database_url, autocommit=True, connect_timeout=10) for _ in range(args.senders)]
 
@@ -106,7 +111,7 @@ async def copy_batches(database_url: str, jobs: list[str], args: argparse.Namesp
             job = ids[index % len(ids)]
             async with conn.cursor() as cursor, cursor.copy(COPY) as copy:  # autocommit: one COPY, one transaction
                 for i in steps(index, args.batch):
-                    await copy.write_row((job, None, 0, i, "loss", 1 / (i + 1), ts))
+                    await copy.write_row((job, 1, 0, i, "loss", 1 / (i + 1), stamps[i]))
 
         return send
 
