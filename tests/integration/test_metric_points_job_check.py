@@ -3,6 +3,7 @@ job that exists, and goes when its job goes, whichever way the job goes and whic
 
 from __future__ import annotations
 
+import math
 import threading
 import uuid
 from datetime import datetime, timezone
@@ -112,3 +113,45 @@ def test_a_batch_for_a_job_being_deleted_fails_once_the_delete_commits(
         thread.join(30)
         assert len(failed) == 1 and isinstance(failed[0], psycopg.errors.ForeignKeyViolation)
     assert count(database_url, "SELECT count(*) FROM metric_points") == 0
+
+
+def test_blocks_summarise_exactly_what_was_stored(http: TestClient, auth: dict[str, str], database_url: str) -> None:
+    """migration 0010's trigger against migration 0005's sorted aggregates run over the stored points:
+    several statements into the same blocks, ties, NaN, infinities, negative zero, steps missing."""
+    job_id = new_job(http, auth)
+    values = ["1", "1", "'NaN'", "'-Infinity'", "'Infinity'", "0", "'-0'", "-1", "random()", "random() * -1"]
+    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+        for statement in range(12):
+            conn.execute(
+                "INSERT INTO metric_points (job_id, rank, step, name, value, ts)"
+                " SELECT %s, g %% 2, CASE WHEN g %% 5 = 0 THEN NULL ELSE g END, 'm' || (g %% 3),"
+                f" (ARRAY[{', '.join(values)}]::float8[])[1 + (g * 7 + %s) %% {len(values)}],"
+                " now() + g * interval '1 ms' FROM generate_series(1, %s) AS g",
+                (job_id, statement, 700 + statement * 311),
+            )
+        reference = conn.execute(
+            REFERENCE.format(source="(SELECT * FROM metric_points WHERE job_id = %s) AS p"), (job_id,)
+        ).fetchall()
+        kept = conn.execute(
+            "SELECT job_id, name, rank, block, n, stepped, min_step, max_step, lo_value, lo_seq, lo_step, lo_ts,"
+            " hi_value, hi_seq, hi_step, hi_ts FROM metric_blocks WHERE job_id = %s ORDER BY name, rank, block",
+            (job_id,),
+        ).fetchall()
+    assert len(kept) > 12 and comparable(kept) == comparable(reference)
+
+
+def comparable(rows: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
+    """NaN as a string: Python's NaN is not equal to itself."""
+    return [tuple("NaN" if isinstance(v, float) and math.isnan(v) else v for v in row) for row in rows]
+
+
+# Migration 0005's summary of a block, the reference: eight sorts, the obvious way.
+REFERENCE = """
+    SELECT job_id, name, rank, seq >> 12, count(*), count(step), min(step), max(step),
+           (array_agg(value ORDER BY value, seq))[1], (array_agg(seq ORDER BY value, seq))[1],
+           (array_agg(step ORDER BY value, seq))[1], (array_agg(ts ORDER BY value, seq))[1],
+           (array_agg(value ORDER BY value DESC, seq))[1], (array_agg(seq ORDER BY value DESC, seq))[1],
+           (array_agg(step ORDER BY value DESC, seq))[1], (array_agg(ts ORDER BY value DESC, seq))[1]
+    FROM {source}
+    GROUP BY job_id, name, rank, seq >> 12 ORDER BY name, rank, seq >> 12
+"""
