@@ -18,6 +18,7 @@ Online: CREATE OR REPLACE FUNCTION changes the catalog only; the trigger stays a
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from alembic import op
 
@@ -26,21 +27,20 @@ down_revision: str | None = "0009_points_job_check"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-MERGE = """
-    ON CONFLICT (job_id, name, rank, block) DO UPDATE SET
-        n = b.n + excluded.n,
-        stepped = b.stepped + excluded.stepped,
-        min_step = least(b.min_step, excluded.min_step),
-        max_step = greatest(b.max_step, excluded.max_step),
-        lo_value = CASE WHEN excluded.lo_value < b.lo_value THEN excluded.lo_value ELSE b.lo_value END,
-        lo_seq = CASE WHEN excluded.lo_value < b.lo_value THEN excluded.lo_seq ELSE b.lo_seq END,
-        lo_step = CASE WHEN excluded.lo_value < b.lo_value THEN excluded.lo_step ELSE b.lo_step END,
-        lo_ts = CASE WHEN excluded.lo_value < b.lo_value THEN excluded.lo_ts ELSE b.lo_ts END,
-        hi_value = CASE WHEN excluded.hi_value > b.hi_value THEN excluded.hi_value ELSE b.hi_value END,
-        hi_seq = CASE WHEN excluded.hi_value > b.hi_value THEN excluded.hi_seq ELSE b.hi_seq END,
-        hi_step = CASE WHEN excluded.hi_value > b.hi_value THEN excluded.hi_step ELSE b.hi_step END,
-        hi_ts = CASE WHEN excluded.hi_value > b.hi_value THEN excluded.hi_ts ELSE b.hi_ts END
-"""
+
+def _scale_revision() -> Any:
+    """Migration 0005's module, read from its file (revisions are not a package): this one keeps its
+    merge and puts its function back on downgrade."""
+    path = Path(__file__).with_name("2026_12_02_0005_scale_counters_blocks_retention.py")
+    spec = importlib.util.spec_from_file_location("tm_migration_0005", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SORTED = _scale_revision()  # its BLOCKS_FROM (the sorted summary) and METRIC_BLOCKS (the function)
+MERGE = "ON CONFLICT" + str(SORTED.BLOCKS_FROM).partition("ON CONFLICT")[2]  # unchanged: the merge of a block
 
 FASTER = f"""
 CREATE OR REPLACE FUNCTION tm_metric_blocks_add() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -65,16 +65,6 @@ END $$
 """
 
 
-def _sorted_version() -> str:
-    """Migration 0005's function, as it was (read from its file: revisions are not a package)."""
-    path = Path(__file__).with_name("2026_12_02_0005_scale_counters_blocks_retention.py")
-    spec = importlib.util.spec_from_file_location("tm_migration_0005", path)
-    assert spec is not None and spec.loader is not None
-    scale = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(scale)
-    return str(scale.METRIC_BLOCKS).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-
-
 def upgrade() -> None:
     op.execute("SET LOCAL lock_timeout = '10s'")
     op.execute(FASTER)
@@ -82,4 +72,4 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("SET LOCAL lock_timeout = '10s'")
-    op.execute(_sorted_version())
+    op.execute(str(SORTED.METRIC_BLOCKS).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))

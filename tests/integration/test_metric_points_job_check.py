@@ -10,8 +10,10 @@ from datetime import datetime, timezone
 
 import psycopg
 import pytest
+from alembic.script import ScriptDirectory
 from fastapi.testclient import TestClient
 
+from api.db.migrate import alembic_config
 from api.settings import libpq_url as libpq
 from tests.integration.test_metrics_api import new_job, points, post
 
@@ -130,7 +132,8 @@ def test_blocks_summarise_exactly_what_was_stored(http: TestClient, auth: dict[s
                 (job_id, statement, 700 + statement * 311),
             )
         reference = conn.execute(
-            REFERENCE.format(source="(SELECT * FROM metric_points WHERE job_id = %s) AS p"), (job_id,)
+            sorted_summary(database_url).format(source="(SELECT * FROM metric_points WHERE job_id = %s) AS p"),
+            (job_id,),
         ).fetchall()
         kept = conn.execute(
             "SELECT job_id, name, rank, block, n, stepped, min_step, max_step, lo_value, lo_seq, lo_step, lo_ts,"
@@ -145,13 +148,9 @@ def comparable(rows: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
     return [tuple("NaN" if isinstance(v, float) and math.isnan(v) else v for v in row) for row in rows]
 
 
-# Migration 0005's summary of a block, the reference: eight sorts, the obvious way.
-REFERENCE = """
-    SELECT job_id, name, rank, seq >> 12, count(*), count(step), min(step), max(step),
-           (array_agg(value ORDER BY value, seq))[1], (array_agg(seq ORDER BY value, seq))[1],
-           (array_agg(step ORDER BY value, seq))[1], (array_agg(ts ORDER BY value, seq))[1],
-           (array_agg(value ORDER BY value DESC, seq))[1], (array_agg(seq ORDER BY value DESC, seq))[1],
-           (array_agg(step ORDER BY value DESC, seq))[1], (array_agg(ts ORDER BY value DESC, seq))[1]
-    FROM {source}
-    GROUP BY job_id, name, rank, seq >> 12 ORDER BY name, rank, seq >> 12
-"""
+def sorted_summary(database_url: str) -> str:
+    """Migration 0005's summary of a block, the reference (eight sorts, the obvious way), as a query."""
+    revision = ScriptDirectory.from_config(alembic_config(database_url)).get_revision("0005_scale")
+    assert revision is not None
+    select = "SELECT" + str(revision.module.BLOCKS_FROM).partition("SELECT")[2].partition("ON CONFLICT")[0]
+    return select + " ORDER BY name, rank, seq >> 12"
