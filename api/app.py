@@ -68,7 +68,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.stream_limiter = StreamLimiter(settings.max_streams_per_token, settings.stream_slots_dir)
         telemetry = start_telemetry(settings, "trainmaster-api")
         retention = start_retention(settings, app.state.sessions)
-        freeze_startup_heap()
         try:
             yield
         finally:
@@ -137,5 +136,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def app_factory() -> FastAPI:
-    """Entry point for `uvicorn --factory api.app:app_factory`."""
-    return create_app()
+    """Entry point for `uvicorn --factory api.app:app_factory`: one app per process, its start-up heap
+    frozen (not in create_app: a test process builds many apps, and frozen objects are never freed)."""
+    app = create_app()
+    freeze_startup_heap()
+    return app
