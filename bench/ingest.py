@@ -71,9 +71,10 @@ async def timed(senders: list[Send], args: argparse.Namespace) -> tuple[float, l
     return time.monotonic() - began, latencies
 
 
-async def api_batches(url: str, token: str, jobs: list[str], args: argparse.Namespace) -> tuple[float, list[float]]:
+def metric_bodies(args: argparse.Namespace) -> list[bytes]:
+    """Every API phase's request bodies, encoded once (each phase writes to jobs of its own)."""
     began = time.time()
-    bodies = [
+    return [
         json.dumps(
             {
                 "batch_id": str(uuid.uuid4()),
@@ -86,6 +87,11 @@ async def api_batches(url: str, token: str, jobs: list[str], args: argparse.Name
         ).encode()
         for n in range(args.warmup_batches + args.points // args.batch)
     ]
+
+
+async def api_batches(
+    url: str, token: str, jobs: list[str], bodies: list[bytes], args: argparse.Namespace
+) -> tuple[float, list[float]]:
     headers = {"Authorization": f"Bearer {token}"}
     paths = [f"/v1/jobs/{job}/metrics" for job in jobs]
     requests: list[tuple[str, str, bytes | None]] = [
@@ -188,7 +194,7 @@ def main() -> int:
         record.read_postgres(database_url)
         token = migrate_and_token(database_url)
         rows: list[dict[str, Any]] = []
-        ratios: dict[str, list[float]] = {}
+        bodies = metric_bodies(args)
         with api_process(database_url, 1) as api:  # every phase's jobs, queued up front
             rounds = [
                 (
@@ -212,18 +218,18 @@ def main() -> int:
                 count = None if workers == "default" else int(workers)
                 with api_process(database_url, count) as api:
                     path = f"POST /v1/jobs/{{id}}/metrics, API workers: {workers}"
-                    phase = api_batches(api.url, token, jobs, args)
+                    phase = api_batches(api.url, token, jobs, bodies, args)
                     measured.append(measure(path, phase, database_url, jobs, args, api.pid))
             for row in (*measured, peer):
                 row["round"] = rep
                 if row is not peer:
                     row["ratio"] = row["points_per_s"] / peer["points_per_s"]
-                    ratios.setdefault(row["path"], []).append(row["ratio"])
                     print(f"round {rep}: {row['path']}: {row['ratio']:.3f}x the peer", flush=True)
             rows += [*measured, peer]
         record.tables["ingest"] = rows
         peers = [row["points_per_s"] for row in rows if row["path"].startswith("peer")]
-        for path, each in ratios.items():
+        for path in dict.fromkeys(row["path"] for row in rows if "ratio" in row):
+            each = [row["ratio"] for row in rows if row["path"] == path]
             api = statistics.median(row["points_per_s"] for row in rows if row["path"] == path)
             record.ratio(
                 f"{path}, points/s, median of {len(each)} rounds", api, "peer: psycopg COPY", statistics.median(peers)

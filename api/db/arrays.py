@@ -15,6 +15,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import TypeVar
 
 from psycopg import adapters
 from psycopg.adapt import Buffer, Dumper
@@ -24,35 +25,38 @@ _HEADER = struct.Struct(">iiIii")
 _LENGTH = struct.Struct(">i")
 _NULL = _LENGTH.pack(-1)
 
-INT4, INT8, FLOAT8, TEXT = 23, 20, 701, 25
-
 
 class PgArray(bytes):
-    """A built array; the subclass says its type (`OID`, the array type's oid)."""
+    """A built array; the subclass says its type: `OID` the array type's, `ELEMENT` its elements', and
+    `CODE` their `struct` format (fixed-width types)."""
 
-    OID = 0
+    OID = ELEMENT = 0
+    CODE = ""
 
 
 class Int4Array(PgArray):
-    OID = 1007
+    OID, ELEMENT, CODE = 1007, 23, "i"
 
 
 class Int8Array(PgArray):
-    OID = 1016
+    OID, ELEMENT, CODE = 1016, 20, "q"
 
 
 class Float8Array(PgArray):
-    OID = 1022
+    OID, ELEMENT, CODE = 1022, 701, "d"
 
 
 class TextArray(PgArray):
-    OID = 1009
+    OID, ELEMENT = 1009, 25
 
 
 class TimestamptzArray(PgArray):
     """Elements are microseconds since 2000-01-01 00:00 UTC, PostgreSQL's own timestamptz."""
 
-    OID = 1185
+    OID, ELEMENT, CODE = 1185, 1184, "q"
+
+
+Array = TypeVar("Array", bound=PgArray)
 
 
 @lru_cache(maxsize=256)
@@ -60,33 +64,38 @@ def _elements(code: str, count: int) -> struct.Struct:
     return struct.Struct(">" + f"i{code}" * count)
 
 
-def _fixed(cls: type[PgArray], element_oid: int, code: str, size: int, values: Sequence[int | float]) -> PgArray:
+def _header(cls: type[PgArray], count: int, has_nulls: bool = False) -> bytes:
+    return _HEADER.pack(1, has_nulls, cls.ELEMENT, count, 1)
+
+
+def _fixed(cls: type[Array], values: Sequence[int | float]) -> Array:
+    """Every element is there (no NULL), each its length and its bytes."""
     count = len(values)
-    interleaved: list[int | float] = [size] * (2 * count)
+    interleaved: list[int | float] = [struct.calcsize(">" + cls.CODE)] * (2 * count)
     interleaved[1::2] = values
-    return cls(_HEADER.pack(1, 0, element_oid, count, 1) + _elements(code, count).pack(*interleaved))
+    return cls(_header(cls, count) + _elements(cls.CODE, count).pack(*interleaved))
 
 
 def int4_array(values: Sequence[int]) -> Int4Array:
     """Raises struct.error for a value outside int4 (callers validate ranges first)."""
-    return _fixed(Int4Array, INT4, "i", 4, values)  # type: ignore[return-value]
+    return _fixed(Int4Array, values)
 
 
 def float8_array(values: Sequence[float]) -> Float8Array:
-    return _fixed(Float8Array, FLOAT8, "d", 8, values)  # type: ignore[return-value]
+    return _fixed(Float8Array, values)
 
 
 def timestamptz_array(micros: Sequence[int]) -> TimestamptzArray:
-    return _fixed(TimestamptzArray, 1184, "q", 8, micros)  # type: ignore[return-value]
+    return _fixed(TimestamptzArray, micros)
 
 
 def int8_array(values: Sequence[int | None]) -> Int8Array:
     """NULL where a value is None."""
     if None not in values:
-        return _fixed(Int8Array, INT8, "q", 8, values)  # type: ignore[arg-type,return-value]
+        return _fixed(Int8Array, values)  # type: ignore[arg-type]  # no None: checked just above
     item = struct.Struct(">iq")
     parts = [_NULL if value is None else item.pack(8, value) for value in values]
-    return Int8Array(_HEADER.pack(1, 1, INT8, len(values), 1) + b"".join(parts))
+    return Int8Array(_header(Int8Array, len(values), has_nulls=True) + b"".join(parts))
 
 
 def text_array(values: Sequence[str]) -> TextArray:
@@ -99,7 +108,7 @@ def text_array(values: Sequence[str]) -> TextArray:
             raw = value.encode()
             element = encoded[value] = _LENGTH.pack(len(raw)) + raw
         parts.append(element)
-    return TextArray(_HEADER.pack(1, 0, TEXT, len(values), 1) + b"".join(parts))
+    return TextArray(_header(TextArray, len(values)) + b"".join(parts))
 
 
 def _dumper(cls: type[PgArray]) -> type[Dumper]:

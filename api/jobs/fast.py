@@ -40,14 +40,16 @@ _METRICS = re.compile(r"^/v1/jobs/([^/]+)/metrics$")
 
 @dataclass(frozen=True)
 class _Route:
-    """What the request-metrics middleware reads of the matched route (scope["route"]): its template."""
+    """What the request-metrics middleware reads of the matched route (scope["route"]): its template;
+    and whether a job token may call it (it writes its own job's metrics, no more)."""
 
     path: str
+    job_tokens: bool = False
 
 
 READ_ROUTE = _Route("/v1/jobs/{job_id}")
 SUBMIT_ROUTE = _Route("/v1/jobs")
-INGEST_ROUTE = _Route("/v1/jobs/{job_id}/metrics")
+INGEST_ROUTE = _Route("/v1/jobs/{job_id}/metrics", job_tokens=True)
 
 
 class FastLane:
@@ -80,8 +82,8 @@ class FastLane:
         scope["tm.arrived"] = asyncio.get_running_loop().time()  # the rank cache is trusted from here on
         try:
             principal = await self._principal(scope, headers)
-            if route is not INGEST_ROUTE:
-                principal = await current_project(principal)  # a job token writes its metrics, no more
+            if not route.job_tokens:
+                principal = await current_project(principal)
             response = await handler(scope, headers, principal, arg)
         except DomainError as exc:
             response = domain_error_response(exc)

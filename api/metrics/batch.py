@@ -106,7 +106,6 @@ class Rows:
     names: TextArray
     values: Float8Array
     stamps: TimestamptzArray
-    count: int
 
 
 @dataclass
@@ -119,18 +118,12 @@ class Batch:
 
 
 def _micros(ts: datetime | float | None, now: int) -> int:
-    """Microseconds since 2000-01-01 UTC: no time is `now` (when the batch arrived), no offset is UTC,
-    a number is Unix seconds rounded to the microsecond (half up), as pydantic rounds them."""
+    """Microseconds since 2000-01-01 UTC of a time `_rows` does not convert itself: no time is `now`
+    (when the batch arrived), no offset is UTC; a number outside 1970-2603 is pydantic's to read."""
     if ts is None:
         return now
-    if type(ts) is float:
-        if not 0.0 <= ts < _UNIX_SECONDS_BELOW:
-            raise _Unmapped
-        whole = int(ts)
-        fraction = (ts - whole) * 1e6
-        part = int(fraction)
-        return whole * 1_000_000 + part + (fraction - part >= 0.5) - _EPOCH_UNIX_US
-    assert isinstance(ts, datetime)
+    if not isinstance(ts, datetime):
+        raise _Unmapped
     return (ts - (_EPOCH if ts.tzinfo is not None else _EPOCH_NAIVE)) // _MICROSECOND
 
 
@@ -146,7 +139,8 @@ def _rows(points: list[Point], now: int) -> tuple[Rows, dict[str, Any]]:
     stepped: list[Point] = []  # rank 0's points with a step, oldest first
     for point in points:
         rank, step, named, ts = point.rank, point.step, point.values, point.ts
-        if ts.__class__ is float and 0.0 <= ts < _UNIX_SECONDS_BELOW:  # _micros, inlined for the usual time
+        if ts.__class__ is float and 0.0 <= ts < _UNIX_SECONDS_BELOW:  # the usual time: Unix seconds
+            # rounded to the microsecond, half up, as pydantic rounds them
             whole = int(ts)
             fraction = (ts - whole) * 1e6
             part = int(fraction)
@@ -173,7 +167,7 @@ def _rows(points: list[Point], now: int) -> tuple[Rows, dict[str, Any]]:
             latest["step"] = point.step
             break
     arrays = int4_array(ranks), int8_array(steps), text_array(names), float8_array(values), timestamptz_array(stamps)
-    return Rows(*arrays, len(names)), latest
+    return Rows(*arrays), latest
 
 
 def _now() -> int:

@@ -17,6 +17,7 @@ Online: CREATE OR REPLACE FUNCTION changes the catalog only; the trigger stays a
 
 import importlib.util
 from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,10 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
+@cache
 def _scale_revision() -> Any:
-    """Migration 0005's module, read from its file (revisions are not a package): this one keeps its
-    merge and puts its function back on downgrade."""
+    """Migration 0005's module, read from its file (revisions are not a package) when this one runs, not
+    when alembic loads every revision: this one keeps its merge and puts its function back on downgrade."""
     path = Path(__file__).with_name("2026_12_02_0005_scale_counters_blocks_retention.py")
     spec = importlib.util.spec_from_file_location("tm_migration_0005", path)
     assert spec is not None and spec.loader is not None
@@ -39,10 +41,9 @@ def _scale_revision() -> Any:
     return module
 
 
-SORTED = _scale_revision()  # its BLOCKS_FROM (the sorted summary) and METRIC_BLOCKS (the function)
-MERGE = "ON CONFLICT" + str(SORTED.BLOCKS_FROM).partition("ON CONFLICT")[2]  # unchanged: the merge of a block
-
-FASTER = f"""
+def _faster() -> str:
+    merge = "ON CONFLICT" + str(_scale_revision().BLOCKS_FROM).partition("ON CONFLICT")[2]  # 0005's, unchanged
+    return f"""
 CREATE OR REPLACE FUNCTION tm_metric_blocks_add() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     WITH summary AS (
@@ -59,7 +60,7 @@ BEGIN
     FROM summary g
     CROSS JOIN LATERAL (SELECT step, ts FROM new_points p WHERE p.seq = g.lo[2]::bigint) AS lo
     CROSS JOIN LATERAL (SELECT step, ts FROM new_points p WHERE p.seq = (-g.hi[2])::bigint) AS hi
-    {MERGE};
+    {merge};
     RETURN NULL;
 END $$
 """
@@ -67,9 +68,9 @@ END $$
 
 def upgrade() -> None:
     op.execute("SET LOCAL lock_timeout = '10s'")
-    op.execute(FASTER)
+    op.execute(_faster())
 
 
 def downgrade() -> None:
     op.execute("SET LOCAL lock_timeout = '10s'")
-    op.execute(str(SORTED.METRIC_BLOCKS).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
+    op.execute(str(_scale_revision().METRIC_BLOCKS).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 import uuid
 from datetime import datetime, timezone
 
@@ -15,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from api.db.migrate import alembic_config
 from api.settings import libpq_url as libpq
-from tests.integration.test_metrics_api import new_job, points, post
+from tests.integration.test_metrics_api import new_job, points, post, stored_rows
 
 INSERT = "INSERT INTO metric_points (job_id, name, value) VALUES (%s, 'loss', 1.0)"
 
@@ -27,8 +28,18 @@ def count(database_url: str, sql: str, *args: object) -> int:
         return int(row[0])
 
 
-def points_of(database_url: str, job_id: str) -> int:
-    return count(database_url, "SELECT count(*) FROM metric_points WHERE job_id = %s", job_id)
+def waits_on_a_lock(database_url: str, backend_pid: int) -> bool:
+    """Whether that session comes to wait on a lock (polled for 30 s)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if count(
+            database_url,
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+            backend_pid,
+        ):
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def test_a_point_for_no_job_is_refused_by_insert_and_copy(database_url: str) -> None:
@@ -50,14 +61,14 @@ def test_points_go_with_their_job_its_project_and_a_truncate(
         assert post(http, job_id, auth, {"points": points(0, 3)}).status_code == 201
     with psycopg.connect(libpq(database_url), autocommit=True) as conn:
         conn.execute("DELETE FROM jobs WHERE id = %s", (deleted,))
-        assert (points_of(database_url, deleted), points_of(database_url, kept)) == (0, 6)
+        assert (stored_rows(database_url, deleted), stored_rows(database_url, kept)) == (0, 6)
         other = conn.execute(
             "INSERT INTO projects (id, name) VALUES (gen_random_uuid(), 'gone') RETURNING id"
         ).fetchone()
         assert other is not None
         conn.execute("UPDATE jobs SET project_id = %s WHERE id = %s", (other[0], by_project))
         conn.execute("DELETE FROM projects WHERE id = %s", (other[0],))  # cascades to the job, then its points
-        assert (points_of(database_url, by_project), points_of(database_url, kept)) == (0, 6)
+        assert (stored_rows(database_url, by_project), stored_rows(database_url, kept)) == (0, 6)
         conn.execute("TRUNCATE jobs CASCADE")
     assert count(database_url, "SELECT count(*) FROM metric_points") == 0
 
@@ -85,12 +96,12 @@ def test_a_job_deleted_while_a_batch_is_written_takes_the_batch_with_it(
 
         thread = threading.Thread(target=delete)
         thread.start()
-        assert not done.wait(0.5)  # waits on the writer's lock
+        assert waits_on_a_lock(database_url, deleter.info.backend_pid) and not done.is_set()  # the writer's
         writer.execute("INSERT INTO metric_points (job_id, name, value, ts) VALUES (%s, 'acc', 2.0, %s)", (job_id, now))
         writer.commit()
         thread.join(30)
         assert done.is_set()
-    assert points_of(database_url, job_id) == 0
+    assert stored_rows(database_url, job_id) == 0
 
 
 def test_a_batch_for_a_job_being_deleted_fails_once_the_delete_commits(
@@ -109,8 +120,7 @@ def test_a_batch_for_a_job_being_deleted_fails_once_the_delete_commits(
 
         thread = threading.Thread(target=write)
         thread.start()
-        thread.join(0.5)
-        assert thread.is_alive()  # the writer waits for the delete
+        assert waits_on_a_lock(database_url, writer.info.backend_pid) and thread.is_alive()  # for the delete
         deleter.commit()
         thread.join(30)
         assert len(failed) == 1 and isinstance(failed[0], psycopg.errors.ForeignKeyViolation)
