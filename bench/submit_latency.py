@@ -15,6 +15,8 @@ STRICT_SPREAD --workers 3` the stack has three Ray nodes on this machine (`train
 and the gang takes one worker on each. `--warmup` runs
 of each path, then `--runs` of each, interleaved; before each run every Ray CPU is free again. For the
 platform the job's events give when it was admitted (`starting`) and when rank 0 was up (`runtime`).
+The platform's first job on a fresh stack starts its driver cold and starts the node's warm server
+(workers/warm.py); later jobs' drivers are forked by it. Each run says which it had (`platform_driver`).
 
     .venv/bin/python bench/submit_latency.py [--runs 5] [--warmup 1] [--workers 2]
     .venv/bin/python bench/submit_latency.py --nodes 3 --workers 3 --strategy STRICT_SPREAD
@@ -46,7 +48,7 @@ MARKS = {
     "workers_started": "workers started (event workers_started)",
     "runtime": "rank 0 up (event runtime)",
 }
-DRIVER_PROCESS = "driver process started by Ray Jobs (event driver - its startup_s)"
+DRIVER_PROCESS = "entrypoint process started by Ray Jobs (event driver - its startup_s)"
 ORDER = ("submit returned", MARKS["starting"], DRIVER_PROCESS, *list(MARKS.values())[1:])
 
 
@@ -66,14 +68,16 @@ def platform_run(client: tm.Client, workdir: Path, stamp: Path, args: argparse.N
         client.cancel(job.id)
         raise
     marks: dict[str, float] = {"submit returned": submitted - t0}
+    warm = None
     for event in client.events(job.id):
         mark = event.status.value if event.kind == "status" and event.status is not None else event.kind
         if mark in MARKS and MARKS[mark] not in marks:
             marks[MARKS[mark]] = event.created_at.timestamp() - t0
         if event.kind == "driver" and DRIVER_PROCESS not in marks:
             marks[DRIVER_PROCESS] = event.created_at.timestamp() - float(event.data["startup_s"]) - t0
+            warm = bool(event.data.get("warm"))
     first, everyone = stamps(stamp, args.workers)
-    return {"first_step_s": first - t0, "all_started_s": everyone - t0, "marks_s": marks}
+    return {"first_step_s": first - t0, "all_started_s": everyone - t0, "marks_s": marks, "warm_driver": warm}
 
 
 def direct_run(stack: Stack, workdir: Path, stamp: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -121,7 +125,9 @@ def measure(args: argparse.Namespace, stack: Stack) -> dict[str, list[dict[str, 
                     record = platform_run(client, workdir, stamp, args)
                 else:
                     record = direct_run(stack, workdir, stamp, args)
-                print(f"{path:<8} run {n + 1}: first step after {record['first_step_s']:.2f} s (load {load:.2f})")
+                warm = record.get("warm_driver")
+                how = "" if warm is None else ", warm driver" if warm else ", cold driver"
+                print(f"{path:<8} run {n + 1}: first step after {record['first_step_s']:.2f} s (load {load:.2f}{how})")
                 if n >= args.warmup:
                     runs[path].append({"load_1m_at_start": load, **record})
     return runs
@@ -173,6 +179,7 @@ def main() -> int:
                 "platform_s": on_platform["first_step_s"],
                 "direct_s": fit["first_step_s"],
                 "direct_connect_s": fit["connect_s"],  # not counted in direct_s
+                "platform_driver": "warm" if on_platform["warm_driver"] else "cold",
                 "load_1m_platform": on_platform["load_1m_at_start"],
                 "load_1m_direct": fit["load_1m_at_start"],
             }

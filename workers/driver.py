@@ -9,6 +9,7 @@ checkpoint, so a retry (a new attempt) continues where the last one stopped.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import threading
@@ -20,7 +21,7 @@ from typing import Any
 import trainmaster
 from trainmaster.context import ENV_WORKER_RANK, JobContext, post_event
 from trainmaster.models import JobSpec
-from workers import entrypoints, frameworks, job_output, system_metrics
+from workers import entrypoints, frameworks, job_output, system_metrics, warm
 from workers.collectives.timeout import collective_timeout_s, explain_failure
 
 
@@ -144,14 +145,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report_driver_up() -> None:
-    """Event `driver`: the job's driver is up, after how much Python start-up and import time.
+    """Event `driver`: the job's driver is up, after how much Python start-up and import time, and
+    whether it was forked warm (workers/warm.py) or started cold, and why.
 
     One of the start-up milestones (admitted, driver, gang_pending, workers_started, runtime) that
     say where a job's start-up time goes; off the main thread, so fit() does not wait for it."""
-    import psutil
-
-    up_s = time.time() - psutil.Process().create_time()
-    post_event("driver", f"driver up after {up_s:.1f} s of Python start-up and imports", {"startup_s": round(up_s, 3)})
+    start = json.loads(os.environ.get(warm.ENV_START) or "{}")
+    up_s = time.time() - float(start.get("started_at") or warm.started_at())
+    how = "forked by the warm server" if start.get("warm") else f"cold: {start.get('reason') or 'started directly'}"
+    post_event(
+        "driver",
+        f"driver up after {up_s:.1f} s of Python start-up and imports ({how})",
+        {"startup_s": round(up_s, 3), "warm": bool(start.get("warm")), "cold_reason": start.get("reason")},
+    )
 
 
 def _root_cause(exc: BaseException) -> str:

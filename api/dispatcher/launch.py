@@ -1,4 +1,5 @@
-"""Launching an attempt: its row, its job token and code, the Ray job that runs `workers.driver`."""
+"""Launching an attempt: its row, its job token and code, the Ray job that runs `workers.driver`
+(through `workers.warm`, which forks it warm where it can)."""
 
 from __future__ import annotations
 
@@ -175,7 +176,8 @@ def build(
         runtime_env["working_dir"] = str(working_dir)
     if spec.pip:
         runtime_env["pip"] = list(spec.pip)
-    command = [sys.executable, "-m", "workers.driver", "--job-id", str(job.id), "--attempt", str(n)]
+    driver = "workers.warm" if settings.warm_driver else "workers.driver"  # the same arguments
+    command = [sys.executable, "-m", driver, "--job-id", str(job.id), "--attempt", str(n)]
     return Launch(
         submission_id=submission_id(job.id, n),
         entrypoint=shlex.join(command),

@@ -63,6 +63,25 @@ def test_two_worker_gloo_job_succeeds_and_records_backend(stack: Stack) -> None:
         assert cluster.reachable and cluster.total["CPU"] == stack.ray.total_cpus() and len(cluster.nodes) == 1
 
 
+def test_drivers_after_the_first_on_a_node_are_forked_warm(stack: Stack) -> None:
+    """workers/warm.py with real Ray: the first job on a node (or of a new stack) may start cold and
+    starts the node's warm server; the next one is forked by it, and its driver event says so."""
+    with stack.client() as client:
+        events = []
+        for n in range(2):
+            job = client.submit(
+                name=f"warm-{n}", entrypoint="builtin:toy-curve", scaling=tm.Scaling(num_workers=1), config={"steps": 3}
+            )
+            done = wait_for(client, job.id, TERMINAL)
+            assert done.status is tm.JobStatus.succeeded, done.error
+            events.append(next(e for e in client.events(job.id) if e.kind == "driver"))
+            assert client.metrics(job.id, names=["loss"])  # the forked driver's workers reported
+    first, second = events
+    assert first.data["warm"] or "warm server" in first.data["cold_reason"], first.data
+    assert second.data["warm"] is True, second.data
+    assert "forked by the warm server" in second.message
+
+
 UNMODIFIED_SCRIPT = textwrap.dedent(
     """
     import argparse, json, os
