@@ -517,12 +517,11 @@ def run_child(job: Job) -> int:
 
 
 def _retitle(title: str) -> None:
-    """What `ps` shows for the child: the driver it is, not the server it was forked from."""
-    try:
-        from setproctitle import setproctitle  # installed with Ray
-    except ImportError:
-        return
-    setproctitle(title)
+    """What `ps` shows for the child: the driver it is, not the server it was forked from (with Ray's
+    own setproctitle, which titles its workers `ray::…` the same way)."""
+    raylet = sys.modules.get("ray._raylet")
+    if raylet is not None and hasattr(raylet, "setproctitle"):
+        raylet.setproctitle(title)
 
 
 def _end_with_client(conn: socket.socket) -> None:

@@ -106,6 +106,8 @@ def test_stop_signals_reach_the_child_and_the_client_dies_the_same_way(setup: di
     assert client.stdout is not None
     record = json.loads(client.stdout.readline())
     assert record["start"]["warm"] is True and record["pid"] != client.pid
+    title = Path(f"/proc/{record['pid']}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    assert "-m warm_target sleep" in title, title  # ps shows the job's driver, not the server it came from
     client.send_signal(signal.SIGTERM)  # what Ray's stop_job sends the entrypoint
     assert client.wait(timeout=30) == -signal.SIGTERM
     wait_until(lambda: not Path(f"/proc/{record['pid']}").exists(), 30, interval=0.1, what="the child to end")
