@@ -156,12 +156,18 @@ def _start_server(path: Path) -> str:
     unsafe = _private_dir(path.parent)
     if unsafe is not None:
         return f"no warm server: {unsafe}"
-    lock = path.with_suffix(".starting")
+    lock, log = path.with_suffix(".starting"), path.with_suffix(".log")
     try:
         if time.time() - lock.stat().st_mtime > STARTING_STALE_S:
             lock.unlink()  # its starter died before it could listen
     except OSError:
         pass
+    try:
+        failed = not lock.exists() and time.time() - log.stat().st_mtime < STARTING_STALE_S
+    except OSError:
+        failed = False  # no log: no server has tried (a clean exit removes its log)
+    if failed:
+        return f"the node's warm server failed recently; see {log}"
     try:
         # One starter at a time: the server removes the lock once it listens (or fails to).
         os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
@@ -172,14 +178,14 @@ def _start_server(path: Path) -> str:
     if middle == 0:
         try:
             os.setsid()
-            with open(path.with_suffix(".log"), "ab") as log:
+            with open(log, "ab") as out:
                 subprocess.Popen(
                     [sys.executable, "-m", "workers.warm", "--serve", str(path)],
                     env=env,
                     cwd=path.parent,
                     stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
+                    stdout=out,
+                    stderr=out,
                 )
         finally:
             os._exit(0)
@@ -264,12 +270,15 @@ def _exec_cold(args: list[str], reason: str) -> int:
     return 1  # not reached
 
 
-def started_at(pid: int | str = "self") -> float:
-    """When a process started, in Unix seconds to the clock tick (psutil's create_time adds the boot
-    time rounded to the second, so it can be a second off)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
-    age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+def started_at() -> float:
+    """When this process started, in Unix seconds to the clock tick (psutil's create_time adds the
+    boot time rounded to the second, so it can be a second off); now, where there is no /proc."""
+    try:
+        with open("/proc/self/stat") as stat:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, AttributeError, ValueError, IndexError):
+        return time.time()
     return time.time() - age
 
 

@@ -31,7 +31,6 @@ TARGET = textwrap.dedent(
         record = {
             "pid": os.getpid(), "cwd": os.getcwd(), "argv": argv, "job": os.environ.get("TRAINMASTER_JOB_ID"),
             "start": json.loads(os.environ.get("TRAINMASTER_DRIVER_START") or "{}"), "path": sys.path[:2],
-            "warm_only": os.environ.get("WARM_TEST_SERVER_ONLY"),
         }
         print(json.dumps(record), flush=True)
         if argv[:1] == ["sleep"]:
@@ -159,6 +158,27 @@ def test_the_environment_rules() -> None:
     assert started == {"RAY_AUTH_MODE": "token", "PATH": "/bin", "PYTHONPATH": "/lib"}
     assert warm.socket_path(started) == warm.socket_path({**started, "HF_HOME": "/elsewhere"})
     assert warm.socket_path(started) != warm.socket_path({**started, "RAY_AUTH_MODE": "disabled"})
+
+
+def test_a_server_that_cannot_start_is_not_retried_by_every_job(tmp_path: Path) -> None:
+    (tmp_path / "lib").mkdir()
+    # Importable in a job (its own `env` sets IN_JOB), not in the server (which never has a job's env).
+    guard = "if not os.environ.get('IN_JOB'):\n    raise ImportError('not in the server')\n"
+    (tmp_path / "lib" / "job_only.py").write_text("import os\n" + guard + TARGET)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINMASTER_", "RAY_", "PYTHONPATH"))}
+    env.update(
+        TRAINMASTER_WARM_DIR=str(tmp_path / "sockets"),
+        TRAINMASTER_WARM_TARGET="job_only:main",
+        TRAINMASTER_JOB_SPEC=json.dumps({"env": {"IN_JOB": "1"}}),
+        IN_JOB="1",
+        PYTHONPATH=str(tmp_path / "lib"),
+        JOB_CWD=str(tmp_path),
+    )
+    assert "no warm server was running" in record_of(run(env))["start"]["reason"]
+    log = next((tmp_path / "sockets").glob("*.log"))
+    wait_until(lambda: "not in the server" in log.read_text(), 120, interval=0.2, what="the server to fail")
+    wait_until(lambda: not list((tmp_path / "sockets").glob("*.starting")), 30, what="its start lock to go")
+    assert record_of(run(env))["start"]["reason"] == f"the node's warm server failed recently; see {log}"
 
 
 def test_an_idle_server_exits_and_removes_its_socket(tmp_path: Path) -> None:
