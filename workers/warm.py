@@ -502,11 +502,11 @@ def run_child(job: Job) -> int:
     from importlib import import_module
 
     os.setsid()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # nothing of the server's goes into the job's output
     for target_fd, fd in enumerate(job.fds):
         os.dup2(fd, target_fd)
         os.close(fd)
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
     request = job.request
     os.chdir(request["cwd"])
     env = {**job.added_env, **request["env"]}
