@@ -110,6 +110,8 @@ def _client_cold_reason(env: Mapping[str, str]) -> str | None:
 
 
 def _spec(env: Mapping[str, str]) -> dict[str, Any]:
+    """The job's spec as the dispatcher wrote it (trainmaster.context.ENV_JOB_SPEC). Read here, not
+    through JobContext, because this client must start in milliseconds: trainmaster imports httpx."""
     try:
         spec = json.loads(env.get("TRAINMASTER_JOB_SPEC") or "{}")
     except ValueError:
