@@ -46,7 +46,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ENV_START = "TRAINMASTER_DRIVER_START"  # how this driver started, for its `driver` event (JSON)
 ENV_DIR = "TRAINMASTER_WARM_DIR"
@@ -57,7 +57,8 @@ DEFAULT_IDLE_S = 1800.0
 # Variables Python, Ray and native libraries read when they are imported or loaded: a job whose
 # values differ from the server's would not get what it asked for from a fork.
 IMPORT_TIME = ("PYTHON", "RAY_", "LD_", "GRPC_", "JE_", "MALLOC")
-PER_JOB = ("RAY_JOB_CONFIG_JSON_ENV_VAR", "PYTHONPATH")  # read by ray.init / applied to sys.path
+RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+PER_JOB = (RAY_JOB_CONFIG, "PYTHONPATH")  # read by ray.init / applied to sys.path
 # What the server imports before it serves: everything the driver needs to build a trainer.
 PRELOAD = (
     "ray",
@@ -80,15 +81,17 @@ _HEADER = struct.Struct("!Q")
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    reason = _client_cold_reason(os.environ)
+    spec = _spec(os.environ)  # parsed once: it can be a megabyte
+    reason = _client_cold_reason(spec)
     if reason is None:
-        path = socket_path(server_env(os.environ, os.getcwd()))
+        base = server_env(os.environ, os.getcwd(), spec)
+        path = socket_path(base)
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(str(path))
         except OSError:
             conn.close()
-            reason = _start_server(path)
+            reason = _start_server(path, base)
         else:
             with conn:
                 try:
@@ -101,10 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _exec_cold(args, reason)
 
 
-def _client_cold_reason(env: Mapping[str, str]) -> str | None:
+def _client_cold_reason(spec: Mapping[str, Any]) -> str | None:
     if sys.platform != "linux" or not hasattr(os, "pidfd_open"):
         return "warm drivers need Linux 5.3 or newer"
-    if _spec(env).get("pip"):
+    if spec.get("pip"):
         return "the job installs pip packages (Ray gives it its own virtualenv)"
     return None
 
@@ -153,7 +156,7 @@ def _private_dir(folder: Path) -> str | None:
     return None
 
 
-def _start_server(path: Path) -> str:
+def _start_server(path: Path, base: Mapping[str, str]) -> str:
     """Start this node's server for the next job (detached: Ray's stop of this job must not end it)."""
     unsafe = _private_dir(path.parent)
     if unsafe is not None:
@@ -175,7 +178,7 @@ def _start_server(path: Path) -> str:
         os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
         return "the node's warm server is starting"
-    env = {**server_env(os.environ, os.getcwd()), **SINGLE_THREADED}
+    env = {**base, **SINGLE_THREADED}
     middle = os.fork()  # the server is not this job's child: Ray stops a job's whole process tree
     if middle == 0:
         try:
@@ -195,16 +198,16 @@ def _start_server(path: Path) -> str:
     return "no warm server was running on this node (one is starting for the next job)"
 
 
-def server_env(env: Mapping[str, str], cwd: str) -> dict[str, str]:
+def server_env(env: Mapping[str, str], cwd: str, spec: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The environment a server imports with: this job's, less what is the job's own (its TRAINMASTER_*
     variables, its `env`, its Ray job config, its code on PYTHONPATH)."""
-    own = set(_spec(env).get("env") or {})
+    own = set(((_spec(env) if spec is None else spec).get("env")) or {})
     kept = {
         name: value
         for name, value in env.items()
-        if name not in own and name != PER_JOB[0] and (not name.startswith("TRAINMASTER_") or "_WARM_" in name)
+        if name not in own and name != RAY_JOB_CONFIG and (not name.startswith("TRAINMASTER_") or "_WARM_" in name)
     }
-    paths = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != cwd]
+    paths = [entry for entry in _entries(env) if entry != cwd]
     kept.pop("PYTHONPATH", None)
     if paths:
         kept["PYTHONPATH"] = os.pathsep.join(paths)
@@ -260,7 +263,7 @@ def _read_line(conn: socket.socket) -> dict[str, Any] | None:
     return answer if isinstance(answer, dict) else None
 
 
-def _exec_cold(args: list[str], reason: str) -> int:
+def _exec_cold(args: list[str], reason: str) -> NoReturn:
     """Become the driver the old way, in this process (Ray's stop and exit status work as before)."""
     os.environ[ENV_START] = json.dumps({"warm": False, "reason": reason, "started_at": started_at()})
     module, _, function = _target().partition(":")
@@ -269,7 +272,6 @@ def _exec_cold(args: list[str], reason: str) -> int:
     else:
         command = ["-c", f"import sys, {module}; sys.exit({module}.{function}(sys.argv[1:]))"]
     os.execv(sys.executable, [sys.executable, *command, *args])
-    return 1  # not reached
 
 
 def started_at() -> float:
