@@ -82,6 +82,18 @@ class DatabaseUnavailable(DomainError):
         super().__init__(detail, headers={"Retry-After": "1"})
 
 
+class SubmitInDoubt(DatabaseUnavailable):
+    """PostgreSQL went away while a new job's INSERT was in flight: it may have committed before the
+    connection broke, and nobody can tell until the database is back. The answer names the job."""
+
+    def __init__(self, job_id: str):
+        super().__init__(
+            f"the database went away while job {job_id} was being stored, so it may exist: resubmit with the "
+            f"same Idempotency-Key (one job whatever happened) or GET /v1/jobs/{job_id} once the database is back"
+        )
+        self.headers = {"Retry-After": "1", "Location": f"/v1/jobs/{job_id}"}
+
+
 def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:
     """OpenAPI entries for the errors a router answers with, all shaped {"error", "detail"}."""
     from trainmaster.models import ErrorBody

@@ -6,12 +6,15 @@ import base64
 import binascii
 import hashlib
 import json
+import logging
 import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
+import psycopg_pool
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.service import Principal
@@ -19,13 +22,14 @@ from api.code_packages import repository as code_repository
 from api.db.direct import Direct
 from api.db.models import Job as JobRow
 from api.db.models import JobEvent as EventRow
-from api.errors import IdempotencyKeyReused, IllegalTransition, JobNotFound, ValidationError
+from api.errors import IdempotencyKeyReused, IllegalTransition, JobNotFound, SubmitInDoubt, ValidationError
 from api.jobs import repository
 from api.jobs.ranks import QueueRanks, Stamp
 from api.jobs.status import JOB_CHANNEL, record_event, transition
 from trainmaster.models import Attempt, Job, JobControl, JobEvent, JobEventIn, JobSpec, JobStatus
 
 MAX_IDEMPOTENCY_KEY = 256
+log = logging.getLogger("trainmaster.api")
 
 
 def spec_hash(spec: JobSpec) -> str:
@@ -134,7 +138,13 @@ async def submit_direct(
     values = _queued_values(principal, spec, idempotency_key)
     if spec.code is not None and not await code_repository.exists_direct(direct, principal.project_id, spec.code):
         raise _no_code(spec)
-    inserted = await repository.insert_queued_direct(direct, values, JOB_CHANNEL, _queued_payload(values["id"]))
+    try:
+        inserted = await repository.insert_queued_direct(direct, values, JOB_CHANNEL, _queued_payload(values["id"]))
+    except psycopg_pool.PoolTimeout:
+        raise  # no connection to send it on: nothing was stored (503)
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:  # sent, perhaps committed before the break
+        log.warning(json.dumps({"event": "submit_in_doubt", "job_id": str(values["id"]), "error": type(exc).__name__}))
+        raise SubmitInDoubt(str(values["id"])) from exc
     if inserted is not None:
         return _submitted(principal, spec, inserted), True
     assert idempotency_key is not None

@@ -21,9 +21,12 @@ if shutil.which("mpirun") is None:
     pytest.skip("needs Open MPI's mpirun (scripts/test installs openmpi-bin)", allow_module_level=True)
 
 OTHER_NODE = "127.0.0.2"
+# Each rank writes its own file: mpirun forwards the ranks' stdout as it comes, so two ranks'
+# printed lines can arrive interleaved mid-line ("01 2 3" then " 2 3").
 ALL_REDUCE = (
-    "from mpi4py import MPI; c = MPI.COMM_WORLD; "
-    "print(c.Get_rank(), c.Get_size(), c.allreduce(c.Get_rank() + 1), flush=True)"
+    "import sys; from pathlib import Path; from mpi4py import MPI; c = MPI.COMM_WORLD; "
+    "Path(sys.argv[1], f'rank-{c.Get_rank()}').write_text("
+    "f'{c.Get_rank()} {c.Get_size()} {c.allreduce(c.Get_rank() + 1)}')"
 )
 
 
@@ -47,10 +50,13 @@ def test_mpirun_starts_the_other_nodes_rank_through_the_launch_server(
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("\n".join(mpi.hostfile_lines(["127.0.0.1", OTHER_NODE])) + "\n")
     agent = agent_spec(tmp_path, server, "the-secret")
-    command = mpi.mpirun_command(hostfile, 2, [], [sys.executable, "-c", ALL_REDUCE], agent)
+    results = tmp_path / "results"
+    results.mkdir()
+    command = mpi.mpirun_command(hostfile, 2, [], [sys.executable, "-c", ALL_REDUCE, str(results)], agent)
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert sorted(result.stdout.split("\n"))[-2:] == ["0 2 3", "1 2 3"], result.stdout
+    ranks = {path.name: path.read_text() for path in results.iterdir()}
+    assert ranks == {"rank-0": "0 2 3", "rank-1": "1 2 3"}, result.stdout + result.stderr
 
 
 def test_the_launch_server_runs_nothing_for_a_wrong_secret(server: mpi_agent.LaunchServer, tmp_path: Path) -> None:
