@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     collective_timeout_s: float = 1800.0  # TorchConfig(timeout_s): a hung NCCL/gloo collective fails the job
     system_metrics_interval_s: float = 5.0  # per-worker CPU, memory and GPU sampling; 0 turns it off
     driver_cpus: float = 0.0
-    # Launch each job's driver through its node's warm server (workers/warm.py: forked from a process
+    # Launch each job's driver through its node's warm server (workers/warm/: forked from a process
     # with Ray Train imported, about a second sooner); off: every driver starts its own Python.
     warm_driver: bool = True
     admit_batch: int = 50

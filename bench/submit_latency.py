@@ -16,7 +16,7 @@ and the gang takes one worker on each. `--warmup` runs
 of each path, then `--runs` of each, interleaved; before each run every Ray CPU is free again. For the
 platform the job's events give when it was admitted (`starting`) and when rank 0 was up (`runtime`).
 The platform's first job on a fresh stack starts its driver cold and starts the node's warm server
-(workers/warm.py); later jobs' drivers are forked by it. Each run says which it had (`platform_driver`).
+(workers/warm/); later jobs' drivers are forked by it. Each run says which it had (`platform_driver`).
 
     .venv/bin/python bench/submit_latency.py [--runs 5] [--warmup 1] [--workers 2]
     .venv/bin/python bench/submit_latency.py --nodes 3 --workers 3 --strategy STRICT_SPREAD

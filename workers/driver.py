@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _report_driver_up() -> None:
     """Event `driver`: the job's driver is up, after how much Python start-up and import time, and
-    whether it was forked warm (workers/warm.py) or started cold, and why.
+    whether it was forked warm (workers/warm/) or started cold, and why.
 
     One of the start-up milestones (admitted, driver, gang_pending, workers_started, runtime) that
     say where a job's start-up time goes; off the main thread, so fit() does not wait for it."""

@@ -64,7 +64,7 @@ def test_two_worker_gloo_job_succeeds_and_records_backend(stack: Stack) -> None:
 
 
 def test_drivers_after_the_first_on_a_node_are_forked_warm(stack: Stack) -> None:
-    """workers/warm.py with real Ray: the first job on a node (or of a new stack) may start cold and
+    """workers/warm/ with real Ray: the first job on a node (or of a new stack) may start cold and
     starts the node's warm server; the next one is forked by it, and its driver event says so."""
     with stack.client() as client:
         events = []

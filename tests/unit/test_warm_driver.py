@@ -1,4 +1,4 @@
-"""workers/warm.py: the warm driver's client, server and forked child, as real processes (no Ray).
+"""workers/warm/: the warm driver's client, server and forked child, as real processes (no Ray).
 
 The server runs a test target (TRAINMASTER_WARM_TARGET) in place of workers.driver:main, so a job can
 print what it saw, exit with a given status or wait to be stopped. The server really imports Ray Train
@@ -22,6 +22,8 @@ import pytest
 
 from tests.e2e.conftest import wait_until
 from workers import warm
+from workers.warm.client import server_env, socket_path
+from workers.warm.server import cold_reason
 
 TARGET = textwrap.dedent(
     """
@@ -133,7 +135,7 @@ def test_jobs_the_server_cannot_serve_start_cold_and_say_why(setup: dict[str, st
 
     (tmp_path / "platform").mkdir()  # a folder without __init__.py shadows nothing (this repo has one)
     assert record_of(run(setup, cwd=str(tmp_path)))["start"]["warm"] is True
-    (tmp_path / "trainmaster").symlink_to(Path(warm.__file__).parent.parent / "trainmaster")
+    (tmp_path / "trainmaster").symlink_to(Path(warm.__file__).parents[2] / "trainmaster")
     assert record_of(run(setup, cwd=str(tmp_path)))["start"]["warm"] is True  # the very file the server has
     (tmp_path / "ray").mkdir()  # the job's own package `ray` would shadow the one the server imported
     (tmp_path / "ray" / "__init__.py").write_text("")
@@ -144,20 +146,20 @@ def test_jobs_the_server_cannot_serve_start_cold_and_say_why(setup: dict[str, st
 def test_the_environment_rules() -> None:
     server = {"RAY_AUTH_MODE": "token", "PATH": "/bin", "PYTHONPATH": "/lib"}
     job = {**server, "TRAINMASTER_JOB_TOKEN": "t", "RAY_JOB_CONFIG_JSON_ENV_VAR": "{}", "HF_HOME": "/h"}
-    assert warm.cold_reason(server, {**job, "PYTHONPATH": "/code:/lib"}, "/code", {}) is None
-    assert warm.cold_reason(server, {**job, "PYTHONPATH": "/other:/lib"}, "/code", {}) is None  # Ray's working_dir
-    assert warm.cold_reason(server, {**job, "PYTHONPATH": "/code"}, "/code", {}) == (
+    assert cold_reason(server, {**job, "PYTHONPATH": "/code:/lib"}, "/code", {}) is None
+    assert cold_reason(server, {**job, "PYTHONPATH": "/other:/lib"}, "/code", {}) is None  # Ray's working_dir
+    assert cold_reason(server, {**job, "PYTHONPATH": "/code"}, "/code", {}) == (
         "its PYTHONPATH differs from the warm server's"
     )
-    assert warm.cold_reason(server, {**job, "RAY_AUTH_MODE": "disabled"}, "/code", {}) == (
+    assert cold_reason(server, {**job, "RAY_AUTH_MODE": "disabled"}, "/code", {}) == (
         "its RAY_AUTH_MODE differs from the warm server's"
     )
-    assert warm.cold_reason(server, {**job, "LD_PRELOAD": "x.so"}, "/code", {}) is not None
+    assert cold_reason(server, {**job, "LD_PRELOAD": "x.so"}, "/code", {}) is not None
     spec = json.dumps({"env": {"RAY_X": "1", "HF_HOME": "/h"}})
-    started = warm.server_env({**job, "RAY_X": "1", "TRAINMASTER_JOB_SPEC": spec, "PYTHONPATH": "/code:/lib"}, "/code")
+    started = server_env({**job, "RAY_X": "1", "TRAINMASTER_JOB_SPEC": spec, "PYTHONPATH": "/code:/lib"}, "/code")
     assert started == {"RAY_AUTH_MODE": "token", "PATH": "/bin", "PYTHONPATH": "/lib"}
-    assert warm.socket_path(started) == warm.socket_path({**started, "HF_HOME": "/elsewhere"})
-    assert warm.socket_path(started) != warm.socket_path({**started, "RAY_AUTH_MODE": "disabled"})
+    assert socket_path(started) == socket_path({**started, "HF_HOME": "/elsewhere"})
+    assert socket_path(started) != socket_path({**started, "RAY_AUTH_MODE": "disabled"})
 
 
 def test_a_server_that_cannot_start_is_not_retried_by_every_job(tmp_path: Path) -> None:

@@ -1,0 +1,76 @@
+"""The job's Ray entrypoint, `python -m workers.warm --job-id ID --attempt N`: a warm driver (client.py,
+the entrypoint process; server.py, a node's server and the children it forks).
+
+A job's driver (workers/driver.py) used to spend about 1.3 s of this 2-core machine starting Python and
+importing trainmaster, Ray and Ray Train before it could ask for the Ray Train controller; every job
+paid it again. This entrypoint is a small client (it imports only the standard library) that hands the
+job to its node's warm server: a process that has those modules imported already and forks a child
+that runs `workers.driver.main` in the job's environment, working directory, arguments and output
+(its stdin, stdout and stderr are passed over a Unix socket). The child calls `ray.init` itself,
+after the fork, so it is the job's Ray driver exactly as a cold one is.
+
+The client stays the Ray job's entrypoint process: Ray's stop signals go to it and it forwards them;
+it exits with the child's status (a death by signal as the same signal). If the client is killed, its
+socket closes and the child ends too. The server reaps its children and reports each one's status.
+
+The job starts cold, as before (this process execs `python -m workers.driver`), and its `driver`
+event says why, when:
+- no server answers on this node: the client starts one, detached, and the next job is warm;
+- the job installs `pip` packages (Ray runs it in its own virtualenv);
+- its environment differs from the server's where imports read it (PYTHON*, RAY_*, LD_*, ...; the
+  job's TRAINMASTER_* variables and Ray's per-job RAY_JOB_CONFIG_JSON_ENV_VAR are applied in the child);
+- its code (working directory, PYTHONPATH) has a top-level module the server has already imported;
+- the server is not single-threaded (a fork would copy a lock some other thread holds).
+
+Servers live in TRAINMASTER_WARM_DIR (default /tmp/trainmaster-warm-<uid>, mode 0700: the jobs'
+environments carry their tokens), one socket per Python executable and installed code (its files'
+sizes and times) and environment, so an upgrade starts a new server and each Ray cluster of a node has
+its own; a server exits once its cluster is gone (`trainmaster down`) or after TRAINMASTER_WARM_IDLE_S
+(default 1800) without a job. Each logs to <socket>.log, removed when it exits
+cleanly. TRAINMASTER_WARM_DRIVER=0 on the dispatcher launches `workers.driver` directly instead.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Mapping
+
+ENV_START = "TRAINMASTER_DRIVER_START"  # how this driver started, for its `driver` event (JSON)
+ENV_TARGET = "TRAINMASTER_WARM_TARGET"  # module:function the child runs; tests give their own
+DEFAULT_TARGET = "workers.driver:main"
+# Variables Python, Ray and native libraries read when they are imported or loaded: a job whose
+# values differ from the server's would not get what it asked for from a fork.
+IMPORT_TIME = ("PYTHON", "RAY_", "LD_", "GRPC_", "JE_", "MALLOC")
+RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+PER_JOB = (RAY_JOB_CONFIG, "PYTHONPATH")  # read by ray.init / applied to sys.path
+# Set while the server imports: without them OpenBLAS and pyarrow's jemalloc each start a thread
+# at load, and a process with threads is not safe to fork. A driver computes nothing with either.
+SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
+HEADER = struct.Struct("!Q")  # the size of a request, ahead of it
+
+
+def target() -> str:
+    """module:function that a forked child (or a cold driver) runs."""
+    return os.environ.get(ENV_TARGET) or DEFAULT_TARGET
+
+
+def import_time(name: str) -> bool:
+    return name.startswith(IMPORT_TIME) and name not in PER_JOB
+
+
+def entries(env: Mapping[str, str]) -> list[str]:
+    return [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+
+
+def started_at() -> float:
+    """When this process started, in Unix seconds to the clock tick (psutil's create_time adds the
+    boot time rounded to the second, so it can be a second off); now, where there is no /proc."""
+    try:
+        with open("/proc/self/stat") as stat:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, AttributeError, ValueError, IndexError):
+        return time.time()
+    return time.time() - age
