@@ -98,11 +98,16 @@ def test_two_gloo_ranks_measure_every_row_correctly() -> None:
     processes = [context.Process(target=_gloo_rank, args=(r, 2, port, results)) for r in range(2)]
     for process in processes:
         process.start()
-    # Read before joining: the two ranks' results together are about the size of a pipe's buffer
-    # (64 KiB), and a rank cannot exit until what it put has been read.
-    by_rank = {rank: (rows, logged) for rank, rows, logged in (results.get(timeout=180) for _ in range(2))}
-    for process in processes:
-        process.join(60)
+    try:
+        # Read before joining: the two ranks' results together are about the size of a pipe's buffer
+        # (64 KiB), and a rank cannot exit until what it put has been read.
+        by_rank = {rank: (rows, logged) for rank, rows, logged in (results.get(timeout=180) for _ in range(2))}
+        for process in processes:
+            process.join(60)
+    finally:
+        for process in processes:  # a rank left hanging would hold pytest at exit (it joins its children)
+            if process.is_alive():
+                process.kill()
     assert [p.exitcode for p in processes] == [0, 0]
     rows, logged = by_rank[0]
     assert rows == by_rank[1][0]  # every rank computes the same averaged row
