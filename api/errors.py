@@ -91,7 +91,7 @@ class SubmitInDoubt(DatabaseUnavailable):
             f"the database went away while job {job_id} was being stored, so it may exist: resubmit with the "
             f"same Idempotency-Key (one job whatever happened) or GET /v1/jobs/{job_id} once the database is back"
         )
-        self.headers = {"Retry-After": "1", "Location": f"/v1/jobs/{job_id}"}
+        self.headers = {**(self.headers or {}), "Location": f"/v1/jobs/{job_id}"}
 
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:

@@ -26,6 +26,13 @@ DATABASE_DOWN: tuple[type[Exception], ...] = (
 )
 
 
+def lost_in_flight(exc: BaseException) -> bool:
+    """Whether a direct connection broke with its statement perhaps already in PostgreSQL's hands, so
+    whether it committed is unknown; a pool timeout sent nothing."""
+    lost = isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
+    return lost and not isinstance(exc, psycopg_pool.PoolTimeout)  # PoolTimeout is an OperationalError
+
+
 def database_unavailable(exc: Exception) -> JSONResponse:
     log.warning("database unavailable: %s", exc.__class__.__name__)
     return domain_error_response(DatabaseUnavailable())

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
-import psycopg_pool
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.service import Principal
@@ -22,6 +20,7 @@ from api.code_packages import repository as code_repository
 from api.db.direct import Direct
 from api.db.models import Job as JobRow
 from api.db.models import JobEvent as EventRow
+from api.db.unavailable import DATABASE_DOWN, lost_in_flight
 from api.errors import IdempotencyKeyReused, IllegalTransition, JobNotFound, SubmitInDoubt, ValidationError
 from api.jobs import repository
 from api.jobs.ranks import QueueRanks, Stamp
@@ -140,9 +139,9 @@ async def submit_direct(
         raise _no_code(spec)
     try:
         inserted = await repository.insert_queued_direct(direct, values, JOB_CHANNEL, _queued_payload(values["id"]))
-    except psycopg_pool.PoolTimeout:
-        raise  # no connection to send it on: nothing was stored (503)
-    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:  # sent, perhaps committed before the break
+    except DATABASE_DOWN as exc:
+        if not lost_in_flight(exc):
+            raise  # nothing was sent, nothing stored: the plain 503
         log.warning(json.dumps({"event": "submit_in_doubt", "job_id": str(values["id"]), "error": type(exc).__name__}))
         raise SubmitInDoubt(str(values["id"])) from exc
     if inserted is not None:
