@@ -1,0 +1,295 @@
+"""Jobs on the wire: the JobSpec a person submits, the Job the API answers, its attempts, events,
+checkpoints and the code upload it runs from."""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StrictStr, StringConstraints, field_validator, model_validator
+
+from trainmaster.models.base import (
+    LabelKey,
+    LabelValue,
+    RequestModel,
+    ResourceName,
+    ResponseModel,
+    StoredRequestModel,
+    WholeNumber,
+)
+
+MAX_CONFIG_BYTES = 64 * 1024
+MAX_NUM_WORKERS = 1024
+
+_ENTRYPOINT = re.compile(
+    r"^(?:builtin:[a-z0-9][a-z0-9_-]*"
+    r"|script:.+"
+    r"|[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)$"
+)
+_CODE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class JobStatus(str, enum.Enum):
+    queued = "queued"
+    starting = "starting"
+    running = "running"
+    cancelling = "cancelling"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+    timed_out = "timed_out"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled, JobStatus.timed_out})
+
+
+class AttemptStatus(str, enum.Enum):
+    """One launch of a job on Ray. `pending`: the row is committed, Ray may not have heard of it yet
+    (submitting the same id again is safe); `timing_out`: the dispatcher asked Ray to stop it."""
+
+    pending = "pending"
+    submitted = "submitted"
+    running = "running"
+    timing_out = "timing_out"
+    succeeded = "succeeded"
+    failed = "failed"
+    lost = "lost"
+    stopped = "stopped"
+    timed_out = "timed_out"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (
+            AttemptStatus.succeeded,
+            AttemptStatus.failed,
+            AttemptStatus.lost,
+            AttemptStatus.stopped,
+            AttemptStatus.timed_out,
+        )
+
+
+class PlacementStrategy(str, enum.Enum):
+    PACK = "PACK"
+    SPREAD = "SPREAD"
+    STRICT_PACK = "STRICT_PACK"
+    STRICT_SPREAD = "STRICT_SPREAD"
+
+
+class Framework(str, enum.Enum):
+    """Which Ray trainer or launcher runs the entrypoint (workers/frameworks/ has one module each)."""
+
+    torch = "torch"
+    tensorflow = "tensorflow"
+    jax = "jax"
+    horovod = "horovod"
+    mpi = "mpi"
+    paddle = "paddle"
+
+
+SCRIPT_ONLY_FRAMEWORKS = frozenset({Framework.mpi, Framework.horovod})  # programs started by mpirun
+
+
+class Scaling(RequestModel):
+    num_workers: WholeNumber = Field(default=1, ge=1, le=MAX_NUM_WORKERS)
+    use_gpu: bool = Field(default=False, strict=True)
+    resources_per_worker: dict[ResourceName, float] | None = None
+    placement_strategy: PlacementStrategy = PlacementStrategy.PACK
+
+    @field_validator("resources_per_worker")
+    @classmethod
+    def _resources_are_positive(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        for name, amount in value.items():
+            if not math.isfinite(amount):
+                raise ValueError(f"{name} must be a finite number")
+            if name == "GPU":
+                if amount < 0:
+                    raise ValueError("GPU must be >= 0")
+            elif amount <= 0:
+                raise ValueError(f"{name} must be > 0")
+        return value
+
+    def worker_resources(self) -> dict[str, float]:
+        """What one worker asks of Ray: CPU 1 and one GPU with use_gpu, unless stated otherwise."""
+        resources: dict[str, float] = {"CPU": 1.0}
+        if self.use_gpu:
+            resources["GPU"] = 1.0
+        resources.update(self.resources_per_worker or {})
+        return resources
+
+
+class CheckpointPolicy(RequestModel):
+    num_to_keep: WholeNumber | None = Field(default=None, ge=1)
+
+
+class JobSpec(StoredRequestModel):
+    name: str = Field(min_length=1, max_length=128)
+    entrypoint: str = Field(min_length=1, max_length=512, json_schema_extra={"pattern": _ENTRYPOINT.pattern})
+    args: list[StrictStr] = Field(default_factory=list, max_length=1024)
+    config: dict[str, Any] = Field(default_factory=dict)
+    code: Annotated[str, StringConstraints(pattern=_CODE_ID.pattern)] | None = None
+    scaling: Scaling = Field(default_factory=Scaling)
+    framework: Framework = Framework.torch
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    pip: list[StrictStr] = Field(default_factory=list, max_length=256)
+    max_retries: WholeNumber = Field(default=0, ge=0, le=10)
+    max_failures: WholeNumber = Field(default=0, ge=0, le=100)
+    timeout_s: float | None = Field(default=None, gt=0)
+    priority: WholeNumber = Field(default=0, ge=-100, le=100)
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+    checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_form(cls, value: str) -> str:
+        if not _ENTRYPOINT.match(value):
+            raise ValueError("entrypoint must be 'pkg.module:function', 'script:path/train.py' or 'builtin:<name>'")
+        return value
+
+    @field_validator("config")
+    @classmethod
+    def _config_size(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        except ValueError as exc:
+            raise ValueError("config must be JSON without NaN or infinity") from exc
+        if len(encoded.encode()) > MAX_CONFIG_BYTES:
+            raise ValueError(f"config is {len(encoded.encode())} bytes encoded; the limit is {MAX_CONFIG_BYTES}")
+        return value
+
+    @model_validator(mode="after")
+    def _backend_matches_devices(self) -> JobSpec:
+        if self.backend == "nccl" and not self.uses_gpu:
+            raise ValueError("backend 'nccl' needs GPUs: set scaling.use_gpu or resources_per_worker.GPU")
+        return self
+
+    @model_validator(mode="after")
+    def _entrypoint_fits_framework(self) -> JobSpec:
+        if self.framework is Framework.torch:
+            return self
+        if self.entrypoint.startswith("builtin:"):
+            raise ValueError(
+                f"built-in templates are PyTorch code: framework {self.framework.value!r} takes a script or a function"
+            )
+        if self.framework in SCRIPT_ONLY_FRAMEWORKS and not self.entrypoint.startswith("script:"):
+            raise ValueError(
+                f"framework {self.framework.value!r} starts a program under mpirun: entrypoint must be 'script:…'"
+            )
+        return self
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.scaling.worker_resources().get("GPU", 0) > 0
+
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if self.uses_gpu else "gloo"
+
+
+class Attempt(ResponseModel):
+    n: int
+    ray_submission_id: str
+    status: AttemptStatus
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    error: str | None = None
+
+
+class Job(ResponseModel):
+    id: str
+    project: str
+    name: str
+    status: JobStatus
+    spec: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    attempts: list[Attempt] = Field(default_factory=list)
+    pending_reason: str | None = None
+    error: str | None = None
+    latest_metrics: dict[str, Any] | None = None
+    queue_position: int | None = None
+
+
+class JobList(ResponseModel):
+    items: list[Job]
+    next_cursor: str | None = None
+
+
+class JobEvent(ResponseModel):
+    id: int
+    job_id: str
+    kind: str
+    status: JobStatus | None = None
+    message: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime
+
+
+class JobControl(ResponseModel):
+    """What the platform asks of a running job's code (read with the job token)."""
+
+    checkpoint: bool = False  # checkpoint now: the job is being preempted and will be stopped
+    reason: str | None = None
+
+
+class JobEventIn(StoredRequestModel):
+    """A notable event reported from inside a job (runtime placement, topology, dropped points)."""
+
+    kind: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")
+    message: str | None = Field(default=None, max_length=4096)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("kind")
+    @classmethod
+    def _not_status(cls, value: str) -> str:
+        if value == "status":
+            raise ValueError("status events are written by the platform only")
+        return value
+
+    @field_validator("data")
+    @classmethod
+    def _data_size(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if len(json.dumps(value, default=str)) > 16 * 1024:
+            raise ValueError("data must be at most 16 KiB as JSON")
+        return value
+
+
+class EventList(ResponseModel):
+    items: list[JobEvent]
+
+
+class CheckpointIn(StoredRequestModel):
+    path: str = Field(min_length=1, max_length=4096)
+    step: int | None = Field(default=None, ge=0)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+
+class CheckpointInfo(ResponseModel):
+    id: int
+    attempt: int | None = None
+    path: str
+    step: int | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime
+
+
+class CheckpointList(ResponseModel):
+    items: list[CheckpointInfo]
+
+
+class CodeUpload(ResponseModel):
+    id: str
+    size: int
+    file_count: int = 0
