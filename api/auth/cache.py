@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from api.auth.service import Principal
+from api.auth.principal import Principal
 
 ALL = "*"
 

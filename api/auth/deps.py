@@ -6,7 +6,8 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from api.auth.service import Principal, authenticate
+from api.auth.principal import Principal
+from api.auth.service import authenticate
 from api.errors import Unauthorized
 
 

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
@@ -29,12 +28,6 @@ async def add_token(
     session.add(row)
     await session.flush()
     return row
-
-
-async def add_tokens(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
-    """Token rows (project_id, job_id, token_hash, description) in one INSERT."""
-    if rows:
-        await session.execute(insert(ApiToken).values(list(rows)))
 
 
 # Who an active token belongs to: (token id, job id, project id, project name), on a direct connection.

@@ -5,13 +5,12 @@ from __future__ import annotations
 import hashlib
 import secrets
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth import repository
+from api.auth.principal import Principal
 from api.errors import Unauthorized
 
 if TYPE_CHECKING:
@@ -19,20 +18,6 @@ if TYPE_CHECKING:
     from api.db.direct import Direct
 
 TOKEN_PREFIX = "tm_"
-
-
-@dataclass(frozen=True)
-class Principal:
-    """Who is calling: a project, and for a job-scoped token the one job it may write."""
-
-    project_id: uuid.UUID
-    project_name: str
-    job_id: uuid.UUID | None = None
-    token_id: uuid.UUID | None = None
-
-    @property
-    def is_job_token(self) -> bool:
-        return self.job_id is not None
 
 
 def hash_token(token: str) -> str:
@@ -56,17 +41,6 @@ async def create_job_token(session: AsyncSession, project_id: uuid.UUID, job_id:
         session, project_id=project_id, job_id=job_id, token_hash=hash_token(token), description="job"
     )
     return token
-
-
-async def create_job_tokens(session: AsyncSession, jobs: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> list[str]:
-    """`create_job_token` for many (project id, job id) pairs, written in one statement."""
-    tokens = [new_token() for _ in jobs]
-    rows = [
-        {"project_id": project_id, "job_id": job_id, "token_hash": hash_token(token), "description": "job"}
-        for (project_id, job_id), token in zip(jobs, tokens, strict=True)
-    ]
-    await repository.add_tokens(session, rows)
-    return tokens
 
 
 async def authenticate(direct: Direct, authorization: str | None, cache: TokenCache | None = None) -> Principal:

@@ -4,7 +4,7 @@ import json
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.auth.service import Principal
+from api.auth.principal import Principal
 from api.checkpoints import repository
 from api.jobs import service as jobs
 from trainmaster.models import CheckpointIn, CheckpointInfo

@@ -7,7 +7,7 @@ import asyncio
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.auth.service import Principal
+from api.auth.principal import Principal
 from api.db.models import Job
 from api.dispatcher.backend import RayUnavailable
 from api.dispatcher.placement import visible

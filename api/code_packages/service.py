@@ -6,7 +6,7 @@ import hashlib
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.auth.service import Principal
+from api.auth.principal import Principal
 from api.code_packages import archive, repository
 from api.settings import Settings
 from trainmaster.models import CodeUpload

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -14,25 +13,23 @@ from api.db.models import Job
 from api.dispatcher import launch, preemption
 from api.dispatcher import repository as repo
 from api.dispatcher.backend import Launch, RayUnavailable
+from api.dispatcher.context import RoundContext
 from api.dispatcher.placement import Cluster, Decision, admit
 from api.dispatcher.repository import QueuedJob
 from api.jobs.status import record_event, transition
 from trainmaster.models import JobStatus, Scaling
 
-if TYPE_CHECKING:
-    from api.dispatcher.service import Dispatcher
 
-
-async def admit_round(dispatcher: Dispatcher) -> int:
-    settings = dispatcher.settings
+async def admit_round(context: RoundContext) -> int:
+    settings = context.settings
     try:
-        cluster = await asyncio.to_thread(dispatcher.ray.cluster)
+        cluster = await asyncio.to_thread(context.ray.cluster)
     except RayUnavailable as exc:
-        await _set_reasons_unreachable(dispatcher, str(exc))
+        await _set_reasons_unreachable(context, str(exc))
         return 0
     driver = {"CPU": settings.driver_cpus} if settings.driver_cpus > 0 else {}
     launches: list[Launch] = []
-    async with dispatcher.sessions() as session, session.begin():
+    async with context.sessions() as session, session.begin():
         await repo.lock_admission(session)
         now, held_cpus, held_gpus = await repo.held_resources(session)
         total = cluster.total()
@@ -60,18 +57,18 @@ async def admit_round(dispatcher: Dispatcher) -> int:
                 if settings.preemption:
                     # Preemption counts what active jobs hold in the database: the gangs admitted so
                     # far in this round must be written first.
-                    launches += await launch.start_attempts(dispatcher, session, admitted, now, warning)
+                    launches += await launch.start_attempts(context, session, admitted, now, warning)
                     admitted.clear()
                     waiting = await session.get_one(Job, job.id)  # locked already, by lock_queued
-                    if room := await preemption.make_room(dispatcher, session, waiting, cluster, now):
+                    if room := await preemption.make_room(settings, session, waiting, cluster, now):
                         reason = room
                 if reason != job.pending_reason or job.infeasible_since is not None:
                     reasons[job.id] = reason
             else:
-                await _infeasible(dispatcher, session, job, admission.reason, now)
-        launches += await launch.start_attempts(dispatcher, session, admitted, now, warning, reasons)
+                await _infeasible(context, session, job, admission.reason, now)
+        launches += await launch.start_attempts(context, session, admitted, now, warning, reasons)
     # The attempt rows are committed: only now may Ray hear of them.
-    await launch.submit_all(dispatcher, launches)
+    await launch.submit_all(context, launches)
     return len(launches)
 
 
@@ -98,7 +95,7 @@ def _within(budget: dict[str, float], job: QueuedJob) -> bool:
 
 
 async def _infeasible(
-    dispatcher: Dispatcher, session: AsyncSession, queued: QueuedJob, reason: str, now: datetime
+    context: RoundContext, session: AsyncSession, queued: QueuedJob, reason: str, now: datetime
 ) -> None:
     """Mark the job infeasible (an event, the first time), then fail it once `infeasible_timeout_s`
     has passed. Rare, so through the ORM and the status machine, one job at a time."""
@@ -107,7 +104,7 @@ async def _infeasible(
         job.infeasible_since = now
         await record_event(session, job, "infeasible", reason)
     waited = (now - job.infeasible_since).total_seconds()
-    left = dispatcher.settings.infeasible_timeout_s - waited
+    left = context.settings.infeasible_timeout_s - waited
     if left <= 0:
         await transition(
             session, job, JobStatus.failed, error=f"{reason} (gave up after {waited:.0f} s)", message="infeasible"
@@ -116,9 +113,9 @@ async def _infeasible(
         job.pending_reason = f"{reason} Fails in {left:.0f} s unless the cluster grows."
 
 
-async def _set_reasons_unreachable(dispatcher: Dispatcher, error: str) -> None:
+async def _set_reasons_unreachable(context: RoundContext, error: str) -> None:
     reason = f"the Ray cluster is unreachable ({error}); waiting for it to come back"
-    async with dispatcher.sessions() as session, session.begin():
-        queued = await repo.lock_queued(session, dispatcher.settings.admit_batch)
+    async with context.sessions() as session, session.begin():
+        queued = await repo.lock_queued(session, context.settings.admit_batch)
         changed = {job.id: reason for job in queued if job.pending_reason != reason}
         await repo.write_round(session, reasons=changed, clear_infeasible=False)

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -23,15 +23,13 @@ from api.code_packages import repository as code_repository
 from api.db.models import Job
 from api.dispatcher import repository as repo
 from api.dispatcher.backend import Launch, RayBackend, RayUnavailable
+from api.dispatcher.context import RoundContext
 from api.dispatcher.repository import QueuedJob
 from api.errors import IllegalTransition
 from api.jobs.status import JOB_CHANNEL, can_transition, record_event
 from api.settings import Settings
 from trainmaster.context import JobContext
 from trainmaster.models import AttemptStatus, JobSpec, JobStatus
-
-if TYPE_CHECKING:
-    from api.dispatcher.service import Dispatcher
 
 log = logging.getLogger("trainmaster.dispatcher")
 
@@ -54,7 +52,7 @@ class JobRef(Protocol):
 
 
 async def start_attempts(
-    dispatcher: Dispatcher,
+    context: RoundContext,
     session: AsyncSession,
     admitted: Sequence[QueuedJob],
     now: datetime,
@@ -68,7 +66,7 @@ async def start_attempts(
     (repository.ROUND_WRITES)."""
     if admitted and not can_transition(JobStatus.queued, JobStatus.starting):
         raise IllegalTransition("a queued job cannot become starting")
-    settings = dispatcher.settings
+    settings = context.settings
     specs = [LaunchSpec.stored(job.spec) for job in admitted]
     tokens = [new_token() for _ in admitted]
     gangs = [
@@ -91,7 +89,7 @@ async def start_attempts(
         gangs=gangs,
         events=events,
         reasons=reasons,
-        owner=dispatcher.owner,
+        owner=context.owner,
         lease_expires_at=now + timedelta(seconds=settings.lease_s),
         channel=JOB_CHANNEL,
     )
@@ -187,12 +185,12 @@ def build(
     )
 
 
-async def submit(dispatcher: Dispatcher, launch: Launch) -> None:
+async def submit(context: RoundContext, launch: Launch) -> None:
     """Hand a committed attempt to Ray; a refusal leaves it pending for reconcile to submit again."""
-    await submit_all(dispatcher, [launch])
+    await submit_all(context, [launch])
 
 
-async def submit_all(dispatcher: Dispatcher, launches: Sequence[Launch]) -> None:
+async def submit_all(context: RoundContext, launches: Sequence[Launch]) -> None:
     """Hand committed attempts to Ray one after another (one worker thread for them all), then
     record Ray's answers: the accepted ones in one statement under the lease check
     (repository.mark_submitted), the refused ones in one leased transaction. An admission round
@@ -200,20 +198,20 @@ async def submit_all(dispatcher: Dispatcher, launches: Sequence[Launch]) -> None
     pending, which reconcile submits again under the same id."""
     if not launches:
         return
-    answers = await asyncio.to_thread(_submit_each, dispatcher.ray, launches)
+    answers = await asyncio.to_thread(_submit_each, context.ray, launches)
     accepted: dict[uuid.UUID, str] = {}
     refused: dict[uuid.UUID, str] = {}
     for sent in launches:
         job_id = uuid.UUID(sent.metadata["trainmaster_job_id"])
         (refused if answers[sent.submission_id] else accepted)[job_id] = sent.submission_id
     if accepted:
-        async with dispatcher.sessions() as session:
+        async with context.sessions() as session:
             # One statement is its own transaction: no BEGIN and COMMIT round trips around it.
             await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
-            await repo.mark_submitted(session, accepted, dispatcher.owner)
+            await repo.mark_submitted(session, accepted, context.owner)
     if not refused:
         return
-    async with dispatcher.leased_many(refused) as held:
+    async with context.leased_many(refused) as held:
         for one in held:
             if one.attempt is None or one.attempt.status is not AttemptStatus.pending:
                 continue

@@ -16,7 +16,6 @@ ran, and the waiting gang is admitted by the normal admission round once its pla
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -25,17 +24,13 @@ from api.db.models import Job, Project
 from api.dispatcher.placement import Cluster
 from api.jobs.repository import ACTIVE
 from api.jobs.status import record_event
+from api.settings import Settings
 from trainmaster.models import JobStatus
-
-if TYPE_CHECKING:
-    from api.dispatcher.service import Dispatcher
 
 EPSILON = 1e-9
 
 
-async def make_room(
-    dispatcher: Dispatcher, session: AsyncSession, job: Job, cluster: Cluster, now: datetime
-) -> str | None:
+async def make_room(settings: Settings, session: AsyncSession, job: Job, cluster: Cluster, now: datetime) -> str | None:
     """Ask lower-priority running jobs to make room for `job`; the reason to show it, or None."""
     already = await _victims_of(session, job)
     if already:
@@ -45,7 +40,7 @@ async def make_room(
     room = {"CPU": free.get("CPU", 0.0), "GPU": free.get("GPU", 0.0)}
     need = {"CPU": job.gang_cpus, "GPU": job.gang_gpus}
     held = await _held_by_project(session)
-    shares = dispatcher.settings.guaranteed_shares
+    shares = settings.guaranteed_shares
     chosen: list[Job] = []
     for victim, project in await _candidates(session, job.priority):
         if _covers(room, need):
@@ -68,7 +63,7 @@ async def make_room(
             victim,
             "preempt_requested",
             f"preempted by {job.id} (priority {job.priority} > {victim.priority}): checkpoint now; "
-            f"stopped within {dispatcher.settings.preemption_grace_s:g} s",
+            f"stopped within {settings.preemption_grace_s:g} s",
             {"preempted_by": str(job.id)},
         )
     names = ", ".join(str(v.id)[:8] for v in chosen)

@@ -15,50 +15,47 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.models import Job, JobAttempt
 from api.dispatcher import launch
 from api.dispatcher import repository as repo
-from api.dispatcher.backend import RayJobInfo, RayJobState, RayUnavailable
+from api.dispatcher.backend import RayBackend, RayJobInfo, RayJobState, RayUnavailable
+from api.dispatcher.context import RoundContext
 from api.dispatcher.placement import describe, nodes_free
 from api.jobs.status import record_event, transition
 from api.logs import repository as logs_repository
 from trainmaster.models import AttemptStatus, JobSpec, JobStatus
 
-if TYPE_CHECKING:
-    from api.dispatcher.service import Dispatcher
-
 log = logging.getLogger("trainmaster.dispatcher")
 
 
-async def reconcile_round(dispatcher: Dispatcher) -> None:
-    async with dispatcher.sessions() as session, session.begin():
+async def reconcile_round(context: RoundContext) -> None:
+    async with context.sessions() as session, session.begin():
         job_ids = await repo.claim_active(
-            session, dispatcher.owner, dispatcher.settings.lease_s, dispatcher.settings.reconcile_batch
+            session, context.owner, context.settings.lease_s, context.settings.reconcile_batch
         )
-    nodes = NodesFree(dispatcher)
+    nodes = NodesFree(context.ray)
     for job_id in job_ids:
         try:
-            await reconcile_job(dispatcher, job_id, nodes)
+            await reconcile_job(context, job_id, nodes)
         except RayUnavailable as exc:
             log.warning(json.dumps({"event": "ray_unavailable", "job_id": str(job_id), "error": str(exc)}))
-            await _ray_down(dispatcher, job_ids, str(exc))
+            await _ray_down(context, job_ids, str(exc))
             return
-    dispatcher.ray_down_since = None
+    context.ray_down_since = None
 
 
-async def _ray_down(dispatcher: Dispatcher, job_ids: list[uuid.UUID], error: str) -> None:
+async def _ray_down(context: RoundContext, job_ids: list[uuid.UUID], error: str) -> None:
     """Past ray_unreachable_timeout_s without Ray, active attempts are lost: retried or failed."""
-    if dispatcher.ray_down_since is None:
-        dispatcher.ray_down_since = time.monotonic()  # how long this dispatcher has seen Ray down
-    down_for = time.monotonic() - dispatcher.ray_down_since
-    if down_for < dispatcher.settings.ray_unreachable_timeout_s:
+    if context.ray_down_since is None:
+        context.ray_down_since = time.monotonic()  # how long this dispatcher has seen Ray down
+    down_for = time.monotonic() - context.ray_down_since
+    if down_for < context.settings.ray_unreachable_timeout_s:
         return
     for job_id in job_ids:
-        async with dispatcher.leased(job_id) as held:
+        async with context.leased(job_id) as held:
             if held is None or held.attempt is None or held.job.status not in repo.ACTIVE:
                 continue
             held.attempt.status, held.attempt.finished_at = AttemptStatus.lost, held.now
@@ -66,8 +63,8 @@ async def _ray_down(dispatcher: Dispatcher, job_ids: list[uuid.UUID], error: str
             await _after_failure(held.session, held.job, held.attempt.error)
 
 
-async def reconcile_job(dispatcher: Dispatcher, job_id: uuid.UUID, nodes: NodesFree) -> None:
-    async with dispatcher.leased(job_id) as held:
+async def reconcile_job(context: RoundContext, job_id: uuid.UUID, nodes: NodesFree) -> None:
+    async with context.leased(job_id) as held:
         if held is None or held.job.status not in repo.ACTIVE:
             return
         if held.attempt is None:  # pragma: no cover - active jobs always have an attempt
@@ -76,17 +73,17 @@ async def reconcile_job(dispatcher: Dispatcher, job_id: uuid.UUID, nodes: NodesF
         sub_id, attempt_status, spec = held.attempt.ray_submission_id, held.attempt.status, held.job.spec
         starting = held.job.status is JobStatus.starting
         log_offset = held.attempt.log_offset
-    info = await asyncio.to_thread(dispatcher.ray.info, sub_id)
+    info = await asyncio.to_thread(context.ray.info, sub_id)
     if info is None and attempt_status is AttemptStatus.pending:
-        await _resubmit_pending(dispatcher, job_id, sub_id, JobSpec.model_validate(spec))
+        await _resubmit_pending(context, job_id, sub_id, JobSpec.model_validate(spec))
         return
-    wants_stop = await _stop_if_asked(dispatcher, job_id, sub_id, info)
+    wants_stop = await _stop_if_asked(context, job_id, sub_id, info)
     final = info is not None and info.state.terminal
-    new_output = await asyncio.to_thread(dispatcher.ray.logs, sub_id, log_offset, final) if info is not None else ""
-    gang = Gang(reported=bool(dispatcher.settings.api_url))
+    new_output = await asyncio.to_thread(context.ray.logs, sub_id, log_offset, final) if info is not None else ""
+    gang = Gang(reported=bool(context.settings.api_url))
     if starting and gang.reported and info is not None and info.state is RayJobState.RUNNING:
         gang.pending_reason = f"placement group pending: {describe(JobSpec.model_validate(spec))}{await nodes.text()}"
-    async with dispatcher.leased(job_id, sub_id) as held:
+    async with context.leased(job_id, sub_id) as held:
         if held is None or held.attempt is None:
             return
         if held.attempt.log_offset == log_offset:  # else another round stored this output already
@@ -106,23 +103,23 @@ class Gang:
 class NodesFree:
     """Each node's free room, read from Ray at most once per round however many gangs wait."""
 
-    def __init__(self, dispatcher: Dispatcher):
-        self.dispatcher = dispatcher
+    def __init__(self, ray: RayBackend):
+        self.ray = ray
         self.cached: str | None = None
 
     async def text(self) -> str:
         if self.cached is None:
             try:
-                cluster = await asyncio.to_thread(self.dispatcher.ray.cluster)
+                cluster = await asyncio.to_thread(self.ray.cluster)
                 self.cached = f"; nodes free: {nodes_free(cluster)}"
             except RayUnavailable:
                 self.cached = ""
         return self.cached
 
 
-async def _resubmit_pending(dispatcher: Dispatcher, job_id: uuid.UUID, sub_id: str, spec: JobSpec) -> None:
+async def _resubmit_pending(context: RoundContext, job_id: uuid.UUID, sub_id: str, spec: JobSpec) -> None:
     """An attempt Ray never acknowledged: submit the same id again (safe), cancel it, or give up."""
-    async with dispatcher.leased(job_id, sub_id) as held:
+    async with context.leased(job_id, sub_id) as held:
         if held is None or held.attempt is None:
             return
         job, attempt = held.job, held.attempt
@@ -131,18 +128,18 @@ async def _resubmit_pending(dispatcher: Dispatcher, job_id: uuid.UUID, sub_id: s
             await _finish(held.session, job, JobStatus.cancelled, None, "cancelled before launch")
             return
         waited = (held.now - attempt.created_at).total_seconds()
-        if waited > dispatcher.settings.launch_timeout_s:
+        if waited > context.settings.launch_timeout_s:
             attempt.status, attempt.finished_at = AttemptStatus.failed, held.now
             attempt.error = f"not launched within {waited:.0f} s: {attempt.error or 'Ray did not accept it'}"
             await _after_failure(held.session, job, attempt.error)
             return
-        again = await launch.prepare(dispatcher.settings, held.session, job, spec, attempt.n)
-    await launch.submit(dispatcher, again)
+        again = await launch.prepare(context.settings, held.session, job, spec, attempt.n)
+    await launch.submit(context, again)
 
 
-async def _stop_if_asked(dispatcher: Dispatcher, job_id: uuid.UUID, sub_id: str, info: RayJobInfo | None) -> str | None:
+async def _stop_if_asked(context: RoundContext, job_id: uuid.UUID, sub_id: str, info: RayJobInfo | None) -> str | None:
     """Stop the Ray job for a cancel or a timeout; returns why it was stopped, if it was."""
-    async with dispatcher.leased(job_id, sub_id) as held:
+    async with context.leased(job_id, sub_id) as held:
         if held is None or held.attempt is None:
             return None
         job, attempt = held.job, held.attempt
@@ -157,10 +154,10 @@ async def _stop_if_asked(dispatcher: Dispatcher, job_id: uuid.UUID, sub_id: str,
         elif job.preempt_requested_at is not None:
             waited = (held.now - job.preempt_requested_at).total_seconds()
             checkpointed = await repo.checkpoint_since(held.session, job.id, job.preempt_requested_at)
-            if checkpointed or waited > dispatcher.settings.preemption_grace_s:
+            if checkpointed or waited > context.settings.preemption_grace_s:
                 reason = "preempt"
     if reason is not None and info is not None and not info.state.terminal:
-        await asyncio.to_thread(dispatcher.ray.stop, sub_id)
+        await asyncio.to_thread(context.ray.stop, sub_id)
     return reason
 
 

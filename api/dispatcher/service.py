@@ -1,5 +1,5 @@
 """The dispatcher: admit queued gangs (admission.py), launch attempts (launch.py), follow them to
-the end (reconcile.py).
+the end (reconcile.py). Each step takes the `RoundContext` (context.py), never this class.
 
 Safety rules, each relied on by the tests:
 - An attempt row with its Ray submission id is committed before Ray hears of it. Ray refuses a
@@ -13,32 +13,15 @@ Safety rules, each relied on by the tests:
 from __future__ import annotations
 
 import gc
-import uuid
-from collections.abc import Mapping
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-
 from api.dispatcher import admission, reconcile
-from api.dispatcher.backend import RayBackend
-from api.dispatcher.leases import Held, leased, leased_many
-from api.settings import Settings
+from api.dispatcher.context import RoundContext
 
 
 @dataclass
-class Dispatcher:
-    settings: Settings
-    sessions: async_sessionmaker[AsyncSession]
-    ray: RayBackend
-    owner: str
-    ray_down_since: float | None = None  # time.monotonic() when Ray was first found unreachable
-
-    def leased(self, job_id: uuid.UUID, submission_id: str | None = None) -> AbstractAsyncContextManager[Held | None]:
-        return leased(self.sessions, job_id, self.owner, submission_id)
-
-    def leased_many(self, submissions: Mapping[uuid.UUID, str]) -> AbstractAsyncContextManager[list[Held]]:
-        return leased_many(self.sessions, submissions, self.owner)
+class Dispatcher(RoundContext):
+    """A dispatcher process's rounds; the steps see it only as the `RoundContext` they share."""
 
     async def admit_round(self) -> int:
         """Admit what fits now; give everything else a reason. Returns how many were launched."""

@@ -26,7 +26,8 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth.deps import current_project
-from api.auth.service import Principal, authenticate
+from api.auth.principal import Principal
+from api.auth.service import authenticate
 from api.db.unavailable import DATABASE_DOWN, database_unavailable
 from api.errors import DomainError, domain_error_response, request_invalid_response
 from api.jobs import service

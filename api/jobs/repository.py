@@ -8,7 +8,6 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Select, String, cast, func, select, text, tuple_
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
@@ -19,17 +18,6 @@ from trainmaster.models import JobStatus
 
 def _with_relations(query: Select[Any]) -> Select[Any]:
     return query.options(selectinload(Job.attempts))
-
-
-async def insert_job(session: AsyncSession, values: dict[str, Any]) -> uuid.UUID | None:
-    """Insert a job; None when the project already holds a job with this idempotency key."""
-    statement = (
-        insert(Job)
-        .values(**values)
-        .on_conflict_do_nothing(index_elements=["project_id", "idempotency_key"])
-        .returning(Job.id)
-    )
-    return (await session.execute(statement)).scalar_one_or_none()
 
 
 # One statement for a new job: the row, its first event, the NOTIFY (sent at commit) and its place in the
@@ -86,11 +74,6 @@ IDEMPOTENT_MATCH = "SELECT id, request_hash FROM jobs WHERE project_id = %(proje
 async def idempotent_match(direct: Direct, project_id: uuid.UUID, key: str) -> tuple[Any, ...] | None:
     """(id, request hash) of the project's job submitted with this idempotency key."""
     return await direct.one(IDEMPOTENT_MATCH, {"project": project_id, "key": key})
-
-
-async def owned_job_id(session: AsyncSession, job_id: uuid.UUID, project_id: uuid.UUID) -> uuid.UUID | None:
-    query = select(Job.id).where(Job.id == job_id, Job.project_id == project_id)
-    return (await session.execute(query)).scalar_one_or_none()
 
 
 async def find_by_idempotency_key(session: AsyncSession, project_id: uuid.UUID, key: str) -> Job | None:

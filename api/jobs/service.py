@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.auth.service import Principal
+from api.auth.principal import Principal
 from api.code_packages import repository as code_repository
 from api.db.direct import Direct
 from api.db.models import Job as JobRow
@@ -29,10 +29,6 @@ from trainmaster.models import Attempt, Job, JobControl, JobEvent, JobEventIn, J
 
 MAX_IDEMPOTENCY_KEY = 256
 log = logging.getLogger("trainmaster.api")
-
-
-def spec_hash(spec: JobSpec) -> str:
-    return _hash_of(spec.model_dump(mode="json"))
 
 
 def _hash_of(spec_json: dict[str, Any]) -> str:
@@ -232,16 +228,6 @@ async def cancel(session: AsyncSession, principal: Principal, raw_id: str) -> Jo
     else:
         await transition(session, job, JobStatus.cancelling, message="cancel requested")
     return job
-
-
-async def writable_job_id(session: AsyncSession, principal: Principal, raw_id: str) -> uuid.UUID:
-    """Like get_writable, with one light query: the hot ingest path needs only the id."""
-    if principal.job_id is not None and str(principal.job_id) != raw_id:
-        raise JobNotFound(f"no job {raw_id!r} for this job token")
-    job_id = await repository.owned_job_id(session, parse_job_id(raw_id), principal.project_id)
-    if job_id is None:
-        raise JobNotFound(f"no job {raw_id!r} in project {principal.project_name!r}")
-    return job_id
 
 
 async def get_writable(session: AsyncSession, principal: Principal, raw_id: str) -> JobRow:

@@ -7,7 +7,6 @@ delivers only when that transaction commits, so listeners never hear of a change
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -53,24 +52,6 @@ async def transition(
     await session.flush()
     await notify(session, job, target)
     return event
-
-
-async def transition_all(session: AsyncSession, changes: Sequence[tuple[Job, str | None]], target: JobStatus) -> None:
-    """`transition` for many jobs (each with its event's message) with one flush and one NOTIFY
-    statement: an admission round starts its gangs this way. When one of them cannot make the change,
-    IllegalTransition is raised before any job is changed."""
-    for job, _ in changes:
-        _check(job, target)
-    events = [_change(job, target, message, None, None) for job, message in changes]
-    if not events:
-        return
-    session.add_all(events)
-    await session.flush()
-    payloads = [json.dumps({"job_id": str(job.id), "status": target.value}) for job, _ in changes]
-    await session.execute(
-        text("SELECT pg_notify(:channel, payload) FROM unnest(CAST(:payloads AS text[])) AS payload"),
-        {"channel": JOB_CHANNEL, "payloads": payloads},
-    )
 
 
 def _change(

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.auth.service import Principal
+from api.auth.principal import Principal
 from api.jobs import service as jobs
 from api.logs import repository
 from trainmaster.models import LogLine

@@ -11,7 +11,7 @@ from pydantic import TypeAdapter
 from sqlalchemy.ext.asyncio import AsyncSession
 from typing_extensions import TypedDict
 
-from api.auth.service import Principal
+from api.auth.principal import Principal
 from api.db.direct import Direct
 from api.errors import JobNotFound, ValidationError
 from api.jobs import service as jobs

@@ -13,7 +13,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from api.auth.service import Principal
+from api.auth.principal import Principal
 from api.db.models import Job
 from api.streaming import sse
 from api.streaming.broker import Broker

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from api.auth.service import Principal
+from api.auth.principal import Principal
 from api.errors import TooManyStreams
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from api.auth.service import Principal
+from api.auth.principal import Principal
 from api.db.models import Sweep as SweepRow
 from api.db.models import SweepTrial as TrialRow
 from api.errors import DomainError

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pydantic import ValidationError as PydanticValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.auth.service import Principal
+from api.auth.principal import Principal
 from api.code_packages import repository as code_repository
 from api.db.models import Sweep as SweepRow
 from api.errors import IllegalTransition, NotFound, ValidationError

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 import pytest
 from sqlalchemy import func, select, update
 
+from api.auth.principal import Principal
 from api.auth.repository import get_or_create_project
-from api.auth.service import Principal
 from api.db.models import Job, JobAttempt
 from api.db.session import create_engine, session_factory
 from api.dispatcher.backend import RayJobState

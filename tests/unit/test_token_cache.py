@@ -6,7 +6,7 @@ import asyncio
 import uuid
 
 from api.auth.cache import ALL, TokenCache
-from api.auth.service import Principal
+from api.auth.principal import Principal
 
 WHO = Principal(project_id=uuid.uuid4(), project_name="alpha")
 
