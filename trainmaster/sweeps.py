@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from trainmaster.errors import WaitTimeout
 from trainmaster.models import JobSpec, Sweep, SweepSpec, SweepStatus, SweepTrial
 
-if TYPE_CHECKING:
-    from trainmaster.client import Client
+
+class SweepApi(Protocol):
+    """The calls a SweepHandle makes; `trainmaster.Client` has them (typed here so that this module
+    need not import the client, which imports this one)."""
+
+    def get_sweep(self, sweep_id: str) -> SweepHandle: ...
+
+    def cancel_sweep(self, sweep_id: str) -> Sweep: ...
 
 
 def sweep_request(
@@ -42,7 +48,7 @@ def sweep_request(
 class SweepHandle:
     """A sweep: its last known state (trials ranked best first) plus the calls that act on it."""
 
-    def __init__(self, client: Client, sweep: Sweep):
+    def __init__(self, client: SweepApi, sweep: Sweep):
         self._client = client
         self.info = sweep
 
