@@ -3,7 +3,7 @@
 Config (all optional): backends (["torch", "grpc"]; "nccl"/"gloo" name the job's process group
 too), ops (all four), min_size (8) and max_size (64 MiB) in bytes, warmup (5), iters (20),
 grpc_timeout_s (600). Rank 0 logs each row as a metric point (step = row index, see
-`plan.Row.metric_values`), prints it nccl-tests style, and records the whole table as
+`trainmaster.collectives.Row.metric_values`), prints it nccl-tests style, and records the whole table as
 `collectives_result` events; every rank records a `topology` event.
 """
 

@@ -1,8 +1,9 @@
 """The collective timeout: a hung NCCL or gloo collective ends the job, and the error says so.
 
 The dispatcher passes the `collective_timeout_s` setting to the driver as
-TRAINMASTER_COLLECTIVE_TIMEOUT_S (a job's `env` may set its own); the driver gives it to
-`TorchConfig(timeout_s=...)`, which becomes the process group's timeout. When a collective
+TRAINMASTER_COLLECTIVE_TIMEOUT_S (a job's `env` may set its own); the torch launcher
+(workers/frameworks/torch.py) gives it to `LeanTorchConfig(timeout_s=...)`, which becomes the process
+group's timeout. When a collective
 exceeds it, the NCCL watchdog (or gloo) raises, the worker fails and Ray Train fails the run.
 The raw error names a watchdog or a recv; `explain_failure` turns that into a reason a person
 reading `trainmaster get` understands.
