@@ -1,5 +1,5 @@
 """Server-side verbs of the `trainmaster` command: `api`, `dispatcher`, `db upgrade`, `token create`,
-`up`, `down`, `status`.
+`up`, `join`, `status`, `down`, `ui`.
 
 The SDK's CLI (`trainmaster.cli.main`) imports nothing from this package: it finds `register`
 through the `trainmaster.cli` entry point declared in pyproject.toml. This module imports only typer

@@ -29,19 +29,11 @@ class Unauthorized(DomainError):
         super().__init__(detail, headers={"WWW-Authenticate": "Bearer"})
 
 
-class Forbidden(DomainError):
-    status_code = 403
-
-
 class NotFound(DomainError):
     status_code = 404
 
 
 class JobNotFound(NotFound):
-    pass
-
-
-class CodeNotFound(NotFound):
     pass
 
 

@@ -1,6 +1,6 @@
 """A metric batch from the request body straight to the five binary arrays STORE_BATCH inserts.
 
-The rules are MetricBatchIn's (trainmaster/models.py); tests/unit/test_metric_batch.py holds every path
+The rules are MetricBatchIn's (`trainmaster.models`); tests/unit/test_metric_batch.py holds every path
 here to the same answers. Two decoders share them:
 
 - msgspec decodes the body into structs the garbage collector does not track (`gc=False`): about 0.3 ms

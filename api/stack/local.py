@@ -1,4 +1,4 @@
-"""`trainmaster up | status | down`: the whole platform on one machine, with no configuration.
+"""`trainmaster up | join | status | down`: the whole platform on one machine, with no configuration.
 
 `up` starts, in the background: an embedded PostgreSQL (unless TRAINMASTER_DATABASE_URL is set)
 migrated to head, a local Ray head with token auth, and a supervisor that runs the API and a
