@@ -21,7 +21,6 @@ from trainmaster.errors import (
     JobNotFound,
     ServiceUnavailable,
     TrainmasterError,
-    WaitTimeout,
     error_from_response,
 )
 from trainmaster.models import (
@@ -44,6 +43,7 @@ from trainmaster.models import (
     SweepList,
     SweepStatus,
 )
+from trainmaster.polling import poll_until
 from trainmaster.sweeps import SweepHandle, sweep_request
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
@@ -183,16 +183,16 @@ class Client:
 
     def wait(self, job_id: str, *, timeout: float | None = None, poll_interval: float = 1.0) -> Job:
         """Block until the job ends; return it if it succeeded, raise JobFailed otherwise."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            job = self._job(job_id)
-            if job.status.terminal:
-                if job.status is not JobStatus.succeeded:
-                    raise JobFailed(job)
-                return job
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(f"job {job_id} still {job.status.value} after {timeout} s")
-            time.sleep(poll_interval)
+        job = poll_until(
+            lambda: self._job(job_id),
+            lambda job: job.status.terminal,
+            what=f"job {job_id}",
+            timeout=timeout,
+            poll_interval=poll_interval,
+        )
+        if job.status is not JobStatus.succeeded:
+            raise JobFailed(job)
+        return job
 
     def cluster(self) -> ClusterInfo:
         """Ray nodes with total and free resources, and the queue depth."""

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, Protocol
 
-from trainmaster.errors import WaitTimeout
 from trainmaster.models import JobSpec, Sweep, SweepSpec, SweepStatus, SweepTrial
+from trainmaster.polling import poll_until
 
 
 class SweepApi(Protocol):
@@ -77,12 +76,13 @@ class SweepHandle:
 
     def wait(self, *, timeout: float | None = None, poll_interval: float = 2.0) -> Sweep:
         """Block until the sweep ends (every trial ended, or it was cancelled); return it."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.refresh().status is SweepStatus.running:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(f"sweep {self.id} still running after {timeout} s")
-            time.sleep(poll_interval)
-        return self.info
+        return poll_until(
+            self.refresh,
+            lambda sweep: sweep.status is not SweepStatus.running,
+            what=f"sweep {self.id}",
+            timeout=timeout,
+            poll_interval=poll_interval,
+        )
 
     def cancel(self) -> Sweep:
         self.info = self._client.cancel_sweep(self.id)

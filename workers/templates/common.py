@@ -12,8 +12,9 @@ import torch
 from trainmaster.context import JobContext
 
 
-def load_latest() -> dict[str, Any] | None:
-    """The state saved by the last reported checkpoint of this run (any earlier attempt), or None."""
+def resume(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+    """Load `model` and `optimizer` from the last reported checkpoint of this run (any earlier attempt);
+    return the whole saved state (where the run was), or None when there is no checkpoint yet."""
     import ray.train
 
     checkpoint = ray.train.get_checkpoint()
@@ -21,7 +22,9 @@ def load_latest() -> dict[str, Any] | None:
         return None
     with checkpoint.as_directory() as folder:
         state: dict[str, Any] = torch.load(Path(folder) / "state.pt", map_location="cpu", weights_only=False)
-        return state
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state
 
 
 def report(metrics: dict[str, Any], state: dict[str, Any] | None) -> None:

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainmaster
-from workers.templates.common import append_ledger, append_progress, load_latest, maybe_fail, report
+from workers.templates.common import append_ledger, append_progress, maybe_fail, report, resume
 
 
 def synthetic_dataset(samples: int, features: int, classes: int, seed: int) -> TensorDataset:
@@ -70,10 +70,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=float(config.get("lr", 0.05)), momentum=0.9)
 
     start_epoch, skip_batches = 0, 0
-    state = load_latest()
+    state = resume(model, optimizer)
     if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
         # A preempted run saved mid-epoch (`batch`): it resumes at that very batch; otherwise after the epoch.
         mid_epoch = "batch" in state
         skip_batches = int(state["batch"]) if mid_epoch else 0

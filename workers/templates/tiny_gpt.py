@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import trainmaster
-from workers.templates.common import append_ledger, load_latest, report
+from workers.templates.common import append_ledger, report, resume
 
 TEXT = Path(__file__).with_name("data") / "tiny.txt"
 
@@ -64,10 +64,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(config.get("lr", 3e-3)))
     start = 0
-    state = load_latest()
+    state = resume(model, optimizer)
     if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"])
     model = ray.train.torch.prepare_model(model)
     device = ray.train.torch.get_device()
