@@ -36,7 +36,7 @@ app.add_typer(sweep_app, name="sweep")
 def register_plugins(target: typer.Typer) -> None:
     """Add the verbs other packages declare under the `trainmaster.cli` entry point group.
 
-    The server verbs (`api`, `dispatcher`, `up`, `down`, `status`, `db`, `token`) come this way from
+    The server verbs (`api`, `dispatcher`, `up`, `join`, `down`, `status`, `ui`, `db`, `token`) come this way from
     `api.cli`, so the SDK's CLI never imports the control plane.
     """
     for entry in entry_points(group="trainmaster.cli"):

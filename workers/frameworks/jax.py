@@ -35,7 +35,6 @@ def _join_on_cpu(coordinator: str, num_workers: int, index: int) -> None:
     _setup_jax_distributed_environment(coordinator, num_workers, index, False, False, {})
 
 
-
 class _CpuJaxBackend(_JaxBackend):
     def on_start(self, worker_group: Any, backend_config: Any) -> None:
         if backend_config.use_gpu or backend_config.use_tpu:
