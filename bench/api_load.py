@@ -11,63 +11,30 @@ with one keep-alive connection:
 The peer: a Ray head started by this script the way the project starts one (`api.stack.ray_head`, token
 auth on loopback), and as many clients calling `JobSubmissionClient.submit_job(entrypoint="true")`,
 each with its own client and the cluster token, for `--warmup` + `--ray-duration` seconds. It runs after
-the API is stopped, and the head is stopped at the end. Ray's `submit_job` is Ray's own acceptance of a job
-(its supervisor actor is created in the background); `POST /v1/jobs` is trainmaster's (the job is durable
-in PostgreSQL, the dispatcher admits it later).
+the API is stopped. Ray's `submit_job` is Ray's own acceptance of a job (its supervisor actor is created
+in the background); `POST /v1/jobs` is trainmaster's (the job is durable in PostgreSQL, the dispatcher
+admits it later).
 
     .venv/bin/python bench/api_load.py [--concurrency 8] [--duration 20] [--ray-duration 20]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from clients import Phase, drive, summary
-from common import api_process, load_1m, migrate_and_token, parser, run, scratch_database
+from clients import Phase, Request, drive, summary
+from harness import api_process, load_1m, parser, ray_head, run, scratch_database
 
-JOB: dict[str, Any] = {"name": "bench", "entrypoint": "builtin:mlp", "scaling": {"num_workers": 2}}
-
-
-def api_phases(url: str, token: str, args: Any) -> list[dict[str, Any]]:
-    headers = {"Authorization": f"Bearer {token}"}
-    body = json.dumps(JOB).encode()
-    rows = []
-    print(f"API: POST /v1/jobs, {args.concurrency} clients for {args.warmup:g} + {args.duration:g} s", flush=True)
-    post = Phase(url, headers, [("POST", "/v1/jobs", body)], 201, args.warmup, args.duration, keep_ids=True)
-    posted = drive(post, args.concurrency, args.client_procs)
-    rows.append(summary("POST /v1/jobs", posted, load_1m=load_1m()))
-    print(f"API: GET /v1/jobs/{{id}}, {args.concurrency} clients for {args.warmup:g} + {args.duration:g} s", flush=True)
-    reads: list[tuple[str, str, bytes | None]] = [("GET", f"/v1/jobs/{job_id}", None) for job_id in posted.ids[:5000]]
-    got = drive(Phase(url, headers, reads, 200, args.warmup, args.duration), args.concurrency, args.client_procs)
-    rows.append(summary("GET /v1/jobs/{id}", got, load_1m=load_1m()))
-    return rows
+JOB = {"name": "bench", "entrypoint": "builtin:mlp", "scaling": {"num_workers": 2}}
 
 
-def ray_phase(args: Any) -> dict[str, Any]:
-    from api.stack import ray_head
-
-    temp = Path(tempfile.mkdtemp(prefix="tmb-", dir="/tmp"))  # short: Ray keeps Unix sockets under it
-    head = None
-    try:
-        print("peer: starting a Ray head (token auth)", flush=True)
-        head = ray_head.start(temp / "ray", temp / "token", num_cpus=args.ray_cpus, log_path=temp / "ray.log")
-        token = head.token_path.read_text().strip()
-        print(f"peer: submit_job, {args.concurrency} clients for {args.warmup:g} + {args.ray_duration:g} s", flush=True)
-        phase = Phase(head.dashboard, {}, [("RAY", "true", None)], 200, args.warmup, args.ray_duration, ray_token=token)
-        return summary(
-            "peer: Ray JobSubmissionClient.submit_job",
-            drive(phase, args.concurrency, args.client_procs),
-            load_1m=load_1m(),
-        )
-    finally:
-        if head is not None:
-            ray_head.stop(head.temp_dir, head.gcs_address)
-        shutil.rmtree(temp, ignore_errors=True)
+def phase(path: str, phase: Phase, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    print(f"{path}: {args.concurrency} clients for {args.warmup:g} + {phase.duration:g} s", flush=True)
+    outcome = drive(phase, args.concurrency, args.client_procs)
+    return summary(path, outcome, load_1m=load_1m()), outcome.ids
 
 
 def main() -> int:
@@ -80,14 +47,24 @@ def main() -> int:
     p.add_argument("--api-workers", type=int, help="`trainmaster api --workers` (default: the API's own default)")
     p.add_argument("--ray-cpus", type=int, default=2, help="CPUs the Ray head offers")
     args = p.parse_args()
-    with run("api_load", args) as record, scratch_database(args.database_url) as database_url:
-        record.read_postgres(database_url)
-        token = migrate_and_token(database_url)
-        with api_process(database_url, args.api_workers) as api:
-            api_rows = api_phases(api.url, token, args)
-        peer = ray_phase(args)
-        record.tables["requests"] = [*api_rows, peer]
-        post, get = api_rows
+    with run("api_load", args) as record, scratch_database(record, args.database_url) as db:
+        with api_process(db.url, args.api_workers) as api:
+            headers = {"Authorization": f"Bearer {db.token}"}
+            body = json.dumps(JOB).encode()
+            posts = Phase(
+                api.url, headers, [("POST", "/v1/jobs", body)], 201, args.warmup, args.duration, keep_ids=True
+            )
+            post, ids = phase("POST /v1/jobs", posts, args)
+            reads: list[Request] = [("GET", f"/v1/jobs/{job_id}", None) for job_id in ids[:5000]]
+            gets = Phase(api.url, headers, reads, 200, args.warmup, args.duration)
+            get, _ = phase("GET /v1/jobs/{id}", gets, args)
+        print("peer: starting a Ray head (token auth)", flush=True)
+        with ray_head(args.ray_cpus) as head:
+            token = head.token_path.read_text().strip()
+            submit: list[Request] = [("RAY", "true", None)]
+            submits = Phase(head.dashboard, {}, submit, 200, args.warmup, args.ray_duration, ray_token=token)
+            peer, _ = phase("peer: Ray JobSubmissionClient.submit_job", submits, args)
+        record.tables["requests"] = [post, get, peer]
         record.ratio("POST /v1/jobs, req/s", post["req_per_s"], peer["path"] + ", req/s", peer["req_per_s"])
         record.ratio("POST /v1/jobs p99 ms (goal <= 50)", post["p99_ms"], "goal", 50.0)
         record.ratio("GET /v1/jobs/{id}, req/s (goal >= 1,000)", get["req_per_s"], "goal", 1000.0)

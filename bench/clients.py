@@ -1,15 +1,11 @@
 """Load from separate client processes, each running blocking clients on threads: what a user's
 programs look like to the API, and a load generator that does not itself become the bottleneck.
 
-Why not asyncio clients in the measuring process (what api_load.py did first): one event loop running
-eight httpx.AsyncClient requests spends more CPU per request than the API's handler (httpcore's async
-pool, anyio, h11 in pure Python), all on one core's worth of GIL, and on a 2-core machine it took that
-core from the API and PostgreSQL. The first api_load.py also mixed POST and GET 50/50 on one set of
-clients, so each path's rate was half the clients' and the slower path set the pace of both. The
-figures it reported were its own ceiling, about a fifth of what plain threads posting reach.
-
-Here `--client-procs` processes run the clients (threads, one keep-alive `http.client` connection
-each, bodies encoded beforehand), every request is timed on its own, and each path is its own phase.
+Not asyncio clients in the measuring process (what api_load.py did first): one event loop of httpx
+AsyncClient requests spends more CPU per request than the API's handler, on one core's worth of GIL,
+and on a 2-core machine took that core from the API and PostgreSQL (bench/README.md tells the story).
+Here the clients are threads in `procs` processes, one keep-alive `http.client` connection each,
+bodies encoded beforehand; every request is timed on its own, and each path is its own phase.
 """
 
 from __future__ import annotations
@@ -26,16 +22,19 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+Request = tuple[str, str, bytes | None]  # method, path, body
+Send = Callable[[Request], tuple[int, bytes]]
+
 
 @dataclass(frozen=True)
 class Phase:
-    """What every client of one phase sends: `requests` (method, path, body) in a random order, from
-    `start` (time.time()) for `duration` seconds after `warmup` unmeasured ones; or, with `count`, each
-    request once (split between the clients), all of them measured."""
+    """What every client of one phase sends: `requests` in a random order, from a common start for
+    `duration` seconds after `warmup` unmeasured ones; or, with `once`, each request once (split between
+    the clients), all of them measured."""
 
     base_url: str
     headers: dict[str, str]
-    requests: list[tuple[str, str, bytes | None]]
+    requests: list[Request]
     expect: int
     warmup: float = 0.0
     duration: float = 0.0
@@ -62,12 +61,18 @@ class Outcome:
         self.sent += other.sent
 
 
-def _http_client(phase: Phase) -> Callable[[tuple[str, str, bytes | None]], tuple[int, bytes]]:
+def connect(phase: Phase) -> Send:
+    """A sender over one keep-alive connection (or one Ray JobSubmissionClient for the peer)."""
+    if phase.ray_token:
+        from ray.job_submission import JobSubmissionClient
+
+        ray = JobSubmissionClient(phase.base_url, headers={"Authorization": f"Bearer {phase.ray_token}"})
+        return lambda request: (200, ray.submit_job(entrypoint=request[1]).encode())
     parts = urlsplit(phase.base_url)
     conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=60)
     headers = {**phase.headers, "Content-Type": "application/json"}
 
-    def send(request: tuple[str, str, bytes | None]) -> tuple[int, bytes]:
+    def send(request: Request) -> tuple[int, bytes]:
         method, path, body = request
         conn.request(method, path, body=body, headers=headers)
         response = conn.getresponse()
@@ -76,21 +81,8 @@ def _http_client(phase: Phase) -> Callable[[tuple[str, str, bytes | None]], tupl
     return send
 
 
-def _ray_client(phase: Phase) -> Callable[[tuple[str, str, bytes | None]], tuple[int, bytes]]:
-    from ray.job_submission import JobSubmissionClient
-
-    client = JobSubmissionClient(phase.base_url, headers={"Authorization": f"Bearer {phase.ray_token}"})
-
-    def send(request: tuple[str, str, bytes | None]) -> tuple[int, bytes]:
-        return 200, client.submit_job(entrypoint=request[1]).encode()
-
-    return send
-
-
-def _client(phase: Phase, todo: list[tuple[str, str, bytes | None]], begin: float, seed: int) -> Outcome:
-    outcome = Outcome()
-    send = _ray_client(phase) if phase.ray_token else _http_client(phase)
-    rng = random.Random(seed)
+def client(phase: Phase, todo: list[Request], begin: float, seed: int) -> Outcome:
+    outcome, send, rng = Outcome(), connect(phase), random.Random(seed)
     measure_from = begin + phase.warmup
     end = measure_from + phase.duration
     time.sleep(max(0.0, begin - time.time()))
@@ -98,12 +90,11 @@ def _client(phase: Phase, todo: list[tuple[str, str, bytes | None]], begin: floa
         started = time.time()
         if not phase.once and started >= end:
             break
-        request = todo[n] if phase.once else rng.choice(todo)
         try:
-            status, body = send(request)
+            status, body = send(todo[n] if phase.once else rng.choice(todo))
         except Exception as exc:  # a failed request is counted, never fatal to the run
             outcome.errors[f"{type(exc).__name__}: {str(exc)[:80]}"] += 1
-            send = _ray_client(phase) if phase.ray_token else _http_client(phase)
+            send = connect(phase)
             continue
         took = time.time() - started
         outcome.sent += 1
@@ -117,21 +108,21 @@ def _client(phase: Phase, todo: list[tuple[str, str, bytes | None]], begin: floa
     return outcome
 
 
-def _process(phase: Phase, threads: int, index: int, procs: int, begin: float) -> Outcome:
+def process(phase: Phase, threads: int, index: int, procs: int, begin: float) -> Outcome:
     """One client process: `threads` clients; with `once`, this process's share of the requests."""
     results: list[Outcome] = []
     cpu_began = time.process_time()
     mine = phase.requests[index::procs] if phase.once else phase.requests
 
-    def run(t: int) -> None:
-        results.append(_client(phase, mine[t::threads] if phase.once else mine, begin, index * 1000 + t))
+    def one(t: int) -> None:
+        results.append(client(phase, mine[t::threads] if phase.once else mine, begin, index * 1000 + t))
 
-    workers = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+    workers = [threading.Thread(target=one, args=(t,)) for t in range(threads)]
     for worker in workers:
         worker.start()
+    total = Outcome()
     for worker in workers:
         worker.join()
-    total = Outcome()
     for result in results:
         total.merge(result)
     total.client_cpu_s = time.process_time() - cpu_began
@@ -143,9 +134,9 @@ def drive(phase: Phase, clients: int, procs: int) -> Outcome:
     procs = max(1, min(procs, clients))
     per_proc = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
     begin = time.time() + 2.0 + 0.5 * procs  # room for the processes to start
+    total = Outcome()
     with multiprocessing.get_context("spawn").Pool(procs) as pool:
-        pending = [pool.apply_async(_process, (phase, n, i, procs, begin)) for i, n in enumerate(per_proc)]
-        total = Outcome()
+        pending = [pool.apply_async(process, (phase, n, i, procs, begin)) for i, n in enumerate(per_proc)]
         for result in pending:
             total.merge(result.get(timeout=phase.warmup + phase.duration + 600))
     if phase.once:
@@ -154,7 +145,7 @@ def drive(phase: Phase, clients: int, procs: int) -> Outcome:
 
 
 def summary(path: str, outcome: Outcome, **extra: Any) -> dict[str, Any]:
-    from common import ms
+    from harness import ms  # not at the top: the client processes import this module, and need none of it
 
     return {
         "path": path,

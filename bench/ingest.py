@@ -36,44 +36,23 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from clients import Phase, drive
-from common import api_process, migrate_and_token, ms, parser, run, scratch_database, submit_job
+from clients import Phase, Request, drive
+from harness import api_process, ms, parser, run, scratch_database, submit_job
 
 COPY = "COPY metric_points (job_id, attempt, rank, step, name, value, ts) FROM STDIN"
-Send = Callable[[int], Awaitable[None]]  # sends batch number i
-
-
-def steps(index: int, batch: int) -> range:
-    return range(index * batch, (index + 1) * batch)
-
-
-async def timed(senders: list[Send], args: argparse.Namespace) -> tuple[float, list[float]]:
-    """Each sender takes the next batch when it is free: the warm-up ones, then the measured ones, timed."""
-
-    async def drain(send: Send, batches: Iterator[int], latencies: list[float]) -> None:
-        for index in batches:
-            began = time.monotonic()
-            await send(index)
-            latencies.append(time.monotonic() - began)
-
-    warmup = iter(range(args.warmup_batches))
-    await asyncio.gather(*(drain(send, warmup, []) for send in senders))
-    measured = iter(range(args.warmup_batches, args.warmup_batches + args.points // args.batch))
-    latencies: list[float] = []
-    began = time.monotonic()
-    await asyncio.gather(*(drain(send, measured, latencies) for send in senders))
-    return time.monotonic() - began, latencies
+PEER = "peer: psycopg COPY"
+Timed = Callable[[], tuple[float, list[float]]]  # a phase: its seconds and its batches' latencies
 
 
 def metric_bodies(args: argparse.Namespace) -> list[bytes]:
     """Every API phase's request bodies, encoded once (each phase writes to jobs of its own)."""
-    began = time.time()
+    began, batches = time.time(), args.warmup_batches + args.points // args.batch
     return [
         json.dumps(
             {
@@ -81,58 +60,71 @@ def metric_bodies(args: argparse.Namespace) -> list[bytes]:
                 "attempt": 1,
                 "points": [
                     {"step": i, "values": {"loss": 1 / (i + 1)}, "rank": 0, "ts": began + i * 1e-3}
-                    for i in steps(n, args.batch)
+                    for i in range(n * args.batch, (n + 1) * args.batch)
                 ],
             }
         ).encode()
-        for n in range(args.warmup_batches + args.points // args.batch)
+        for n in range(batches)
     ]
 
 
-async def api_batches(
-    url: str, token: str, jobs: list[str], bodies: list[bytes], args: argparse.Namespace
-) -> tuple[float, list[float]]:
-    headers = {"Authorization": f"Bearer {token}"}
+def api_batches(url: str, token: str, jobs: list[str], bodies: list[bytes], args: argparse.Namespace) -> Timed:
     paths = [f"/v1/jobs/{job}/metrics" for job in jobs]
-    requests: list[tuple[str, str, bytes | None]] = [
-        ("POST", paths[n % len(paths)], body) for n, body in enumerate(bodies)
-    ]
-    warmup = drive(Phase(url, headers, requests[: args.warmup_batches], 201, once=True), args.senders, args.procs)
-    measured = drive(Phase(url, headers, requests[args.warmup_batches :], 201, once=True), args.senders, args.procs)
-    for outcome in (warmup, measured):
+    requests: list[Request] = [("POST", paths[n % len(paths)], body) for n, body in enumerate(bodies)]
+
+    def batches(todo: list[Request]) -> Any:
+        outcome = drive(
+            Phase(url, {"Authorization": f"Bearer {token}"}, todo, 201, once=True), args.senders, args.procs
+        )
         if outcome.errors:
             raise RuntimeError(f"ingest requests failed: {dict(outcome.errors)}")
-    return measured.seconds, measured.latencies
+        return outcome
+
+    def phase() -> tuple[float, list[float]]:
+        batches(requests[: args.warmup_batches])
+        measured = batches(requests[args.warmup_batches :])
+        return measured.seconds, measured.latencies
+
+    return phase
 
 
-async def copy_batches(database_url: str, jobs: list[str], args: argparse.Namespace) -> tuple[float, list[float]]:
-    began, ids = time.time(), [uuid.UUID(job) for job in jobs]
-    total = (args.warmup_batches + args.points // args.batch) * args.batch
-    stamps = [datetime.fromtimestamp(began + i * 1e-3, timezone.utc) for i in range(total)]  # not timed
-    connect = psycopg.AsyncConnection.connect
-    conns = [await connect(database_url, autocommit=True, connect_timeout=10) for _ in range(args.senders)]
+def copy_batches(database_url: str, jobs: list[str], args: argparse.Namespace) -> Timed:
+    """Each connection takes the next batch when it is free: the warm-up ones, then the measured ones, timed."""
 
-    def sender(conn: psycopg.AsyncConnection[Any]) -> Send:
-        async def send(index: int) -> None:
-            job = ids[index % len(ids)]
-            async with conn.cursor() as cursor, cursor.copy(COPY) as copy:  # autocommit: one COPY, one transaction
-                for i in steps(index, args.batch):
-                    await copy.write_row((job, 1, 0, i, "loss", 1 / (i + 1), stamps[i]))
+    async def phase() -> tuple[float, list[float]]:
+        began, ids = time.time(), [uuid.UUID(job) for job in jobs]
+        total = (args.warmup_batches + args.points // args.batch) * args.batch
+        stamps = [datetime.fromtimestamp(began + i * 1e-3, timezone.utc) for i in range(total)]  # not timed
+        conns = [await psycopg.AsyncConnection.connect(database_url, autocommit=True) for _ in range(args.senders)]
 
-        return send
+        async def drain(conn: psycopg.AsyncConnection[Any], batches: Iterator[int], latencies: list[float]) -> None:
+            for index in batches:
+                started, job = time.monotonic(), ids[index % len(ids)]
+                async with conn.cursor() as cursor, cursor.copy(COPY) as copy:  # autocommit: one COPY, one transaction
+                    for i in range(index * args.batch, (index + 1) * args.batch):
+                        await copy.write_row((job, 1, 0, i, "loss", 1 / (i + 1), stamps[i]))
+                latencies.append(time.monotonic() - started)
 
-    try:
-        return await timed([sender(conn) for conn in conns], args)
-    finally:
-        for conn in conns:
-            await conn.close()
+        try:
+            warmup = iter(range(args.warmup_batches))
+            await asyncio.gather(*(drain(conn, warmup, []) for conn in conns))
+            measured = iter(range(args.warmup_batches, args.warmup_batches + args.points // args.batch))
+            latencies: list[float] = []
+            started = time.monotonic()
+            await asyncio.gather(*(drain(conn, measured, latencies) for conn in conns))
+            return time.monotonic() - started, latencies
+        finally:
+            for conn in conns:
+                await conn.close()
+
+    return lambda: asyncio.run(phase())
 
 
 def group_cpu_s(pgid: int) -> float:
     """User + system CPU seconds of the live processes in group `pgid` (the API and its uvicorn workers)."""
-    ticks = 0
     if not pgid:
         return 0.0
+    ticks = 0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rpartition(")")[2].split()
@@ -144,23 +136,17 @@ def group_cpu_s(pgid: int) -> float:
 
 
 def measure(
-    path: str,
-    phase: Coroutine[Any, Any, tuple[float, list[float]]],
-    database_url: str,
-    jobs: list[str],
-    args: argparse.Namespace,
-    api_pgid: int = 0,
+    path: str, phase: Timed, database_url: str, jobs: list[str], args: argparse.Namespace, api_pgid: int = 0
 ) -> dict[str, Any]:
     """Run one phase; its row: throughput, batch latency, CPU per batch, and the rows the table holds."""
     batches = args.points // args.batch
     print(f"{path}: {args.senders} senders x {batches} batches of {args.batch}, {len(jobs)} job(s)", flush=True)
     api_cpu, client_cpu = group_cpu_s(api_pgid), time.process_time()
-    seconds, latencies = asyncio.run(phase)
+    seconds, latencies = phase()
     api_cpu, client_cpu = group_cpu_s(api_pgid) - api_cpu, time.process_time() - client_cpu
-    ids = [uuid.UUID(job) for job in jobs]
     with psycopg.connect(database_url) as conn:
+        ids = [uuid.UUID(job) for job in jobs]
         row = conn.execute("SELECT count(*) FROM metric_points WHERE job_id = ANY(%s)", (ids,)).fetchone()
-    sent = (batches + args.warmup_batches) * args.batch
     return {
         "path": path,
         "jobs": len(jobs),
@@ -170,7 +156,7 @@ def measure(
         **{f"batch_{k}": v for k, v in ms(latencies, 50, 99).items()},
         "api_cpu_ms_per_batch": api_cpu / batches * 1000 if api_pgid else None,
         "client_cpu_ms_per_batch": client_cpu / batches * 1000,
-        "rows_sent": sent,
+        "rows_sent": (batches + args.warmup_batches) * args.batch,
         "rows_stored": row[0] if row else 0,
     }
 
@@ -181,45 +167,36 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=1000, help="points per request / per COPY")
     p.add_argument("--points", type=int, default=500_000, help="measured points per phase")
     p.add_argument("--warmup-batches", type=int, default=8, help="unmeasured batches first")
-    p.add_argument(
-        "--api-workers", nargs="+", default=["default", "1"], help="API worker counts, one phase each ('default')"
-    )
+    p.add_argument("--api-workers", nargs="+", default=["default", "1"], help="API worker counts, one phase each")
     p.add_argument("--jobs", type=int, default=1, help="jobs the batches go to, in turn (API and peer alike)")
     p.add_argument("--reps", type=int, default=3, help="rounds of the API phases and the peer's")
     p.add_argument("--client-procs", dest="procs", type=int, default=2, help="processes the senders are spread over")
     args = p.parse_args()
     if args.points < args.batch:
         p.error("--points must be at least --batch")
-    with run("ingest", args) as record, scratch_database(args.database_url) as database_url:
-        record.read_postgres(database_url)
-        token = migrate_and_token(database_url)
+    with run("ingest", args) as record, scratch_database(record, args.database_url) as db:
         rows: list[dict[str, Any]] = []
         bodies = metric_bodies(args)
-        with api_process(database_url, 1) as api:  # every phase's jobs, queued up front
-            rounds = [
-                (
-                    [[submit_job(api.url, token) for _ in range(args.jobs)] for _ in args.api_workers],
-                    [submit_job(api.url, token) for _ in range(args.jobs)],
-                )
-                for _ in range(args.reps)
-            ]
-        for rep, (api_jobs, peer_jobs) in enumerate(rounds, start=1):
-            order: list[tuple[str | None, list[str]]] = list(zip(args.api_workers, api_jobs, strict=True))
+        with api_process(db.url, 1) as api:  # every phase's jobs, queued up front (per worker count, then the peer's)
+
+            def queued() -> list[str]:
+                return [submit_job(api.url, db.token) for _ in range(args.jobs)]
+
+            rounds = [[queued() for _ in [*args.api_workers, PEER]] for _ in range(args.reps)]
+        for rep, jobs in enumerate(rounds, start=1):
+            order = list(zip([*args.api_workers, PEER], jobs, strict=True))
             # the table grows by every phase: the peer goes last in odd rounds and first in even ones
-            order = [*order, (None, peer_jobs)] if rep % 2 else [(None, peer_jobs), *order]
+            order = order if rep % 2 else order[-1:] + order[:-1]
             measured: list[dict[str, Any]] = []
             peer: dict[str, Any] = {}
-            for workers, jobs in order:
-                if workers is None:
-                    peer = measure(
-                        "peer: psycopg COPY", copy_batches(database_url, jobs, args), database_url, jobs, args
-                    )
+            for workers, phase_jobs in order:
+                if workers == PEER:
+                    peer = measure(PEER, copy_batches(db.url, phase_jobs, args), db.url, phase_jobs, args)
                     continue
-                count = None if workers == "default" else int(workers)
-                with api_process(database_url, count) as api:
+                with api_process(db.url, None if workers == "default" else int(workers)) as api:
                     path = f"POST /v1/jobs/{{id}}/metrics, API workers: {workers}"
-                    phase = api_batches(api.url, token, jobs, bodies, args)
-                    measured.append(measure(path, phase, database_url, jobs, args, api.pid))
+                    phase = api_batches(api.url, db.token, phase_jobs, bodies, args)
+                    measured.append(measure(path, phase, db.url, phase_jobs, args, api.pid))
             for row in (*measured, peer):
                 row["round"] = rep
                 if row is not peer:
@@ -227,16 +204,13 @@ def main() -> int:
                     print(f"round {rep}: {row['path']}: {row['ratio']:.3f}x the peer", flush=True)
             rows += [*measured, peer]
         record.tables["ingest"] = rows
-        peers = [row["points_per_s"] for row in rows if row["path"].startswith("peer")]
+        peers = statistics.median(row["points_per_s"] for row in rows if row["path"] == PEER)
         for path in dict.fromkeys(row["path"] for row in rows if "ratio" in row):
-            each = [row["ratio"] for row in rows if row["path"] == path]
-            api = statistics.median(row["points_per_s"] for row in rows if row["path"] == path)
-            record.ratio(
-                f"{path}, points/s, median of {len(each)} rounds", api, "peer: psycopg COPY", statistics.median(peers)
-            )
-            record.ratio(
-                f"{path}, median of the rounds' ratios", statistics.median(each), "peer of the same round", 1.0
-            )
+            mine = [row for row in rows if row["path"] == path]
+            api_rate = statistics.median(row["points_per_s"] for row in mine)
+            record.ratio(f"{path}, points/s, median of {len(mine)} rounds", api_rate, PEER, peers)
+            ratios = statistics.median(row["ratio"] for row in mine)
+            record.ratio(f"{path}, median of the rounds' ratios", ratios, "peer of the same round", 1.0)
         record.valid = all(row["rows_stored"] == row["rows_sent"] for row in rows)
     return 0 if record.valid else 1
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -38,11 +37,9 @@ from collections import Counter
 from typing import Any
 
 import psutil
-from common import REPO, Stack, load_1m, local_stack, parser, run, wait_cluster_idle
+from harness import Record, Stack, load_1m, local_stack, parser, run, wait_cluster_idle, wait_job
 
 import trainmaster as tm
-
-ENTRYPOINT = "step_loop_job:train_loop_per_worker"
 
 
 def run_job(client: tm.Client, stack: Stack, mode: str, label: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -59,49 +56,39 @@ def run_job(client: tm.Client, stack: Stack, mode: str, label: str, args: argpar
     }
     job = client.submit(
         name=f"bench-steps-{mode}-{label}",
-        entrypoint=ENTRYPOINT,
+        entrypoint="step_loop_job:train_loop_per_worker",
         working_dir=stack.home / "job-code",
         scaling=tm.Scaling(num_workers=args.workers),
         config={**config, "batch": args.batch, "features": args.features, "hidden": args.hidden},
     )
-    try:
-        job.wait(timeout=args.job_timeout, poll_interval=0.5)
-    except tm.WaitTimeout:
-        client.cancel(job.id)
-        raise
+    wait_job(client, job, args.job_timeout, 0.5)
     lines = result_path.read_text().splitlines() if result_path.exists() else []
     if len(lines) != 1:
         raise RuntimeError(f"{result_path}: expected one result line from rank 0, found {len(lines)}")
     per_rank = Counter(point.rank for point in client.metrics(job.id, names=["loss"]))
     result = json.loads(lines[0])
     logged = warmup + steps if mode == "trainmaster" else 0
-    if mode == "alternate":
+    if mode == "alternate":  # (without, with) for each logging block and the block just before it
         logged = warmup + sum(args.block for block in result["blocks"] if block["logging"])
-        on_off = pairs_of(result["blocks"])
-        result = {"mode": mode, "steps": steps, "pairs": len(on_off), **summary_of_pairs(on_off)}
+        blocks = result["blocks"]
+        pairs = [(blocks[n - 1], blocks[n]) for n in range(1, len(blocks)) if blocks[n]["logging"]]
+        ratios = [on["steps_per_s"] / off["steps_per_s"] for off, on in pairs]
+        result = {
+            "mode": mode,
+            "steps": steps,
+            "pairs": len(pairs),
+            "ratio_median": statistics.median(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "cpu_ratio_median": statistics.median(off["cpu_ms_per_step"] / on["cpu_ms_per_step"] for off, on in pairs),
+            "off_steps_per_s": statistics.median(off["steps_per_s"] for off, _ in pairs),
+            "on_steps_per_s": statistics.median(on["steps_per_s"] for _, on in pairs),
+        }
     expected = {rank: logged for rank in range(args.workers)} if logged else {}
-    record = {"job": label, **result, "points_complete": dict(per_rank) == expected, "load_1m": load}
-    rate = f"{record['steps_per_s']:8.2f} steps/s" if "steps_per_s" in record else f"{record['ratio_median']:.3f}x"
-    print(f"{label:<7} {mode:<11} {rate}  points complete: {record['points_complete']}")
-    return record
-
-
-def pairs_of(blocks: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(without, with) for each logging block and the block just before it."""
-    return [(blocks[n - 1], blocks[n]) for n in range(1, len(blocks)) if blocks[n]["logging"]]
-
-
-def summary_of_pairs(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
-    ratios = [on["steps_per_s"] / off["steps_per_s"] for off, on in pairs]
-    cpu = [off["cpu_ms_per_step"] / on["cpu_ms_per_step"] for off, on in pairs]
-    return {
-        "ratio_median": statistics.median(ratios),
-        "ratio_min": min(ratios),
-        "ratio_max": max(ratios),
-        "cpu_ratio_median": statistics.median(cpu),
-        "off_steps_per_s": statistics.median(off["steps_per_s"] for off, _ in pairs),
-        "on_steps_per_s": statistics.median(on["steps_per_s"] for _, on in pairs),
-    }
+    row = {"job": label, **result, "points_complete": dict(per_rank) == expected, "load_1m": load}
+    rate = f"{row['steps_per_s']:8.2f} steps/s" if "steps_per_s" in row else f"{row['ratio_median']:.3f}x"
+    print(f"{label:<7} {mode:<11} {rate}  points complete: {row['points_complete']}", flush=True)
+    return row
 
 
 def pin(stack: Stack, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -127,28 +114,55 @@ def pin(stack: Stack, args: argparse.Namespace) -> list[dict[str, Any]]:
     pinned[os.getpid()] = args.platform_cpu
     for pid, cpu in pinned.items():
         subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], capture_output=True, check=False)
-    sides: Counter[int] = Counter(pinned.values())
     return [
         {"cpu": cpu, "processes": n, "side": "training" if cpu == args.train_cpu else "platform"}
-        for cpu, n in sides.items()
+        for cpu, n in Counter(pinned.values()).items()
     ]
 
 
-def measure(args: argparse.Namespace, stack: Stack) -> list[dict[str, Any]]:
-    (stack.home / "job-code").mkdir()
-    (stack.home / "results").mkdir()
-    shutil.copy2(REPO / "bench" / "step_loop_job.py", stack.home / "job-code")
-    jobs = []
-    with tm.Client(api_url=stack.api_url, token=stack.token) as client:
-        run_job(client, stack, "none", "warmup", args)
-        for rep in range(args.reps):
-            for mode in ("none", "trainmaster") if rep % 2 == 0 else ("trainmaster", "none"):
-                jobs.append(run_job(client, stack, mode, f"rep-{rep + 1}", args))
-            if rep < args.report_runs:
-                jobs.append(run_job(client, stack, "ray_report", f"rep-{rep + 1}", args))
-        for n in range(args.alternate_jobs):
-            jobs.append(run_job(client, stack, "alternate", f"alt-{n + 1}", args))
-    return jobs
+def tables(jobs: list[dict[str, Any]], record: Record) -> None:
+    record.tables["jobs"] = [job for job in jobs if job["mode"] != "alternate"]
+    alternating = [job for job in jobs if job["mode"] == "alternate"]
+    if alternating:
+        record.tables["alternating blocks in one job (with logging / the block before, without)"] = alternating
+        ratio = statistics.median(job["ratio_median"] for job in alternating)
+        record.ratio("trainmaster every step, alternating blocks, median of pairs", ratio, "no logging", 1.0)
+    by_mode = {mode: [job for job in jobs if job["mode"] == mode] for mode in ("none", "trainmaster", "ray_report")}
+    record.tables["steps per second"] = [
+        {
+            "mode": mode,
+            "jobs": len(runs),
+            "median": statistics.median(job["steps_per_s"] for job in runs),
+            "min": min(job["steps_per_s"] for job in runs),
+            "max": max(job["steps_per_s"] for job in runs),
+            "rank0_cpu_ms_per_step": statistics.median(job["cpu_ms_per_step"] for job in runs),
+        }
+        for mode, runs in by_mode.items()
+        if runs
+    ]
+    medians = {row["mode"]: row["median"] for row in record.tables["steps per second"]}
+    for mode in ("trainmaster", "ray_report"):
+        if mode in medians and "none" in medians:
+            record.ratio(f"{mode} every step, steps/s", medians[mode], "no logging", medians["none"])
+    # Other load on the machine moves whole jobs; the two jobs of one repetition ran back to back,
+    # and the training process's own CPU per step is what logging adds to the step itself.
+    pairs = [
+        {
+            "repetition": rep,
+            "ratio_steps_per_s": by["trainmaster"]["steps_per_s"] / by["none"]["steps_per_s"],
+            "ratio_cpu_per_step": by["none"]["cpu_ms_per_step"] / by["trainmaster"]["cpu_ms_per_step"],
+            "load_1m": by["trainmaster"]["load_1m"],
+        }
+        for rep in sorted({job["job"] for job in jobs if job["job"].startswith("rep-")})
+        if len(by := {job["mode"]: job for job in jobs if job["job"] == rep and job["mode"] != "ray_report"}) == 2
+    ]
+    record.tables["repetitions, trainmaster against none"] = pairs
+    if pairs:
+        steps_ratio = statistics.median(pair["ratio_steps_per_s"] for pair in pairs)
+        cpu_ratio = statistics.median(pair["ratio_cpu_per_step"] for pair in pairs)
+        record.ratio("trainmaster every step, steps/s, median of repetitions", steps_ratio, "no logging", 1.0)
+        record.ratio("trainmaster every step, rank 0 CPU per step (inverse)", cpu_ratio, "no logging", 1.0)
+    record.valid = all(job["points_complete"] for job in jobs)
 
 
 def main() -> int:
@@ -174,57 +188,21 @@ def main() -> int:
     p.add_argument("--train-cpu", type=int, default=0, help="the CPU of the Ray head and the training workers")
     p.add_argument("--platform-cpu", type=int, default=1, help="the CPU of the API, dispatcher and PostgreSQL")
     args = p.parse_args()
-    with run("logging_overhead", args) as record, local_stack() as stack:
-        record.read_postgres(stack.database_url)
+    with run("logging_overhead", args) as record, local_stack(record) as stack:
         if args.pin:
             record.tables["pinned"] = pin(stack, args)
-        jobs = measure(args, stack)
-        record.tables["jobs"] = [job for job in jobs if job["mode"] != "alternate"]
-        alternating = [job for job in jobs if job["mode"] == "alternate"]
-        if alternating:
-            record.tables["alternating blocks in one job (with logging / the block before, without)"] = alternating
-            record.ratio(
-                "trainmaster every step, alternating blocks, median of pairs",
-                statistics.median(job["ratio_median"] for job in alternating),
-                "no logging",
-                1.0,
-            )
-        by_mode = {mode: [job for job in jobs if job["mode"] == mode] for mode in ("none", "trainmaster", "ray_report")}
-        record.tables["steps per second"] = [
-            {
-                "mode": mode,
-                "jobs": len(runs),
-                "median": statistics.median(job["steps_per_s"] for job in runs),
-                "min": min(job["steps_per_s"] for job in runs),
-                "max": max(job["steps_per_s"] for job in runs),
-                "rank0_cpu_ms_per_step": statistics.median(job["cpu_ms_per_step"] for job in runs),
-            }
-            for mode, runs in by_mode.items()
-            if runs
-        ]
-        medians = {row["mode"]: row["median"] for row in record.tables["steps per second"]}
-        for mode in ("trainmaster", "ray_report"):
-            if mode in medians and "none" in medians:
-                record.ratio(f"{mode} every step, steps/s", medians[mode], "no logging", medians["none"])
-        # Other load on the machine moves whole jobs; the two jobs of one repetition ran back to back,
-        # and the training process's own CPU per step is what logging adds to the step itself.
-        pairs = [
-            {
-                "repetition": rep,
-                "ratio_steps_per_s": by["trainmaster"]["steps_per_s"] / by["none"]["steps_per_s"],
-                "ratio_cpu_per_step": by["none"]["cpu_ms_per_step"] / by["trainmaster"]["cpu_ms_per_step"],
-                "load_1m": by["trainmaster"]["load_1m"],
-            }
-            for rep in sorted({job["job"] for job in jobs if job["job"].startswith("rep-")})
-            if len(by := {job["mode"]: job for job in jobs if job["job"] == rep and job["mode"] != "ray_report"}) == 2
-        ]
-        record.tables["repetitions, trainmaster against none"] = pairs
-        if pairs:
-            steps_ratio = statistics.median(pair["ratio_steps_per_s"] for pair in pairs)
-            cpu_ratio = statistics.median(pair["ratio_cpu_per_step"] for pair in pairs)
-            record.ratio("trainmaster every step, steps/s, median of repetitions", steps_ratio, "no logging", 1.0)
-            record.ratio("trainmaster every step, rank 0 CPU per step (inverse)", cpu_ratio, "no logging", 1.0)
-        record.valid = all(job["points_complete"] for job in jobs)
+        stack.job_code("step_loop_job.py")
+        (stack.home / "results").mkdir()
+        jobs = []
+        with tm.Client(api_url=stack.api_url, token=stack.token) as client:
+            run_job(client, stack, "none", "warmup", args)
+            for rep in range(args.reps):
+                for mode in ("none", "trainmaster") if rep % 2 == 0 else ("trainmaster", "none"):
+                    jobs.append(run_job(client, stack, mode, f"rep-{rep + 1}", args))
+                if rep < args.report_runs:
+                    jobs.append(run_job(client, stack, "ray_report", f"rep-{rep + 1}", args))
+            jobs += [run_job(client, stack, "alternate", f"alt-{n + 1}", args) for n in range(args.alternate_jobs)]
+        tables(jobs, record)
     return 0 if record.valid else 1
 
 

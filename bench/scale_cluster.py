@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from common import ms
+from harness import ms
 from psycopg.types.json import Jsonb
 from sqlalchemy import text
 
@@ -93,30 +93,19 @@ class SimRay:
 def job_rows(count: int, project_ids: list[uuid.UUID], rng: random.Random) -> list[tuple[Any, ...]]:
     """Queued jobs over the projects, mixed gangs and priorities, one second apart in age."""
     rows = []
-    weights = [g[0] for g in GANGS]
     for i in range(count):
-        _, workers, per_worker, strategy = rng.choices(GANGS, weights)[0]
-        spec = JobSpec.model_validate(
-            {
-                "name": f"scale-{i}",
-                "entrypoint": "builtin:mlp",
-                "scaling": {"num_workers": workers, "resources_per_worker": per_worker, "placement_strategy": strategy},
-                "priority": rng.choice(PRIORITIES),
-            }
-        )
-        resources = spec.scaling.worker_resources()
-        rows.append(
-            (
-                uuid.uuid4(),
-                rng.choice(project_ids),
-                spec.name,
-                Jsonb(spec.model_dump(mode="json")),
-                spec.priority,
-                resources.get("CPU", 0.0) * workers,
-                resources.get("GPU", 0.0) * workers,
-                count - i,
-            )
-        )
+        _, workers, per_worker, strategy = rng.choices(GANGS, [g[0] for g in GANGS])[0]
+        scaling = {"num_workers": workers, "resources_per_worker": per_worker, "placement_strategy": strategy}
+        body = {
+            "name": f"scale-{i}",
+            "entrypoint": "builtin:mlp",
+            "scaling": scaling,
+            "priority": rng.choice(PRIORITIES),
+        }
+        spec = JobSpec.model_validate(body)
+        gang = {name: amount * workers for name, amount in spec.scaling.worker_resources().items()}
+        row = (uuid.uuid4(), rng.choice(project_ids), spec.name, Jsonb(spec.model_dump(mode="json")), spec.priority)
+        rows.append((*row, gang.get("CPU", 0.0), gang.get("GPU", 0.0), count - i))
     return rows
 
 

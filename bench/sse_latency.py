@@ -18,42 +18,34 @@ connection; this process LISTENs on another. The API's fan-out is a NOTIFY per b
 
 from __future__ import annotations
 
+import functools
 import itertools
 import multiprocessing
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import psycopg
-from common import api_process, migrate_and_token, ms, parser, percentile, run, scratch_database, submit_job
+from harness import api_process, ms, parser, percentile, run, scratch_database, submit_job
 
 from trainmaster.context import JobApi
 from trainmaster.metrics import MetricsSender
 from trainmaster.sse import parse
 
-CHANNEL = "tm_bench_latency"
-SENT = "t_sent"
+CHANNEL, SENT = "tm_bench_latency", "t_sent"
 Received = dict[int, list[tuple[float, float]]]  # step -> [(received at, t_sent)], more than one if duplicated
-Consumer = Callable[[Callable[[], None]], Received]  # starts the producer (its argument) once it listens
+Posts = list[tuple[float, float, list[int]]]  # per metrics POST: when it left, when its answer came, its steps
+Produced = tuple[int, int, Posts]  # points sent, points dropped, the POSTs
+Starter = Callable[[], None]  # starts the producer, once the consumer listens
 
 
-@dataclass(frozen=True)
-class Producer:
-    target: str  # the API's URL, or the database's for the peer
-    token: str
-    job_id: str
-    rate: float
-    points: int
-
-
-def paced(producer: Producer) -> Iterator[int]:
+def paced(rate: float, points: int) -> Iterator[int]:
     """0..points-1, each at its slot on a fixed schedule."""
     start = time.monotonic()
-    for i in range(producer.points):
-        time.sleep(max(0.0, start + i / producer.rate - time.monotonic()))
+    for i in range(points):
+        time.sleep(max(0.0, start + i / rate - time.monotonic()))
         yield i
 
 
@@ -62,7 +54,7 @@ class TimedApi(JobApi):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.posts: list[tuple[float, float, list[int]]] = []
+        self.posts: Posts = []
 
     def post_metrics(self, batch: dict[str, Any]) -> int:
         started = time.time()
@@ -71,34 +63,56 @@ class TimedApi(JobApi):
         return status
 
 
-def log_points(producer: Producer) -> dict[str, Any]:
-    api = TimedApi(producer.target, producer.token, producer.job_id, None)
+def log_points(api_url: str, token: str, job_id: str, rate: float, points: int) -> Produced:
+    """The API's producer (a spawned process)."""
+    api = TimedApi(api_url, token, job_id, None)
     sender = MetricsSender(api, rank=0)
-    for i in paced(producer):
+    for i in paced(rate, points):
         sender.log({SENT: time.time(), "loss": 1 / (i + 1)}, step=i)
     sender.close(timeout=30)
-    return {"sent_points": sender.sent_points, "dropped": sender.dropped, "posts": api.posts}
+    return sender.sent_points, sender.dropped, api.posts
 
 
-def notify_points(producer: Producer) -> dict[str, Any]:
-    with psycopg.connect(producer.target, autocommit=True, connect_timeout=10) as conn:
-        for i in paced(producer):
+def notify_points(database_url: str, rate: float, points: int) -> Produced:
+    """The peer's producer (a spawned process)."""
+    with psycopg.connect(database_url, autocommit=True, connect_timeout=10) as conn:
+        for i in paced(rate, points):
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{i}:{time.time()!r}"))
-    return {"sent_points": producer.points, "dropped": 0, "posts": []}
+    return points, 0, []
 
 
-def measure(
-    produce: Callable[[Producer], dict[str, Any]],
-    producer: Producer,
-    consume: Consumer,
-) -> tuple[Received, dict[str, Any]]:
-    """Start the consumer; once it listens it starts the producer in a spawned process; what each saw."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        started: list[Any] = []
-        received = consume(lambda: started.append(pool.apply_async(produce, (producer,))))
-        if not started:
-            raise RuntimeError("the consumer never became ready")
-        return received, started[0].get(timeout=60 + producer.points / producer.rate)
+def consume_sse(api_url: str, token: str, job_id: str, points: int, budget_s: float, start: Starter) -> Received:
+    received: Received = {}
+    deadline, headers = time.monotonic() + budget_s, {"Authorization": f"Bearer {token}"}
+    with (
+        httpx.Client(base_url=api_url, headers=headers, timeout=httpx.Timeout(10, read=budget_s)) as http,
+        http.stream("GET", f"/v1/jobs/{job_id}/metrics/stream") as response,
+    ):
+        response.raise_for_status()
+        lines = itertools.takewhile(lambda _: time.monotonic() < deadline, response.iter_lines())
+        for n, event in enumerate(parse(lines)):
+            now = time.time()
+            for item in event.data["items"] if event.event == "metrics" else []:
+                if item["name"] == SENT:
+                    received.setdefault(item["step"], []).append((now, item["value"]))
+            if n == 0:  # the first event (the job's status) says the stream is live
+                start()
+            if event.event == "end" or complete(received, points):
+                break
+    return received
+
+
+def consume_notify(database_url: str, points: int, budget_s: float, start: Starter) -> Received:
+    received: Received = {}
+    with psycopg.connect(database_url, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(f"LISTEN {CHANNEL}")
+        start()
+        for notify in conn.notifies(timeout=budget_s):
+            step, _, sent = notify.payload.partition(":")
+            received.setdefault(int(step), []).append((time.time(), float(sent)))
+            if complete(received, points):
+                break
+    return received
 
 
 def complete(received: Received, points: int) -> bool:
@@ -106,47 +120,19 @@ def complete(received: Received, points: int) -> bool:
     return len(received) >= points or points - 1 in received
 
 
-def consume_sse(api_url: str, token: str, job_id: str, points: int, budget_s: float) -> Consumer:
-    def consume(start_producer: Callable[[], None]) -> Received:
-        received: Received = {}
-        live = False
-        deadline = time.monotonic() + budget_s
-        headers = {"Authorization": f"Bearer {token}"}
-        with (
-            httpx.Client(base_url=api_url, headers=headers, timeout=httpx.Timeout(10, read=budget_s)) as http,
-            http.stream("GET", f"/v1/jobs/{job_id}/metrics/stream") as response,
-        ):
-            response.raise_for_status()
-            lines = itertools.takewhile(lambda _: time.monotonic() < deadline, response.iter_lines())
-            for event in parse(lines):
-                now = time.time()
-                for item in event.data["items"] if event.event == "metrics" else []:
-                    if item["name"] == SENT:
-                        received.setdefault(item["step"], []).append((now, item["value"]))
-                if not live:  # the first event (the job's status) says the stream is live
-                    live = True
-                    start_producer()
-                if event.event == "end" or complete(received, points):
-                    break
-        return received
-
-    return consume
-
-
-def consume_notify(database_url: str, points: int, budget_s: float) -> Consumer:
-    def consume(start_producer: Callable[[], None]) -> Received:
-        received: Received = {}
-        with psycopg.connect(database_url, autocommit=True, connect_timeout=10) as conn:
-            conn.execute(f"LISTEN {CHANNEL}")
-            start_producer()
-            for notify in conn.notifies(timeout=budget_s):
-                step, _, sent = notify.payload.partition(":")
-                received.setdefault(int(step), []).append((time.time(), float(sent)))
-                if complete(received, points):
-                    break
-        return received
-
-    return consume
+def measure(
+    produce: Callable[..., Produced],
+    produce_args: tuple[Any, ...],
+    consume: Callable[[Starter], Received],
+    budget_s: float,
+) -> tuple[Received, Produced]:
+    """The consumer; once it listens, it starts the producer in a spawned process. What each saw."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        started: list[Any] = []
+        received = consume(lambda: started.append(pool.apply_async(produce, produce_args)))
+        if not started:
+            raise RuntimeError("the consumer never became ready")
+        return received, started[0].get(timeout=budget_s)
 
 
 def row(path: str, received: Received, points: int, skip: int) -> dict[str, Any]:
@@ -161,7 +147,7 @@ def row(path: str, received: Received, points: int, skip: int) -> dict[str, Any]
     }
 
 
-def split(received: Received, posts: list[tuple[float, float, list[int]]], skip: int) -> list[dict[str, Any]]:
+def split(received: Received, posts: Posts, skip: int) -> list[dict[str, Any]]:
     """The API's latency per measured point, in three parts: buffer wait, POST round trip, SSE after the answer."""
     post_of = {step: (started, answered) for started, answered, steps in posts for step in steps}
     parts: dict[str, list[float]] = {"in the sender's buffer": [], "POST round trip": [], "SSE after the answer": []}
@@ -187,26 +173,25 @@ def main() -> int:
     args = p.parse_args()
     skip, points = round(args.rate * args.warmup), round(args.rate * (args.warmup + args.duration))
     budget_s = 60 + points / args.rate
-    with run("sse_latency", args) as record, scratch_database(args.database_url) as database_url:
-        record.read_postgres(database_url)
-        token = migrate_and_token(database_url)
-        with api_process(database_url) as api:
-            job_id = submit_job(api.url, token)
+    with run("sse_latency", args) as record, scratch_database(record, args.database_url) as db:
+        with api_process(db.url) as api:
+            job_id = submit_job(api.url, db.token)
             print(f"API: {points} points at {args.rate:g}/s through MetricsSender to SSE", flush=True)
-            producer = Producer(api.url, token, job_id, args.rate, points)
-            received, sender = measure(log_points, producer, consume_sse(api.url, token, job_id, points, budget_s))
+            producer = (api.url, db.token, job_id, args.rate, points)
+            consume = functools.partial(consume_sse, api.url, db.token, job_id, points, budget_s)
+            received, (sent, dropped, posts) = measure(log_points, producer, consume, budget_s)
         print("peer: LISTEN/NOTIFY at the same rate", flush=True)
-        peer_producer = Producer(database_url, "", "", args.rate, points)
-        peer_received, _ = measure(notify_points, peer_producer, consume_notify(database_url, points, budget_s))
+        consume = functools.partial(consume_notify, db.url, points, budget_s)
+        peer_received, _ = measure(notify_points, (db.url, args.rate, points), consume, budget_s)
         api_row = row("trainmaster.log -> SSE", received, points, skip)
         peer_row = row("peer: LISTEN/NOTIFY", peer_received, points, skip)
         record.tables["latency"] = [api_row, peer_row]
-        record.tables["API latency, split"] = split(received, sender["posts"], skip)
+        record.tables["API latency, split"] = split(received, posts, skip)
         for pct in ("p50_ms", "p95_ms"):
             record.ratio(f"{api_row['path']}, {pct.replace('_', ' ')}", api_row[pct], peer_row["path"], peer_row[pct])
         record.ratio(f"{api_row['path']}, p95 ms (goal <= 150)", api_row["p95_ms"], "goal", 150.0)
         losses = api_row["lost"] + api_row["duplicated"] + peer_row["lost"] + peer_row["duplicated"]
-        record.valid = not losses and not sender["dropped"] and sender["sent_points"] == points
+        record.valid = not losses and not dropped and sent == points
     return 0 if record.valid else 1
 
 

@@ -12,11 +12,11 @@ direct    the peer: this process connects to the same Ray cluster (`ray.init` wi
 "First step" is the wall-clock time rank 0 appends to a file just before its first step; "all started"
 is the latest such time over every rank (the whole gang running). With `--nodes 3 --strategy
 STRICT_SPREAD --workers 3` the stack has three Ray nodes on this machine (`trainmaster up --nodes 3`)
-and the gang takes one worker on each. `--warmup` runs
-of each path, then `--runs` of each, interleaved; before each run every Ray CPU is free again. For the
-platform the job's events give when it was admitted (`starting`) and when rank 0 was up (`runtime`).
-The platform's first job on a fresh stack starts its driver cold and starts the node's warm server
-(workers/warm/); later jobs' drivers are forked by it. Each run says which it had (`platform_driver`).
+and the gang takes one worker on each. `--warmup` runs of each path, then `--runs` of each,
+interleaved; before each run every Ray CPU is free again. For the platform the job's events give when
+it was admitted (`starting`) and when rank 0 was up (`runtime`). The platform's first job on a fresh
+stack starts its driver cold and starts the node's warm server (workers/warm/); later jobs' drivers
+are forked by it. Each run says which it had (`platform_driver`).
 
     .venv/bin/python bench/submit_latency.py [--runs 5] [--warmup 1] [--workers 2]
     .venv/bin/python bench/submit_latency.py --nodes 3 --workers 3 --strategy STRICT_SPREAD
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -35,12 +34,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from common import REPO, Stack, load_1m, local_stack, parser, run, wait_cluster_idle
 from first_step_job import stamps, train_loop_per_worker
+from harness import Stack, interleaved, local_stack, parser, run, wait_cluster_idle, wait_job
 
 import trainmaster as tm
 
-ENTRYPOINT = "first_step_job:train_loop_per_worker"
 MARKS = {
     "starting": "admitted (status starting)",
     "driver": "driver up, imports done (event driver)",
@@ -56,17 +54,13 @@ def platform_run(client: tm.Client, workdir: Path, stamp: Path, args: argparse.N
     t0 = time.time()
     job = client.submit(
         name="bench-first-step",
-        entrypoint=ENTRYPOINT,
+        entrypoint="first_step_job:train_loop_per_worker",
         working_dir=workdir,
         scaling=tm.Scaling(num_workers=args.workers, placement_strategy=args.strategy),
         config={"stamp_path": str(stamp)},
     )
     submitted = time.time()
-    try:
-        job.wait(timeout=args.job_timeout, poll_interval=0.25)
-    except tm.WaitTimeout:
-        client.cancel(job.id)
-        raise
+    wait_job(client, job, args.job_timeout, 0.25)
     marks: dict[str, float] = {"submit returned": submitted - t0}
     warm = None
     for event in client.events(job.id):
@@ -108,31 +102,6 @@ def direct_run(stack: Stack, workdir: Path, stamp: Path, args: argparse.Namespac
     return {"first_step_s": first - t0, "all_started_s": everyone - t0, "connect_s": t0 - began}
 
 
-def measure(args: argparse.Namespace, stack: Stack) -> dict[str, list[dict[str, Any]]]:
-    workdir, stamps = stack.home / "job-code", stack.home / "stamps"
-    workdir.mkdir()
-    stamps.mkdir()
-    shutil.copy2(REPO / "bench" / "first_step_job.py", workdir)
-    # The direct path is a Ray driver of the stack's cluster, which wants the stack's Ray token.
-    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(stack.home / "ray_auth_token"))
-    runs: dict[str, list[dict[str, Any]]] = {"platform": [], "direct": []}
-    with tm.Client(api_url=stack.api_url, token=stack.token) as client:
-        for n in range(args.warmup + args.runs):
-            for path in runs:
-                wait_cluster_idle(client)
-                load, stamp = load_1m(), stamps / f"{path}-{n}.txt"
-                if path == "platform":
-                    record = platform_run(client, workdir, stamp, args)
-                else:
-                    record = direct_run(stack, workdir, stamp, args)
-                warm = record.get("warm_driver")
-                how = "" if warm is None else ", warm driver" if warm else ", cold driver"
-                print(f"{path:<8} run {n + 1}: first step after {record['first_step_s']:.2f} s (load {load:.2f}{how})")
-                if n >= args.warmup:
-                    runs[path].append({"load_1m_at_start": load, **record})
-    return runs
-
-
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--runs", type=int, default=5, help="measured runs of each path")
@@ -143,19 +112,33 @@ def main() -> int:
     p.add_argument("--strategy", default="PACK", help="placement strategy of the gang, both paths")
     args = p.parse_args()
     name = "submit_latency" if args.nodes == 1 else f"submit_latency_{args.nodes}nodes"
-    with run(name, args) as record, local_stack(nodes=args.nodes) as stack:
-        record.read_postgres(stack.database_url)
-        runs = measure(args, stack)
+    with run(name, args) as record, local_stack(record, nodes=args.nodes) as stack:
+        workdir, stamp_dir = stack.job_code("first_step_job.py"), stack.home / "stamps"
+        stamp_dir.mkdir()
+        # The direct path is a Ray driver of the stack's cluster, which wants the stack's Ray token.
+        os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(stack.home / "ray_auth_token"))
+        with tm.Client(api_url=stack.api_url, token=stack.token) as client:
+
+            def one(path: str, n: int) -> dict[str, Any]:
+                wait_cluster_idle(client)
+                stamp = stamp_dir / f"{path}-{n}.txt"
+                return (
+                    platform_run(client, workdir, stamp, args)
+                    if path == "platform"
+                    else direct_run(stack, workdir, stamp, args)
+                )
+
+            runs = interleaved(("platform", "direct"), args.warmup, args.runs, one)
         record.tables["first step"] = [
             {
                 "path": path,
-                "runs": len(records),
-                "median_s": statistics.median(r["first_step_s"] for r in records),
-                "min_s": min(r["first_step_s"] for r in records),
-                "max_s": max(r["first_step_s"] for r in records),
-                "all_started_median_s": statistics.median(r["all_started_s"] for r in records),
+                "runs": len(rows),
+                "median_s": statistics.median(r["first_step_s"] for r in rows),
+                "min_s": min(r["first_step_s"] for r in rows),
+                "max_s": max(r["first_step_s"] for r in rows),
+                "all_started_median_s": statistics.median(r["all_started_s"] for r in rows),
             }
-            for path, records in runs.items()
+            for path, rows in runs.items()
         ]
         platform, direct = record.tables["first step"]
         record.ratio(

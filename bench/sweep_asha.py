@@ -33,7 +33,7 @@ import tempfile
 import time
 from typing import Any
 
-from common import load_1m, local_stack, parser, run
+from harness import load_1m, local_stack, parser, run
 
 import trainmaster as tm
 from workers.templates.toy_curve import toy_loss
@@ -76,6 +76,10 @@ def summary(
     }
 
 
+def trial_row(n: int, params: dict[str, Any], steps: int, final: float | None, **more: Any) -> dict[str, Any]:
+    return {"n": n, "params": params, "steps": steps, "final": final, **more}
+
+
 def trainmaster_sweep(client: tm.Client, args: Any, seed: int) -> tuple[list[dict[str, Any]], float]:
     spec = tm.JobSpec(
         name="toy",
@@ -101,16 +105,8 @@ def trainmaster_sweep(client: tm.Client, args: Any, seed: int) -> tuple[list[dic
     for trial in sorted(done.trials, key=lambda t: t.n):
         points = [p for p in client.metrics(trial.job_id, names=["loss"]) if p.step is not None and p.rank == 0]
         last = max(points, key=lambda p: p.step or 0) if points else None
-        trials.append(
-            {
-                "n": trial.n,
-                "params": trial.params,
-                "steps": int(last.step or 0) if last else 0,
-                "final": last.value if last else None,
-                "status": trial.status,
-                "reason": trial.stopped_reason,
-            }
-        )
+        steps, final = (int(last.step or 0), last.value) if last else (0, None)
+        trials.append(trial_row(trial.n, trial.params, steps, final, status=trial.status, reason=trial.stopped_reason))
     return trials, wall
 
 
@@ -149,18 +145,9 @@ def ray_tune_sweep(params: list[dict[str, Any]], args: Any) -> tuple[list[dict[s
     finally:
         ray.shutdown()
     trials = []
-    for index in range(len(results)):
-        result = results[index]
-        config, metrics = result.config or {}, result.metrics or {}
-        n = int(config["trial"])
-        trials.append(
-            {
-                "n": n,
-                "params": params[n],
-                "steps": int(metrics.get("training_iteration", 0)),
-                "final": metrics.get("loss"),
-            }
-        )
+    for result in (results[index] for index in range(len(results))):
+        n, metrics = int((result.config or {})["trial"]), result.metrics or {}
+        trials.append(trial_row(n, params[n], int(metrics.get("training_iteration", 0)), metrics.get("loss")))
     return sorted(trials, key=lambda t: t["n"]), wall
 
 
@@ -183,36 +170,30 @@ def main() -> int:
     with run("sweep_asha", args) as record:
         rows: list[dict[str, Any]] = []
         sampled: dict[int, list[dict[str, Any]]] = {}
-        with local_stack() as stack:
-            record.read_postgres(stack.database_url)
-            with tm.Client(stack.api_url, stack.token) as client:
-                for seed in args.seeds:
-                    trials, wall = trainmaster_sweep(client, args, seed)
-                    sampled[seed] = [t["params"] for t in trials]
-                    rows.append(summary("trainmaster", seed, trials, args.steps, grid, wall))
-                    record.tables[f"trainmaster trials, seed {seed}"] = trials
-                    print(rows[-1], flush=True)
-        if not args.skip_ray_tune:
+        with local_stack(record) as stack, tm.Client(stack.api_url, stack.token) as client:
             for seed in args.seeds:
-                trials, wall = ray_tune_sweep(sampled[seed], args)
-                rows.append(summary("ray tune", seed, trials, args.steps, grid, wall))
-                record.tables[f"ray tune trials, seed {seed}"] = trials
+                trials, wall = trainmaster_sweep(client, args, seed)
+                sampled[seed] = [t["params"] for t in trials]
+                rows.append(summary("trainmaster", seed, trials, args.steps, grid, wall))
+                record.tables[f"trainmaster trials, seed {seed}"] = trials
                 print(rows[-1], flush=True)
+        for seed in [] if args.skip_ray_tune else args.seeds:
+            trials, wall = ray_tune_sweep(sampled[seed], args)
+            rows.append(summary("ray tune", seed, trials, args.steps, grid, wall))
+            record.tables[f"ray tune trials, seed {seed}"] = trials
+            print(rows[-1], flush=True)
         record.tables["grid"] = [grid]
         record.tables["sweeps"] = rows
         for seed in args.seeds:
-            ours = next(r for r in rows if r["sweep"] == "trainmaster" and r["seed"] == seed)
-            record.ratio(
-                f"seed {seed}: grid steps used by trainmaster ASHA", ours["fraction_of_grid_steps"], "full grid", 1.0
+            ours, peer = (
+                {r["sweep"]: r for r in rows if r["seed"] == seed}.get(s) for s in ("trainmaster", "ray tune")
             )
-            peer = next((r for r in rows if r["sweep"] == "ray tune" and r["seed"] == seed), None)
+            assert ours is not None
+            figure = f"seed {seed}: grid steps used by trainmaster ASHA"
+            record.ratio(figure, ours["fraction_of_grid_steps"], "full grid", 1.0)
             if peer is not None:
-                record.ratio(
-                    f"seed {seed}: steps used by trainmaster ASHA",
-                    ours["steps_used"],
-                    "Ray Tune ASHA",
-                    peer["steps_used"],
-                )
+                figure = f"seed {seed}: steps used by trainmaster ASHA"
+                record.ratio(figure, ours["steps_used"], "Ray Tune ASHA", peer["steps_used"])
         record.facts["load_1m_after_sweeps"] = load_1m()
     return 0
 

@@ -13,7 +13,6 @@ interpreter, since this script's driver has both loaded after the first run.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import statistics
@@ -25,11 +24,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from common import REPO, load_1m, parser, run
 from first_step_job import stamps, train_loop_per_worker
-
-sys.path.insert(0, str(REPO))
-from api.stack import ray_head
+from harness import REPO, interleaved, parser, ray_head, run, wait_until
 
 IMPORTS = {
     "TorchTrainer": "from ray.train.torch import TorchTrainer, TorchConfig",
@@ -70,40 +66,6 @@ def fit(path: str, workers: int, storage: Path, stamp: Path) -> dict[str, float]
     return {"first_step_s": first - t0, "fit_s": ended - t0}
 
 
-def wait_idle(head: ray_head.RayHead, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (cpus := head.cpus()) is None or cpus[0] > 0:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"Ray CPUs still in use after {timeout_s:.0f} s: {cpus}")
-        time.sleep(0.25)
-
-
-def measure(args: argparse.Namespace, head: ray_head.RayHead, folder: Path) -> dict[str, list[dict[str, float]]]:
-    import ray
-
-    # The workers import first_step_job and workers.lean_torch by name, as the driver does.
-    paths = f"{REPO}:{REPO / 'bench'}"
-    ray.init(
-        head.gcs_address,
-        runtime_env={"env_vars": {"PYTHONPATH": paths}},
-        log_to_driver=False,
-        logging_level=logging.WARNING,
-    )
-    runs: dict[str, list[dict[str, float]]] = {"TorchTrainer": [], "lean": []}
-    try:
-        for n in range(args.warmup + args.runs):
-            for path in runs:
-                wait_idle(head)
-                load = load_1m()
-                record = fit(path, args.workers, folder / "storage", folder / f"{path}-{n}.txt")
-                print(f"{path:<12} run {n + 1}: first step after {record['first_step_s']:.2f} s (load {load:.2f})")
-                if n >= args.warmup:
-                    runs[path].append({"load_1m_at_start": load, **record})
-    finally:
-        ray.shutdown()
-    return runs
-
-
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--runs", type=int, default=5, help="measured runs of each path")
@@ -111,14 +73,27 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2, help="Ray Train workers")
     args = p.parse_args()
     with run("torch_backend_startup", args) as record, tempfile.TemporaryDirectory(prefix="tmtb-") as tmp:
-        folder = Path(tmp)
         imports = {path: [import_seconds(statement) for _ in range(3)] for path, statement in IMPORTS.items()}
-        head = ray_head.start(folder / "ray", folder / "token", num_cpus=args.workers, log_path=folder / "start.log")
-        os.environ.update(head.env)
-        try:
-            runs = measure(args, head, folder)
-        finally:
-            ray_head.stop(folder / "ray", head.gcs_address)
+        with ray_head(args.workers) as head:
+            import ray
+
+            os.environ.update(head.env)
+            # The workers import first_step_job and workers.lean_torch by name, as the driver does.
+            env = {"env_vars": {"PYTHONPATH": f"{REPO}:{REPO / 'bench'}"}}
+            ray.init(head.gcs_address, runtime_env=env, log_to_driver=False, logging_level=logging.WARNING)
+            try:
+
+                def one(path: str, n: int) -> dict[str, Any]:
+                    wait_until(
+                        lambda: (cpus := head.cpus()) is not None and cpus[0] <= 0,
+                        "Ray CPUs still in use",
+                        every_s=0.25,
+                    )
+                    return fit(path, args.workers, Path(tmp) / "storage", Path(tmp) / f"{path}-{n}.txt")
+
+                runs = interleaved(("TorchTrainer", "lean"), args.warmup, args.runs, one)
+            finally:
+                ray.shutdown()
         record.tables["driver import, fresh interpreter (median of 3)"] = [
             {"trainer": path, "s": statistics.median(values)} for path, values in imports.items()
         ]
@@ -134,13 +109,8 @@ def main() -> int:
             for path, rows in runs.items()
         ]
         peer, ours = record.tables["fit"]
-        record.ratio(
-            "lean: fit() to first step, median s",
-            ours["first_step_median_s"],
-            "TorchTrainer",
-            peer["first_step_median_s"],
-        )
-        record.ratio("lean: whole fit(), median s", ours["fit_median_s"], "TorchTrainer", peer["fit_median_s"])
+        for figure, key in (("fit() to first step", "first_step_median_s"), ("whole fit()", "fit_median_s")):
+            record.ratio(f"lean: {figure}, median s", ours[key], "TorchTrainer", peer[key])
         driver_imports = record.tables["driver import, fresh interpreter (median of 3)"]
         record.ratio("lean: driver import, s", driver_imports[1]["s"], "TorchTrainer", driver_imports[0]["s"])
     return 0
