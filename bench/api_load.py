@@ -1,19 +1,15 @@
 """Submit throughput and latency as clients see them, against Ray Jobs' `submit_job` on the same machine.
 
-The API: `trainmaster api` (its default worker count, or `--api-workers`) on a scratch database
-`tm_bench_<random>`, no dispatcher (every job stays queued). `--concurrency` clients, spread over
-`--client-procs` processes (bench/clients.py explains why not asyncio in this process), each a thread
-with one keep-alive connection:
+The API: `trainmaster api` (its default workers, or `--api-workers`) on a scratch database, no
+dispatcher (every job stays queued). `--concurrency` blocking clients over `--client-procs` processes
+(bench/clients.py), one keep-alive connection each: first `POST /v1/jobs` of a 2-worker spec, then
+`GET /v1/jobs/{id}` of jobs the first phase made, chosen at random; each phase `--warmup` unmeasured
+seconds, then `--duration`.
 
-1. `POST /v1/jobs` of a 2-worker spec, for `--warmup` unmeasured seconds and then `--duration`;
-2. `GET /v1/jobs/{id}` of jobs made in phase 1, chosen at random, for as long.
-
-The peer: a Ray head started by this script the way the project starts one (`api.stack.ray_head`, token
-auth on loopback), and as many clients calling `JobSubmissionClient.submit_job(entrypoint="true")`,
-each with its own client and the cluster token, for `--warmup` + `--ray-duration` seconds. It runs after
-the API is stopped. Ray's `submit_job` is Ray's own acceptance of a job (its supervisor actor is created
-in the background); `POST /v1/jobs` is trainmaster's (the job is durable in PostgreSQL, the dispatcher
-admits it later).
+The peer, after the API is stopped: a Ray head started as the project starts one (`api.stack.ray_head`,
+token auth) and as many clients calling `JobSubmissionClient.submit_job(entrypoint="true")` for
+`--warmup` + `--ray-duration` seconds. `submit_job` is Ray's acceptance of a job (its supervisor actor
+starts in the background); `POST /v1/jobs` is trainmaster's (durable in PostgreSQL, admitted later).
 
     .venv/bin/python bench/api_load.py [--concurrency 8] [--duration 20] [--ray-duration 20]
 """

@@ -1,12 +1,11 @@
-"""Training function of bench/submit_latency.py: stamps the wall-clock time of the first step.
+"""Training function of bench/submit_latency.py and bench/torch_backend_startup.py: stamps the time of
+the first step.
 
-Every worker, just before its first training step, appends `<world rank> <time.time()>` to the
-file `config["stamp_path"]` (rank 0's line is the first step; the latest line is when the whole gang
-had started); then every worker does `config["steps"]` (default 3) tiny all-reduced steps and
-returns; a gang of several must hold a torch process group whose all-reduce is right. It imports
-nothing from trainmaster, so the same function runs under the platform (function entrypoint
-`first_step_job:train_loop_per_worker`, with this file as the job's whole working_dir) and under a
-bare `TorchTrainer.fit()`.
+Every worker appends `<world rank> <time.time()>` to `config["stamp_path"]` just before its first step
+(rank 0's line is the first step; the latest line is when the whole gang had started), then does
+`config["steps"]` (default 3) tiny all-reduced steps, checking a gang's process group gives the right
+sum. It imports nothing from trainmaster, so it runs alike under the platform (this file as the job's
+whole working_dir) and under a bare `TorchTrainer.fit()`.
 """
 
 from __future__ import annotations
@@ -14,12 +13,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from typing import Any
-
-
-def stamp(path: str, rank: int) -> None:
-    """Append the rank and the current wall-clock time to `path` (one line; O_APPEND keeps lines whole)."""
-    with open(path, "a", encoding="utf-8") as out:
-        out.write(f"{rank} {time.time():.6f}\n")
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -32,8 +25,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if world > 1 and not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("no torch process group in a gang of several workers")
     for step in range(int(config.get("steps", 3))):
-        if step == 0:
-            stamp(str(config["stamp_path"]), rank)
+        if step == 0:  # one line; O_APPEND keeps lines whole
+            with open(str(config["stamp_path"]), "a", encoding="utf-8") as out:
+                out.write(f"{rank} {time.time():.6f}\n")
         value = torch.ones(4)
         if world > 1:
             dist.all_reduce(value)

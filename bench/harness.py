@@ -1,16 +1,12 @@
-"""The harness every script in bench/ runs in: the run and its facts, written as JSON; the stack it
-measures (a scratch PostgreSQL database with `trainmaster api` on it, a whole `trainmaster up`, a bare
-Ray head); timing and percentiles.
+"""The harness every script in bench/ runs in: the run record with the machine's facts, written as JSON;
+the stack under measurement (a scratch PostgreSQL database with `trainmaster api` on it, a whole
+`trainmaster up`, a bare Ray head); timing and percentiles.
 
-The scripts run as `.venv/bin/python bench/<name>.py`, so bench/ is on `sys.path` (also in the processes
-they spawn) and they import this module as `harness`. They reach trainmaster through its public
-surfaces (the HTTP API, the SDK, the `trainmaster` console script); psycopg is used directly for the
-scratch database and for the peers.
-
-A script measures inside `with run(name, args) as record:` and fills `record.tables` (lists of rows)
-and `record.ratios`; on a clean exit the record, with the facts read at the start and the end of the
-run, goes to bench/results/<name>.json, which `bench/report.py` turns into tables. SIGTERM and Ctrl-C
-go through every `finally`, so processes, databases and stacks are stopped; a failed run writes nothing.
+Scripts run as `.venv/bin/python bench/<name>.py` (bench/ is on `sys.path`, also in the processes they
+spawn) and measure inside `with run(name, args) as record:`, filling `record.tables` (lists of rows) and
+`record.ratios`; on a clean exit the record goes to bench/results/<name>.json, which bench/report.py
+turns into tables. SIGTERM and Ctrl-C go through every `finally` (processes, databases, stacks); a
+failed run writes nothing.
 """
 
 from __future__ import annotations
@@ -263,17 +259,13 @@ class Api:
     pid: int  # also its process group: uvicorn's workers are in it
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def api_process(database_url: str, workers: int | None = 1) -> Iterator[Api]:
     """`trainmaster api` on a free loopback port, ready, in its own process group; stopped at the end.
     `workers` None: the API's own default."""
-    port = free_port()
+    with socket.socket() as sock:  # a free port
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
     command = [TRAINMASTER, "api", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--workers", str(workers)] if workers is not None else []
     env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url}

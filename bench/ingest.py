@@ -1,27 +1,19 @@
 """Metric ingest throughput: POST /v1/jobs/{id}/metrics against psycopg COPY into the same table.
 
-The API: `trainmaster api` on a scratch database `tm_bench_<random>`, once per `--api-workers` count
-(`default`: the API's own, one worker per core). `--senders` blocking clients, spread over
-`--client-procs` processes (bench/clients.py), POST request bodies encoded beforehand, each a batch
-of `--batch` one-value points (`{"step", "values": {"loss"}, "rank", "ts"}`, ts in Unix seconds: the
-shape trainmaster.log sends) with its own batch_id and attempt, with a project token, to `--jobs` queued
-jobs in turn. `--warmup-batches` go first; then `--points` points are timed from the first request to
-the last answer. Every answer must say all points were stored, and the table must then hold every row
-sent.
+The API: `trainmaster api` on a scratch database, once per `--api-workers` count (`default`: the API's
+own). `--senders` blocking clients over `--client-procs` processes (bench/clients.py) POST bodies encoded
+beforehand, batches of `--batch` one-value points shaped as trainmaster.log sends them (Unix-seconds
+`ts`, a batch_id, an attempt) to `--jobs` queued jobs in turn: `--warmup-batches`, then `--points`
+points timed from the first request to the last answer. Every row sent must be stored.
 
-The peer: as many tasks, one psycopg autocommit connection each to the same database, run `COPY
-metric_points (job_id, attempt, rank, step, name, value, ts) FROM STDIN` with write_row per row, one COPY
-per batch of the same size, the same number of points into the same table, to as many jobs in turn:
-the floor under the API's ingest (no HTTP, JSON, validation, auth, per-job lock, batch-id claim,
-latest-metrics update or NOTIFY).
+The peer: as many psycopg autocommit connections run `COPY metric_points (...) FROM STDIN`, one COPY
+per batch of the same size, the same points into the same table and as many jobs: the floor under the
+API's ingest (no HTTP, JSON, validation, auth, per-job lock, batch-id claim, latest-metrics, NOTIFY).
 
-`--reps` rounds, each the API phases and then the peer's, one after the other: each API phase is
-divided by its round's peer, and the ratio reported is the median of the rounds (this machine's
-throughput drifts by a quarter between minutes; a pair measured a few seconds apart shares the drift).
-
-One job's batches are written one at a time (its sequence numbers commit in order, so a reader resuming
-by seq misses nothing: api/metrics/repository.py), so with `--jobs 1` the API's figure is the ceiling of
-a single job; with several jobs, the platform's.
+`--reps` rounds of the API phases and the peer's (last in odd rounds, first in even ones): each API
+phase is divided by its round's peer and the median of the rounds is reported (this machine drifts by
+a quarter between minutes; a pair a few seconds apart shares the drift). One job's batches are written
+one at a time (api/metrics/repository.py), so `--jobs 1` gives one job's ceiling, more the platform's.
 
     .venv/bin/python bench/ingest.py [--senders 4] [--batch 1000] [--points 500000] [--jobs 1] [--reps 3]
 """
@@ -52,20 +44,14 @@ Timed = Callable[[], tuple[float, list[float]]]  # a phase: its seconds and its 
 
 def metric_bodies(args: argparse.Namespace) -> list[bytes]:
     """Every API phase's request bodies, encoded once (each phase writes to jobs of its own)."""
-    began, batches = time.time(), args.warmup_batches + args.points // args.batch
-    return [
-        json.dumps(
-            {
-                "batch_id": str(uuid.uuid4()),
-                "attempt": 1,
-                "points": [
-                    {"step": i, "values": {"loss": 1 / (i + 1)}, "rank": 0, "ts": began + i * 1e-3}
-                    for i in range(n * args.batch, (n + 1) * args.batch)
-                ],
-            }
-        ).encode()
-        for n in range(batches)
-    ]
+    began = time.time()
+
+    def body(n: int) -> bytes:
+        steps = range(n * args.batch, (n + 1) * args.batch)
+        points = [{"step": i, "values": {"loss": 1 / (i + 1)}, "rank": 0, "ts": began + i * 1e-3} for i in steps]
+        return json.dumps({"batch_id": str(uuid.uuid4()), "attempt": 1, "points": points}).encode()
+
+    return [body(n) for n in range(args.warmup_batches + args.points // args.batch)]
 
 
 def api_batches(url: str, token: str, jobs: list[str], bodies: list[bytes], args: argparse.Namespace) -> Timed:

@@ -1,26 +1,18 @@
 """Steps/s of a small DDP loop logging every step with `trainmaster.log`, against no logging and
 against `ray.train.report`.
 
-The script starts its own platform (`trainmaster up` in a fresh TRAINMASTER_HOME) and submits through the
-SDK jobs of `step_loop_job.train_loop_per_worker` (bench/step_loop_job.py, alone in a working_dir) on
-`--workers` workers: an MLP under DDP over gloo on one fixed batch; rank 0 times `--steps` steps after
-`--warmup-steps`. The jobs differ only by the call after each step:
+On its own `trainmaster up`, jobs of bench/step_loop_job.py (an MLP under DDP over gloo on one fixed
+batch, `--workers` workers; rank 0 times `--steps` steps after `--warmup-steps`) differ only by the call
+after each step: none (the peer every figure is divided by), trainmaster (every point must then be
+stored, on every rank) or ray_report (a barrier with Ray Train's controller; `--report-steps` only).
+After one unmeasured job: `--reps` repetitions of none and trainmaster (order flipped each time), a
+ray_report job after each of the first `--report-runs`; then `--alternate-jobs` jobs alternating blocks
+of `--block` steps without and with logging, each logging block divided by the block before it (a
+second apart: whole jobs move by 20% with this machine's neighbours, block pairs far less).
 
-none          nothing: the peer every figure is divided by
-trainmaster   `trainmaster.log({"loss": ...}, step=i)`; every point must then be stored, on every rank
-ray_report    `ray.train.report(...)`, a barrier with Ray Train's controller: `--report-steps` only
-
-After one unmeasured job, `--reps` repetitions of none and trainmaster (order flipped every repetition),
-and a ray_report job after each of the first `--report-runs` repetitions. Then `--alternate-jobs` jobs
-of mode alternate: blocks of `--block` steps without and with logging in turn inside one job, each
-logging block divided by the block before it (the same processes a second apart: this machine's
-neighbours move whole jobs by 20% either way, a block pair far less). Before each job every Ray CPU
-is free again.
-
-With `--pin` (the default on a machine of two or more cores) the stack is split with `taskset` once
-it is up: the Ray head and everything it starts (the training workers) on `--train-cpu`, the API, the
-dispatcher, PostgreSQL and this script on `--platform-cpu`. The figure is then what the training loop
-pays itself (the log call and its sender thread), not the API's and PostgreSQL's share of a shared core.
+With `--pin` (default on 2+ cores) the Ray head and its workers run on `--train-cpu`, the API,
+dispatcher, PostgreSQL and this script on `--platform-cpu` (`taskset`): the figure is then what the
+training loop pays itself, not the platform's share of a shared core.
 
     .venv/bin/python bench/logging_overhead.py [--reps 3] [--steps 2000] [--report-runs 2] [--no-pin]
 """

@@ -1,29 +1,20 @@
-"""Scale: admission cycles at 100, 1,000 and 10,000 queued jobs on a simulated cluster of 1,000 nodes;
-API reads at 1,000 and 1,000,000 job rows; metrics at 10,000,000 points; logs at 1 GB. Each figure is
-set against the same figure at a small size, measured in the same run: the growth ratio is the figure.
+"""Scale: each figure at a large size against the same figure at a small size, in the same run (the
+ratio is the growth), on a scratch database migrated (and its token made) in process.
 
-It measures the dispatcher's own code: the admission section runs `Dispatcher.admit_round` (claim,
-placement, attempt rows, job tokens, submit) against a real PostgreSQL database and `SimRay`
-(bench/scale_cluster.py), an in-memory Ray of `--nodes` nodes x 8 GPUs x 96 CPUs. For each queue depth:
-the jobs table is emptied and filled with that many queued jobs over 50 projects (mixed priorities and
-gangs from 1 GPU to 16 x 8 GPUs) and vacuumed (as autovacuum keeps it); rounds run until one admits
-nothing (the cluster is full), then `--finish-rounds` rounds each follow 5% of the running jobs ending.
-Before the rounds the process freezes its heap, as `trainmaster dispatcher` does once it is up.
-
-The rest runs against `trainmaster api` (one worker) on the same scratch database (migrated, and its
-token made, in process), reached over HTTP with a project token, `--requests` sequential requests per
-figure after 10 unmeasured:
-- jobs: GET /v1/jobs (first page; a page deep in the list by cursor; `status=failed`; `status=queued`)
-  and GET /v1/jobs/{id} of the newest queued job (its queue position is the last), at 1,000 rows and
-  after growing to `--jobs` rows (1% queued, the token's project holding half of them); CHECKPOINT and
-  VACUUM ANALYZE after each bulk insert, as a system in steady state would have had.
-- metrics: ingest (4 senders, batches of 1,000 points, `--ingest-points`) into an empty table and again
-  with 1,000,000 points stored; GET /v1/jobs/{id}/metrics?max_points=1000 of one job of `--points`
-  points over 20 names against the same read of a job of 10,000 points; ingest while retention purges
-  a finished job of 1,000,000 points against ingest alone.
-- logs: a job of `--log-bytes` of lines: `?tail=100` and the SSE stream resumed with Last-Event-ID 100
-  lines before the end (time to the first event), against the same on a job of 1,000 lines.
-Bulk rows are written with INSERT ... SELECT generate_series (the triggers run as for any insert).
+- admission: the dispatcher's own `Dispatcher.admit_round` against `SimRay` (bench/scale_cluster.py, an
+  in-memory Ray of `--nodes` nodes x 8 GPUs x 96 CPUs) at each of `--depths` queued jobs (50 projects,
+  mixed priorities and gangs, vacuumed): rounds until one admits nothing, then `--finish-rounds` rounds
+  each after 5% of the running jobs end; the heap frozen first, as `trainmaster dispatcher` does.
+- jobs, metrics and logs go through `trainmaster api` (one worker) with a project token, `--requests`
+  sequential requests per figure after 10 unmeasured. jobs: GET /v1/jobs (first page, a deep cursor
+  page, `status=failed`, `status=queued`) and GET /v1/jobs/{id} of the newest queued job, at 1,000 rows
+  and at `--jobs` rows (1% queued). metrics: ingest (4 senders, batches of 1,000, `--ingest-points`)
+  into an empty table and with 1,000,000 points stored; `?max_points=1000` of a job of `--points` points
+  (20 names) against one of 10,000; ingest while retention purges 1,000,000 points against alone.
+  logs: `?tail=100` and the stream resumed 100 lines before the end (to its first event) on a job of
+  `--log-bytes` against one of 1,000 lines.
+Bulk rows come from INSERT ... SELECT generate_series (triggers run as for any insert), followed by
+CHECKPOINT and VACUUM ANALYZE, as a system in steady state would have had.
 
     .venv/bin/python bench/scale.py [--nodes 1000] [--depths 100 1000 10000] [--jobs 1000000]
         [--points 10000000] [--log-bytes 1000000000] [--sections admission jobs metrics logs]
@@ -49,7 +40,6 @@ from scale_cluster import SimRay, admission_cycles, fill_queue
 from api.auth import admin
 from api.db import migrate
 from api.db.session import create_engine, session_factory
-from api.dispatcher.service import Dispatcher
 from api.jobs.service import encode_cursor
 from api.retention.service import purge_round
 from api.settings import Settings
@@ -114,23 +104,16 @@ def growth(record: Record, figure: str, large: dict[str, Any], peer: str, small:
 
 
 def admission(url: str, args: argparse.Namespace, record: Record) -> None:
-    async def cycles(ray: SimRay) -> dict[str, Any]:
-        settings = Settings(
-            database_url=url, storage_path="s3://bench", admit_batch=args.admit_batch, db_connect_timeout_s=60
-        )
-        engine = create_engine(settings)
-        try:
-            dispatcher = Dispatcher(settings=settings, sessions=session_factory(engine), ray=ray, owner="bench")
-            return await admission_cycles(dispatcher, ray, url, args.finish_rounds, random.Random(1))
-        finally:
-            await engine.dispose()
-
+    settings = Settings(
+        database_url=url, storage_path="s3://bench", admit_batch=args.admit_batch, db_connect_timeout_s=60
+    )
     rows = []
     for depth in args.depths:
         ray = SimRay(args.nodes)
         ray.specs = fill_queue(url, depth, 50, random.Random(depth))
         print(f"admission at {depth} queued on {args.nodes} nodes", flush=True)
-        rows.append({"queued": depth, "nodes": args.nodes, **asyncio.run(cycles(ray))})
+        cycles = admission_cycles(settings, ray, args.finish_rounds, random.Random(1))
+        rows.append({"queued": depth, "nodes": args.nodes, **asyncio.run(cycles)})
     record.tables["admission rounds (Dispatcher.admit_round, admit_batch per round)"] = rows
     small, large, at = rows[0], rows[-1], f"at {rows[0]['queued']:,} queued"
     growth(record, f"admission round p99 at {large['queued']:,} queued, ms", large, at, small, "p99_ms")

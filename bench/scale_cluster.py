@@ -20,9 +20,11 @@ from harness import ms
 from psycopg.types.json import Jsonb
 from sqlalchemy import text
 
+from api.db.session import create_engine, session_factory
 from api.dispatcher.backend import Launch, RayJobInfo, RayJobState
 from api.dispatcher.placement import Cluster, Decision, Node, Resources, admit
 from api.dispatcher.service import Dispatcher, freeze_heap
+from api.settings import Settings
 from trainmaster.models import JobSpec
 
 # (share of jobs, workers, resources per worker, strategy): an organisation's mix, ~12 GPUs a job.
@@ -142,11 +144,20 @@ def finish_some(database_url: str, ray: SimRay, share: float, rng: random.Random
     return len(ending)
 
 
-async def admission_cycles(
+async def admission_cycles(settings: Settings, ray: SimRay, finish_rounds: int, rng: random.Random) -> dict[str, Any]:
+    """A dispatcher's rounds until one admits nothing (the cluster is full or the queue empty), then rounds
+    that each follow 5% of the running jobs ending. Time per round and jobs admitted per second."""
+    engine = create_engine(settings)
+    try:
+        dispatcher = Dispatcher(settings=settings, sessions=session_factory(engine), ray=ray, owner="bench")
+        return await timed_rounds(dispatcher, ray, settings.database_url, finish_rounds, rng)
+    finally:
+        await engine.dispose()
+
+
+async def timed_rounds(
     dispatcher: Dispatcher, ray: SimRay, database_url: str, finish_rounds: int, rng: random.Random
 ) -> dict[str, Any]:
-    """Rounds until one admits nothing (the cluster is full or the queue empty), then rounds that each
-    follow 5% of the running jobs ending. Time per round and jobs admitted per second."""
     durations: list[float] = []
     admitted = 0
     async with dispatcher.sessions() as session:  # a warm connection, as a running dispatcher has

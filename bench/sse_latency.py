@@ -1,17 +1,14 @@
 """Latency from `trainmaster.log()` to an SSE client receiving the point, against raw LISTEN/NOTIFY.
 
-The API: `trainmaster api` on a scratch database `tm_bench_<random>`, with one queued job. This process
-opens GET /v1/jobs/{id}/metrics/stream and parses it with `trainmaster.sse.parse`; once the stream answers,
-a second process logs `{"t_sent": time.time(), "loss": ...}` with step i through the SDK's
-`trainmaster.metrics.MetricsSender` (what `trainmaster.log` uses; with a project token) at `--rate` points/s for
-`--warmup` + `--duration` seconds. Latency is `time.time()` when the t_sent row arrives minus t_sent (both
-processes share the clock); points of the warm-up are checked for loss but not timed. The sender's HTTP
-transport times each POST, which splits the latency into the wait in the sender's buffer, the POST round
-trip, and the SSE delivery after the POST's answer.
+The API: `trainmaster api` on a scratch database with one queued job. This process reads
+GET /v1/jobs/{id}/metrics/stream (`trainmaster.sse.parse`); once it answers, a second process logs
+`{"t_sent": time.time(), "loss": ...}` through the SDK's `MetricsSender` (what `trainmaster.log` uses) at
+`--rate` points/s for `--warmup` + `--duration` seconds. Latency is arrival time minus t_sent (one clock);
+warm-up points are checked for loss but not timed. The sender's transport times each POST, which splits
+the latency into the wait in the sender's buffer, the POST round trip and the SSE delivery after it.
 
-The peer: a raw PostgreSQL round trip on the same server: a second process sends
-`pg_notify(channel, '<i>:<time.time()>')` at the same rate for the same time on one autocommit psycopg
-connection; this process LISTENs on another. The API's fan-out is a NOTIFY per batch, then a read.
+The peer: a second process sends `pg_notify(channel, '<i>:<time.time()>')` at the same rate for the same
+time on the same server; this process LISTENs. (The API's fan-out is a NOTIFY per batch, then a read.)
 
     .venv/bin/python bench/sse_latency.py [--rate 50] [--duration 20] [--warmup 2]
 """

@@ -44,10 +44,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     labels = torch.randint(0, 10, (len(inputs),))
     loss_fn = nn.CrossEntropyLoss()
 
-    def steps(first: int, count: int, mode: str = mode) -> list[float]:
+    def steps(first: int, count: int, mode: str = mode) -> tuple[float, float, list[float]]:
+        """Wall and CPU seconds (rank 0's process, all threads) of `count` steps, and each step's."""
         durations = []
+        began, cpu_began = time.perf_counter(), time.process_time()
         for step in range(first, first + count):
-            began = time.perf_counter()
+            started = time.perf_counter()
             optimizer.zero_grad()
             loss = loss_fn(model(inputs), labels)
             loss.backward()
@@ -58,48 +60,32 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 ray.train.report({"loss": loss.item(), "step": step})
             else:
                 loss.item()
-            durations.append(time.perf_counter() - began)
-        return durations
+            durations.append(time.perf_counter() - started)
+        return time.perf_counter() - began, time.process_time() - cpu_began, durations
 
     warmup, count = int(config.get("warmup_steps", 50)), int(config.get("steps", 2000))
     steps(0, warmup)
     dist.barrier()
-    if mode == "alternate":
-        alternate(steps, warmup, count, int(config.get("block", 100)), str(config["result_path"]))
-        return
-    began, cpu_began = time.perf_counter(), time.process_time()
-    durations = steps(warmup, count)
-    seconds, cpu_s = time.perf_counter() - began, time.process_time() - cpu_began
-    trainmaster.flush(timeout=60)
-    if ray.train.get_context().get_world_rank() == 0:
+    if mode == "alternate":  # `count` steps in blocks of `block`, logging in every second block
+        block, blocks = int(config.get("block", 100)), []
+        for n in range(count // block):
+            dist.barrier()  # both ranks start the block together
+            seconds, cpu_s, _ = steps(warmup + n * block, block, "alternate" if n % 2 else "none")
+            blocks.append(
+                {"logging": n % 2 == 1, "steps_per_s": block / seconds, "cpu_ms_per_step": cpu_s / block * 1000}
+            )
+        result: dict[str, Any] = {"mode": mode, "steps": count, "block": block, "blocks": blocks}
+    else:
+        seconds, cpu_s, durations = steps(warmup, count)
         result = {
             "mode": mode,
             "steps": count,
             "steps_per_s": count / seconds,
             "median_step_ms": statistics.median(durations) * 1000,
             "p99_step_ms": sorted(durations)[max(0, round(0.99 * count) - 1)] * 1000,
-            "cpu_ms_per_step": cpu_s / count * 1000,  # rank 0's process, all threads
+            "cpu_ms_per_step": cpu_s / count * 1000,
         }
-        with open(str(config["result_path"]), "a", encoding="utf-8") as out:
-            out.write(json.dumps(result) + "\n")
-
-
-def alternate(steps: Any, first: int, count: int, block: int, result_path: str) -> None:
-    """`count` steps in blocks of `block`, logging in every second block; rank 0 writes each block."""
-    import ray.train
-    import torch.distributed as dist
-
-    import trainmaster
-
-    blocks = []
-    for n in range(count // block):
-        logging = n % 2 == 1
-        dist.barrier()  # both ranks start the block together
-        began, cpu_began = time.perf_counter(), time.process_time()
-        steps(first + n * block, block, "alternate" if logging else "none")
-        seconds, cpu_s = time.perf_counter() - began, time.process_time() - cpu_began
-        blocks.append({"logging": logging, "steps_per_s": block / seconds, "cpu_ms_per_step": cpu_s / block * 1000})
     trainmaster.flush(timeout=60)
     if ray.train.get_context().get_world_rank() == 0:
-        with open(result_path, "a", encoding="utf-8") as out:
-            out.write(json.dumps({"mode": "alternate", "steps": count, "block": block, "blocks": blocks}) + "\n")
+        with open(str(config["result_path"]), "a", encoding="utf-8") as out:
+            out.write(json.dumps(result) + "\n")

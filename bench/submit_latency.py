@@ -1,22 +1,18 @@
 """Time from submit to the first training step on a warm local cluster, against `TorchTrainer.fit()` direct.
 
-The script starts its own platform (`trainmaster up` in a fresh TRAINMASTER_HOME: PostgreSQL, a Ray
-head, the API, a dispatcher) and runs the same `--workers`-worker function,
-`first_step_job.train_loop_per_worker` (bench/first_step_job.py, alone in a working_dir), two ways:
+On its own `trainmaster up` (fresh TRAINMASTER_HOME), the same `--workers`-worker function
+(bench/first_step_job.py, alone in a working_dir) runs two ways, `--warmup` then `--runs` of each,
+interleaved, every Ray CPU free before each run:
 
-platform  `client.submit(entrypoint="first_step_job:train_loop_per_worker", working_dir=...,
-          scaling=Scaling(num_workers=...))`; t0 just before submit (code upload and POST included).
-direct    the peer: this process connects to the same Ray cluster (`ray.init` with the same working_dir,
-          timed apart and not counted), then t0, `TorchTrainer(...)` and `fit()`.
+platform  `client.submit(entrypoint="first_step_job:train_loop_per_worker", working_dir=..., scaling=...)`;
+          t0 just before submit (code upload and POST included).
+direct    the peer: this process connects to the same Ray cluster (`ray.init`, timed apart and not
+          counted), then t0, `TorchTrainer(...).fit()`.
 
-"First step" is the wall-clock time rank 0 appends to a file just before its first step; "all started"
-is the latest such time over every rank (the whole gang running). With `--nodes 3 --strategy
-STRICT_SPREAD --workers 3` the stack has three Ray nodes on this machine (`trainmaster up --nodes 3`)
-and the gang takes one worker on each. `--warmup` runs of each path, then `--runs` of each,
-interleaved; before each run every Ray CPU is free again. For the platform the job's events give when
-it was admitted (`starting`) and when rank 0 was up (`runtime`). The platform's first job on a fresh
-stack starts its driver cold and starts the node's warm server (workers/warm/); later jobs' drivers
-are forked by it. Each run says which it had (`platform_driver`).
+"First step" is when rank 0 stamps its first step; "all started" the latest rank's stamp. The job's
+events give the platform's milestones (admitted, driver up, gang asked, workers started, rank 0 up) and
+whether its driver was forked warm by the node's warm server (workers/warm/; the stack's first job is
+cold). `--nodes 3 --workers 3 --strategy STRICT_SPREAD`: a gang across three Ray nodes on this machine.
 
     .venv/bin/python bench/submit_latency.py [--runs 5] [--warmup 1] [--workers 2]
     .venv/bin/python bench/submit_latency.py --nodes 3 --workers 3 --strategy STRICT_SPREAD

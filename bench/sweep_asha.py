@@ -1,25 +1,19 @@
 """An ASHA sweep through trainmaster against the full grid, with Ray Tune's ASHA on the same trials.
 
-The objective is `builtin:toy-curve` (workers/templates/toy_curve.py): `toy_loss(lr, hidden, dropout,
-step)`, a deterministic noisy learning curve, logged with `trainmaster.log` every step after sleeping
-`--step-s` seconds (so it costs time like training does, and a late stop costs steps).
+The objective is `builtin:toy-curve` (workers/templates/toy_curve.py): a deterministic noisy learning
+curve `toy_loss(lr, hidden, dropout, step)`, logged every step after sleeping `--step-s` seconds.
 
-grid        lr {1e-4, 1e-3, 1e-2, 1e-1} x hidden {32, 64, 128} x dropout {0, 0.25, 0.5}: 36 trials, each
-            `--steps` long. Its total is 36 x steps training steps and its best final loss is computed
-            from the pure objective (running it would log the same numbers).
-trainmaster `trainmaster up` in a fresh TRAINMASTER_HOME (dispatcher polling every `--poll-s`), then
-            `client.sweep(...)`: `--trials` trials sampled with `--seed` (lr log-uniform [1e-4, 1e-1],
-            hidden from {32, 64, 128}, dropout uniform [0, 0.5]), ASHA (`--grace`, `--rf`), at most
-            `--max-concurrent` at once, each trial one worker of `--cpus` CPU. Steps used = the sum over
-            trials of the last step stored for it (what it trained before the controller's stop took
-            effect, reaction time included).
-Ray Tune    the peer, after the stack is down: the same sampled trials in the same order (a grid search
-            over their numbers), `ASHAScheduler(max_t=steps, grace_period, reduction_factor)`, the same
-            concurrency and per-trial CPU, a function trainable calling `tune.report` every step after the
-            same sleep, on a local Ray started by this script.
+grid        lr {1e-4..1e-1} x hidden {32, 64, 128} x dropout {0, 0.25, 0.5}: 36 trials of `--steps`;
+            its steps and best final loss come from the pure objective.
+trainmaster on its own `trainmaster up` (dispatcher polling every `--poll-s`), `client.sweep(...)` of
+            `--trials` trials sampled with each of `--seeds`, ASHA (`--grace`, `--rf`), at most
+            `--max-concurrent` at once, one worker of `--cpus` CPU each. Steps used: the sum of each
+            trial's last stored step (the controller's reaction time included).
+Ray Tune    the peer, after the stack is down: the same sampled trials in the same order,
+            `ASHAScheduler` with the same rungs, concurrency, CPU and step time, on a local Ray.
 
 A sweep "reaches" the grid when a trial that trained all `--steps` ends at or below the grid's best
-final loss. The target: reach it using at most 40% of the grid's steps.
+final loss; the target is to reach it with at most 40% of the grid's steps.
 
     .venv/bin/python bench/sweep_asha.py [--seeds 0 1 2] [--trials 36] [--steps 36] [--step-s 1.0]
 """
@@ -185,15 +179,13 @@ def main() -> int:
         record.tables["grid"] = [grid]
         record.tables["sweeps"] = rows
         for seed in args.seeds:
-            ours, peer = (
-                {r["sweep"]: r for r in rows if r["seed"] == seed}.get(s) for s in ("trainmaster", "ray tune")
-            )
-            assert ours is not None
+            by_sweep = {row["sweep"]: row for row in rows if row["seed"] == seed}
+            ours = by_sweep["trainmaster"]
             figure = f"seed {seed}: grid steps used by trainmaster ASHA"
             record.ratio(figure, ours["fraction_of_grid_steps"], "full grid", 1.0)
-            if peer is not None:
+            if "ray tune" in by_sweep:
                 figure = f"seed {seed}: steps used by trainmaster ASHA"
-                record.ratio(figure, ours["steps_used"], "Ray Tune ASHA", peer["steps_used"])
+                record.ratio(figure, ours["steps_used"], "Ray Tune ASHA", by_sweep["ray tune"]["steps_used"])
         record.facts["load_1m_after_sweeps"] = load_1m()
     return 0
 
