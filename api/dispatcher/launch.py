@@ -25,11 +25,10 @@ from api.dispatcher import repository as repo
 from api.dispatcher.backend import Launch, RayBackend, RayUnavailable
 from api.dispatcher.context import RoundContext
 from api.dispatcher.repository import QueuedJob
-from api.errors import IllegalTransition
-from api.jobs.status import JOB_CHANNEL, can_transition, record_event
+from api.jobs.status import JOB_CHANNEL, record_event
 from api.settings import Settings
 from trainmaster.context import JobContext
-from trainmaster.models import AttemptStatus, JobSpec, JobStatus
+from trainmaster.models import AttemptStatus, JobSpec
 
 log = logging.getLogger("trainmaster.dispatcher")
 
@@ -60,45 +59,41 @@ async def start_attempts(
     reasons: Mapping[uuid.UUID, str] | None = None,
 ) -> list[Launch]:
     """New attempt rows for the gangs an admission round admitted (committed by the caller before any
-    submit) and the launches that go with them. Each job's status change queued -> starting (checked
-    by the status machine's rule), attempt, events (the round's storage `warning` first) and job
-    token, the waiting jobs' new `reasons`, and every NOTIFY, are one statement for the whole round
-    (repository.ROUND_WRITES)."""
-    if admitted and not can_transition(JobStatus.queued, JobStatus.starting):
-        raise IllegalTransition("a queued job cannot become starting")
+    submit) and the launches that go with them. Each job's status change to starting, attempt, events
+    (the round's storage `warning` first) and job token, the waiting jobs' new `reasons`, and every
+    NOTIFY, are one statement for the whole round (repository.ROUND_WRITES). It moves only the jobs
+    the status machine lets become starting; one that may not (it left `queued` after the claim) gets
+    nothing and is not launched, and the round goes on with the others."""
     settings = context.settings
-    specs = [LaunchSpec.stored(job.spec) for job in admitted]
     tokens = [new_token() for _ in admitted]
     gangs = [
-        repo.Gang(job, job.attempts + 1, submission_id(job.id, job.attempts + 1), hash_token(token))
-        for job, token in zip(admitted, tokens, strict=True)
-    ]
-    events = [repo.Event(job.id, "storage_warning", warning) for job in admitted] if warning else []
-    events += [
-        repo.Event(
-            gang.job.id,
-            "status",
-            f"admitted; attempt {gang.n} ({gang.submission_id})",
-            JobStatus.starting,
-            {"from": JobStatus.queued.value},
+        repo.Gang(
+            job,
+            job.attempts + 1,
+            submission_id(job.id, job.attempts + 1),
+            hash_token(token),
+            f"admitted; attempt {job.attempts + 1} ({submission_id(job.id, job.attempts + 1)})",
         )
-        for gang in gangs
+        for job, token in zip(admitted, tokens, strict=True)
     ]
     started = await repo.write_round(
         session,
         gangs=gangs,
-        events=events,
+        warning=warning,
         reasons=reasons,
         owner=context.owner,
         lease_expires_at=now + timedelta(seconds=settings.lease_s),
         channel=JOB_CHANNEL,
     )
-    if started != len(gangs):
-        raise IllegalTransition(f"{len(gangs) - started} of the round's admitted jobs were no longer queued")
-    return [
-        build(settings, gang.job, spec, gang.n, token, await _working_dir(settings, session, gang.job, spec))
-        for gang, spec, token in zip(gangs, specs, tokens, strict=True)
-    ]
+    launches = []
+    for gang, token in zip(gangs, tokens, strict=True):
+        if gang.job.id not in started:
+            log.warning(json.dumps({"event": "start_refused", "job_id": str(gang.job.id), "reason": "not queued"}))
+            continue
+        spec = LaunchSpec.stored(gang.job.spec)
+        working_dir = await _working_dir(settings, session, gang.job, spec)
+        launches.append(build(settings, gang.job, spec, gang.n, token, working_dir))
+    return launches
 
 
 async def prepare(settings: Settings, session: AsyncSession, job: Job, spec: JobSpec, n: int) -> Launch:

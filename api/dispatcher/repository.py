@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -15,9 +15,11 @@ from sqlalchemy.orm import aliased, selectinload
 
 from api.db.models import ApiToken, Checkpoint, Job, JobAttempt, JobEvent, LogLine, Project, ProjectUsage
 from api.jobs.repository import ACTIVE
+from api.jobs.status import sources
 from trainmaster.models import JobStatus
 
 ADMISSION_LOCK = 0x746D_6164  # "tmad": one admission round at a time across every dispatcher
+STARTING_SOURCES = sources(JobStatus.starting)  # what ROUND_WRITES may move to starting
 
 
 async def db_now(session: AsyncSession) -> datetime:
@@ -111,38 +113,48 @@ async def lock_queued(session: AsyncSession, limit: int) -> list[QueuedJob]:
     return [QueuedJob(*row) for row in (await session.execute(QUEUED, {"limit": limit})).all()]
 
 
-# What an admission round decided, in one statement: the admitted gangs (`gangs`) each move queued ->
-# starting under this dispatcher's lease and get their attempt row (pending) and job token; the
-# round's events (`events`, in order: storage warnings, then each status change as
-# api.jobs.status.transition_all writes it); the waiting jobs' new reasons (`reasons`); and the NOTIFY
-# of every status change (sent by PostgreSQL at commit). The rows come as JSON documents, one
-# parameter each. Returns how many jobs moved: the caller checks that all of them did.
+# What an admission round decided, in one statement: the admitted gangs (`gangs`) move to starting
+# under this dispatcher's lease, but only those whose status may still legally become starting
+# (`sources`, from the status machine's table: api/jobs/status.py); each gang that moved, and only
+# those, gets its attempt row (pending), job token, events (the round's storage `warning` first, then
+# each status change with the status it left) and NOTIFY (sent by PostgreSQL at commit). The waiting
+# jobs get their new reasons (`reasons`). The rows come as JSON documents, one parameter each. The
+# self-join on `jobs AS old` reads each row as it was before the UPDATE (its status left). Returns
+# the ids of the jobs that moved.
 ROUND_WRITES = text(
     """
     WITH started AS (
         UPDATE jobs j SET status = 'starting', lease_owner = :owner, lease_expires_at = :lease_expires_at,
                           pending_reason = NULL, infeasible_since = NULL
-        FROM jsonb_to_recordset(CAST(:gangs AS jsonb)) AS g(job_id uuid)
-        WHERE j.id = g.job_id AND j.status = 'queued'
-        RETURNING j.id
+        FROM jsonb_to_recordset(CAST(:gangs AS jsonb))
+             AS g(at int, job_id uuid, n int, submission_id text, message text, payload text),
+             jobs old
+        WHERE j.id = g.job_id AND old.id = g.job_id AND old.status = ANY(CAST(:sources AS job_status[]))
+        RETURNING g.*, old.status AS left_status
     ),
     attempts AS (
         INSERT INTO job_attempts (job_id, n, ray_submission_id, status)
-        SELECT g.job_id, g.n, g.submission_id, 'pending'
-        FROM jsonb_to_recordset(CAST(:gangs AS jsonb)) AS g(job_id uuid, n int, submission_id text)
+        SELECT s.job_id, s.n, s.submission_id, 'pending' FROM started s
     ),
     tokens AS (
         INSERT INTO api_tokens (id, project_id, job_id, token_hash, description)
         SELECT g.token_id, g.project_id, g.job_id, g.token_hash, 'job'
         FROM jsonb_to_recordset(CAST(:gangs AS jsonb))
              AS g(token_id uuid, project_id uuid, job_id uuid, token_hash text)
+        JOIN started s ON s.job_id = g.job_id
     ),
     events AS (
         INSERT INTO job_events (job_id, kind, status, message, data)
         SELECT e.job_id, e.kind, e.status, e.message, e.data
-        FROM jsonb_to_recordset(CAST(:events AS jsonb))
-             AS e(at int, job_id uuid, kind text, status job_status, message text, data jsonb)
-        ORDER BY e.at
+        FROM (
+            SELECT 0 AS part, s.at, s.job_id, 'storage_warning' AS kind, NULL::job_status AS status,
+                   CAST(:warning AS text) AS message, '{}'::jsonb AS data
+            FROM started s WHERE CAST(:warning AS text) IS NOT NULL
+            UNION ALL
+            SELECT 1, s.at, s.job_id, 'status', 'starting', s.message, jsonb_build_object('from', s.left_status)
+            FROM started s
+        ) AS e
+        ORDER BY e.part, e.at
     ),
     waiting AS (
         UPDATE jobs j SET pending_reason = r.reason,
@@ -150,76 +162,59 @@ ROUND_WRITES = text(
         FROM jsonb_to_recordset(CAST(:reasons AS jsonb)) AS r(job_id uuid, reason text)
         WHERE j.id = r.job_id
     )
-    SELECT (SELECT count(*) FROM started) AS started,
-           (SELECT count(pg_notify(:channel, g.payload))
-            FROM jsonb_to_recordset(CAST(:gangs AS jsonb)) AS g(payload text)) AS notified
+    SELECT s.job_id, pg_notify(:channel, s.payload) FROM started s
     """
 )
 
 
 @dataclass(frozen=True)
 class Gang:
-    """One admitted job's rows for ROUND_WRITES."""
+    """One admitted job's rows for ROUND_WRITES, and the message of its status event."""
 
     job: QueuedJob
     n: int
     submission_id: str
     token_hash: str
-
-
-@dataclass(frozen=True)
-class Event:
-    job_id: uuid.UUID
-    kind: str
-    message: str | None
-    status: JobStatus | None = None
-    data: dict[str, Any] = field(default_factory=dict)
+    message: str
 
 
 async def write_round(
     session: AsyncSession,
     *,
     gangs: Sequence[Gang] = (),
-    events: Sequence[Event] = (),
+    warning: str | None = None,
     reasons: Mapping[uuid.UUID, str] | None = None,
     clear_infeasible: bool = True,
     owner: str = "",
     lease_expires_at: datetime | None = None,
     channel: str = "",
-) -> int:
-    """ROUND_WRITES; with `clear_infeasible` the waiting jobs are no longer marked infeasible (they
-    can fit the cluster). Returns how many of `gangs` moved to starting."""
-    if not gangs and not events and not reasons:
-        return 0
+) -> set[uuid.UUID]:
+    """ROUND_WRITES; `warning` is an event for every gang that starts; with `clear_infeasible` the
+    waiting jobs are no longer marked infeasible (they can fit the cluster). Returns the ids of the
+    gangs that moved to starting: a gang whose job left `queued` since the claim is left as it is."""
+    if not gangs and not reasons:
+        return set()
     gang_rows = [
         {
+            "at": at,
             "job_id": str(gang.job.id),
             "n": gang.n,
             "submission_id": gang.submission_id,
+            "message": gang.message,
             "token_id": str(uuid.uuid4()),
             "project_id": str(gang.job.project_id),
             "token_hash": gang.token_hash,
             "payload": json.dumps({"job_id": str(gang.job.id), "status": JobStatus.starting.value}),
         }
-        for gang in gangs
-    ]
-    event_rows = [
-        {
-            "at": at,
-            "job_id": str(event.job_id),
-            "kind": event.kind,
-            "status": event.status.value if event.status else None,
-            "message": event.message,
-            "data": event.data,
-        }
-        for at, event in enumerate(events)
+        for at, gang in enumerate(gangs)
     ]
     reason_rows = [{"job_id": str(job_id), "reason": reason} for job_id, reason in (reasons or {}).items()]
     result = await session.execute(
         ROUND_WRITES,
         {
             "gangs": json.dumps(gang_rows),
-            "events": json.dumps(event_rows),
+            "sources": STARTING_SOURCES,
+            "warning": warning,
             "reasons": json.dumps(reason_rows),
             "clear_infeasible": clear_infeasible,
             "owner": owner,
@@ -227,7 +222,7 @@ async def write_round(
             "channel": channel,
         },
     )
-    return int(result.one().started)
+    return {row[0] for row in result.all()}
 
 
 # The launches Ray accepted, marked submitted under the fencing check of `leased_many` in one

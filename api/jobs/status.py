@@ -1,7 +1,11 @@
-"""The job status machine: every status change goes through `transition`.
+"""The job status machine: every status change goes through `transition`, or, for the many jobs an
+admission round starts at once, through a statement that asks `sources` which statuses may move.
 
-It writes the `job_events` row in the caller's transaction and queues a NOTIFY that PostgreSQL
-delivers only when that transaction commits, so listeners never hear of a change that rolled back.
+`transition` writes the `job_events` row in the caller's transaction and queues a NOTIFY that
+PostgreSQL delivers only when that transaction commits, so listeners never hear of a change that
+rolled back. The bulk write (api/dispatcher/repository.py, ROUND_WRITES) changes only the rows whose
+current status is one of `sources(target)`, and writes the event and NOTIFY of exactly the rows it
+changed: both paths refuse what `ALLOWED` refuses.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ JOB_CHANNEL = "tm_jobs"
 
 def can_transition(current: JobStatus, target: JobStatus) -> bool:
     return target in ALLOWED[current]
+
+
+def sources(target: JobStatus) -> list[str]:
+    """The statuses a job may move to `target` from, as a bulk write's SQL takes them
+    (`status = ANY(CAST(:sources AS job_status[]))`)."""
+    return [current.value for current, targets in ALLOWED.items() if target in targets]
 
 
 async def transition(

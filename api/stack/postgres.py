@@ -18,13 +18,15 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path=f"/{name}"))
 
 
-def create_database(server_url: str, prefix: str = "tm") -> str:
-    """A new, empty database on the server of `server_url`; returns its URL."""
+def create_database(server_url: str, prefix: str = "tm", template: str | None = None) -> str:
+    """A new database on the server of `server_url`, empty or a copy of the database at URL `template`
+    (which nobody may be connected to); returns its URL."""
     import psycopg
 
     name = f"{prefix}_{secrets.token_hex(4)}"
+    copy_of = f' TEMPLATE "{urlsplit(template).path.lstrip("/")}"' if template else ""
     with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"{copy_of}')
     return with_database(server_url, name)
 
 

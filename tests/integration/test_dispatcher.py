@@ -585,3 +585,39 @@ def test_a_round_writes_each_admitted_gang_whole_and_marks_only_the_submissions_
             assert left.status is JobStatus.queued and "waiting for resources" in (left.pending_reason or "")
 
     run(scenario())
+
+
+def test_a_round_never_starts_a_job_that_left_queued_after_the_claim(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The round's bulk write obeys the status machine: a job cancelled between the claim and the
+    write (here inside the round's own transaction, where nothing else could reach it) may not become
+    starting, so it stays cancelled with no attempt, job token, event or launch; the other gang of the
+    round starts as usual."""
+    from api.db.models import ApiToken
+    from api.dispatcher import repository
+
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            kept, cancelled = await world.submit(**one_worker()), await world.submit(**one_worker())
+            lock_queued = repository.lock_queued
+
+            async def claim_then_cancel(session: Any, limit: int) -> list[Any]:
+                claimed = await lock_queued(session, limit)
+                await session.execute(update(Job).where(Job.id == cancelled).values(status=JobStatus.cancelled))
+                return claimed
+
+            monkeypatch.setattr(repository, "lock_queued", claim_then_cancel)
+            assert await world.dispatcher().admit_round() == 1
+
+            assert (await world.job(kept)).status is JobStatus.starting
+            assert [a.ray_submission_id for a in await world.attempts(kept)] == [f"tm-{kept}-1"]
+            job = await world.job(cancelled)
+            assert job.status is JobStatus.cancelled and job.attempts == [] and job.lease_owner is None
+            assert [(e.kind, e.status) for e in await world.events(cancelled)] == [("status", JobStatus.queued)]
+            async with world.sessions() as session:
+                tokens = await session.scalar(select(func.count()).where(ApiToken.job_id == cancelled))
+            assert tokens == 0
+            assert list(world.ray.submit_calls) == [f"tm-{kept}-1"]
+
+    run(scenario())

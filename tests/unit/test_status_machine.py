@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from api.jobs.status import ALLOWED, can_transition
+from api.jobs.status import ALLOWED, can_transition, sources
 from trainmaster.models import JobStatus as S
 
 
@@ -25,3 +25,11 @@ def test_selected_rules() -> None:
     assert not can_transition(S.cancelling, S.running)
     assert can_transition(S.running, S.queued)  # a retry re-queues
     assert not can_transition(S.succeeded, S.cancelled)
+
+
+def test_the_bulk_writes_sources_are_the_table_read_backwards() -> None:
+    """What a bulk status write (api/dispatcher/repository.py, ROUND_WRITES) may move comes from
+    ALLOWED, so it refuses exactly what `transition` refuses."""
+    for target in S:
+        assert set(sources(target)) == {current.value for current in S if can_transition(current, target)}
+    assert sources(S.starting) == [S.queued.value]
