@@ -5,12 +5,14 @@ Every worker appends `<world rank> <time.time()>` to `config["stamp_path"]` just
 (rank 0's line is the first step; the latest line is when the whole gang had started), then does
 `config["steps"]` (default 3) tiny all-reduced steps, checking a gang's process group gives the right
 sum. It imports nothing from trainmaster, so it runs alike under the platform (this file as the job's
-whole working_dir) and under a bare `TorchTrainer.fit()`.
+whole working_dir) and under a bare `TorchTrainer.fit()` (`fit` here, the driver's side of the peers).
 """
 
 from __future__ import annotations
 
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,3 +44,24 @@ def stamps(stamp: Path, workers: int) -> tuple[float, float]:
     if len(lines) != workers or sorted(by_rank) != list(range(workers)):
         raise RuntimeError(f"{stamp}: expected one first-step stamp per rank of {workers}, found {lines}")
     return by_rank[0], max(by_rank.values())
+
+
+def fit(
+    trainer: Callable[..., Any], name: str, workers: int, stamp: Path, storage: Path, strategy: str = "PACK"
+) -> dict[str, float]:
+    """A Ray Train trainer of this function (`trainer(**kwargs)`, built after t0) fitted from this driver:
+    seconds from t0 to rank 0's first step, to every rank's, and to the end of `fit()`."""
+    from ray.train import RunConfig, ScalingConfig
+
+    t0 = time.time()
+    result = trainer(
+        train_loop_per_worker=train_loop_per_worker,
+        train_loop_config={"stamp_path": str(stamp)},
+        scaling_config=ScalingConfig(num_workers=workers, placement_strategy=strategy),
+        run_config=RunConfig(name=f"{name}-{uuid.uuid4().hex[:8]}", storage_path=str(storage)),
+    ).fit()
+    ended = time.time()
+    if result.error is not None:
+        raise RuntimeError(f"{name} failed: {result.error}")
+    first, everyone = stamps(stamp, workers)
+    return {"first_step_s": first - t0, "all_started_s": everyone - t0, "fit_s": ended - t0}

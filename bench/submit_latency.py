@@ -26,11 +26,10 @@ import os
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-from first_step_job import stamps, train_loop_per_worker
+from first_step_job import fit, stamps
 from harness import Stack, interleaved, local_stack, parser, run, wait_cluster_idle, wait_job
 
 import trainmaster as tm
@@ -72,7 +71,6 @@ def platform_run(client: tm.Client, workdir: Path, stamp: Path, args: argparse.N
 
 def direct_run(stack: Stack, workdir: Path, stamp: Path, args: argparse.Namespace) -> dict[str, Any]:
     import ray
-    from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     began = time.time()
@@ -80,22 +78,11 @@ def direct_run(stack: Stack, workdir: Path, stamp: Path, args: argparse.Namespac
         stack.ray_gcs, runtime_env={"working_dir": str(workdir)}, log_to_driver=False, logging_level=logging.WARNING
     )
     try:
-        t0 = time.time()
-        trainer = TorchTrainer(
-            train_loop_per_worker=train_loop_per_worker,
-            train_loop_config={"stamp_path": str(stamp)},
-            scaling_config=ScalingConfig(num_workers=args.workers, placement_strategy=args.strategy),
-            run_config=RunConfig(
-                name=f"bench-first-step-{uuid.uuid4().hex[:8]}", storage_path=str(stack.home / "direct")
-            ),
-        )
-        result = trainer.fit()
+        connect_s = time.time() - began
+        measured = fit(TorchTrainer, "bench-first-step", args.workers, stamp, stack.home / "direct", args.strategy)
     finally:
         ray.shutdown()
-    if result.error is not None:
-        raise RuntimeError(f"the direct run failed: {result.error}")
-    first, everyone = stamps(stamp, args.workers)
-    return {"first_step_s": first - t0, "all_started_s": everyone - t0, "connect_s": t0 - began}
+    return {**measured, "connect_s": connect_s}
 
 
 def main() -> int:

@@ -13,18 +13,17 @@ interpreter, since this script's driver has both loaded after the first run.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-from first_step_job import stamps, train_loop_per_worker
+from first_step_job import fit
 from harness import REPO, interleaved, parser, ray_head, run, wait_until
 
 IMPORTS = {
@@ -40,30 +39,14 @@ def import_seconds(statement: str) -> float:
     return float(done.stdout.strip())
 
 
-def fit(path: str, workers: int, storage: Path, stamp: Path) -> dict[str, float]:
-    from ray.train import RunConfig, ScalingConfig
-
-    kwargs: dict[str, Any] = {
-        "train_loop_per_worker": train_loop_per_worker,
-        "train_loop_config": {"stamp_path": str(stamp)},
-        "scaling_config": ScalingConfig(num_workers=workers),
-        "run_config": RunConfig(name=f"{path}-{uuid.uuid4().hex[:8]}", storage_path=str(storage)),
-    }
-    t0 = time.time()
+def trainer(path: str, **kwargs: Any) -> Any:
     if path == "TorchTrainer":
         from ray.train.torch import TorchConfig, TorchTrainer
 
-        trainer = TorchTrainer(torch_config=TorchConfig(backend="gloo"), **kwargs)
-    else:
-        from workers.lean_torch import LeanTorchConfig, lean_torch_trainer
+        return TorchTrainer(torch_config=TorchConfig(backend="gloo"), **kwargs)
+    from workers.lean_torch import LeanTorchConfig, lean_torch_trainer
 
-        trainer = lean_torch_trainer(torch_config=LeanTorchConfig(backend="gloo"), **kwargs)
-    result = trainer.fit()
-    ended = time.time()
-    if result.error is not None:
-        raise RuntimeError(f"{path} failed: {result.error}")
-    first, _ = stamps(stamp, workers)
-    return {"first_step_s": first - t0, "fit_s": ended - t0}
+    return lean_torch_trainer(torch_config=LeanTorchConfig(backend="gloo"), **kwargs)
 
 
 def main() -> int:
@@ -83,13 +66,14 @@ def main() -> int:
             ray.init(head.gcs_address, runtime_env=env, log_to_driver=False, logging_level=logging.WARNING)
             try:
 
+                def idle() -> bool:
+                    cpus = head.cpus()  # (used, total); None while the head does not answer
+                    return cpus is not None and cpus[0] <= 0
+
                 def one(path: str, n: int) -> dict[str, Any]:
-                    wait_until(
-                        lambda: (cpus := head.cpus()) is not None and cpus[0] <= 0,
-                        "Ray CPUs still in use",
-                        every_s=0.25,
-                    )
-                    return fit(path, args.workers, Path(tmp) / "storage", Path(tmp) / f"{path}-{n}.txt")
+                    wait_until(idle, "Ray CPUs still in use", every_s=0.25)
+                    stamp = Path(tmp) / f"{path}-{n}.txt"
+                    return fit(functools.partial(trainer, path), path, args.workers, stamp, Path(tmp) / "storage")
 
                 runs = interleaved(("TorchTrainer", "lean"), args.warmup, args.runs, one)
             finally:
