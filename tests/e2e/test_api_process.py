@@ -7,8 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
+from typing import Any
 
 import trainmaster as tm
 from tests.e2e.conftest import REPO, TRAINMASTER, ApiProcess, start_api, stop
@@ -81,30 +80,46 @@ def readme_blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
 
 
+def json_documents(text: str) -> list[Any]:
+    """The JSON documents printed one after another (curl prints each answer without a newline)."""
+    decoder, documents, at = json.JSONDecoder(), [], 0
+    while at < len(text.rstrip()):
+        document, end = decoder.raw_decode(text, at)
+        documents.append(document)
+        at = end + len(text[end:]) - len(text[end:].lstrip())
+    return documents
+
+
 def test_readme_curl_examples_run(api_process: ApiProcess) -> None:
-    blocks = readme_blocks("bash")
-    assert blocks, "the README's API section has no bash example"
-    for block in blocks:
-        result = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", block],
-            env=api_process.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=REPO,
-        )
-        assert result.returncode == 0, f"README example failed:\n{block}\n{result.stdout}\n{result.stderr}"
-        assert '"status":"queued"' in result.stdout.replace(" ", "") or "queued" in result.stdout
+    (block,) = readme_blocks("bash")
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block],
+        env=api_process.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, f"README example failed:\n{block}\n{result.stdout}\n{result.stderr}"
+    submitted, listed = json_documents(result.stdout)
+    assert submitted["name"] == "mlp-demo" and submitted["status"] == "queued", submitted
+    assert submitted["spec"]["scaling"]["num_workers"] == 2
+    queued = {item["id"]: item["status"] for item in listed["items"]}
+    assert queued.get(submitted["id"]) == "queued", listed
 
 
-@pytest.mark.parametrize("index", [0])
-def test_readme_sdk_example_runs(api_process: ApiProcess, index: int) -> None:
-    block = readme_blocks("python")[index]
+def test_readme_sdk_example_runs(api_process: ApiProcess) -> None:
+    (block,) = readme_blocks("python")
     result = subprocess.run(
         [sys.executable, "-c", block], env=api_process.env, capture_output=True, text=True, timeout=60, cwd=REPO
     )
     assert result.returncode == 0, f"README SDK example failed:\n{result.stdout}\n{result.stderr}"
-    assert "queued" in result.stdout
+    job_id, status = result.stdout.splitlines()[0].split()
+    assert status == "queued"
+    with tm.Client(api_process.url, api_process.token) as client:
+        assert client.get(job_id).name == "mlp-sdk"
+    listed = [line.split() for line in result.stdout.splitlines()[1:]]
+    assert listed and all(name and position.isdigit() for name, position in listed), result.stdout
 
 
 def test_several_workers_serve_and_a_revoked_token_is_refused_by_every_one(

@@ -12,14 +12,11 @@ from api.settings import libpq_url as libpq
 from tests.factories.auth import project_token
 from trainmaster import Client
 
-TABLES = "projects, api_tokens, jobs, job_attempts, job_events, metric_points, log_lines, code_packages, checkpoints"
 
-
-@pytest.fixture(autouse=True)
-def clean_database(database_url: str) -> None:
-    """Each test starts from empty tables."""
-    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
-        conn.execute(f"TRUNCATE {TABLES} CASCADE")
+@pytest.fixture
+def database_url(fresh_database_url: str) -> str:
+    """Each test has a migrated database of its own (copied from the session's template)."""
+    return fresh_database_url
 
 
 @pytest.fixture

@@ -20,7 +20,8 @@ from api.db.session import create_engine, session_factory
 from api.dispatcher import repository as dispatcher_repository
 from api.jobs import repository as jobs_repository
 from api.metrics import repository as metrics_repository
-from api.retention.service import purge_round
+from api.retention.repository import RETENTION_LOCK
+from api.retention.service import Purged, purge_round
 from api.settings import Settings
 from api.settings import libpq_url as libpq
 from tests.factories.auth import project_token
@@ -305,9 +306,10 @@ def test_retention_deletes_exactly_the_data_of_jobs_finished_long_ago(
         "UPDATE jobs SET status = 'failed', finished_at = now() - interval '1 day' WHERE id = %s",
         (recent,),
     )
-    sql(
+    sql(  # finished_at set too (left from an earlier attempt): only the status says it is not done
         database_url,
-        "UPDATE jobs SET status = 'running', created_at = now() - interval '30 days' WHERE id = %s",
+        "UPDATE jobs SET status = 'running', created_at = now() - interval '30 days',"
+        " finished_at = now() - interval '30 days' WHERE id = %s",
         (running,),
     )
     sql(database_url, "UPDATE jobs SET created_at = now() - interval '30 days' WHERE id = %s", (old_unfinished,))
@@ -334,6 +336,11 @@ def test_retention_deletes_exactly_the_data_of_jobs_finished_long_ago(
             return await purge_round(session_factory(engine), days=days, batch=7)
         finally:
             await engine.dispose()
+
+    with psycopg.connect(libpq(database_url), autocommit=True) as other_replica:
+        other_replica.execute("SELECT pg_advisory_lock(%s)", (RETENTION_LOCK,))
+        assert asyncio.run(purge(7)) == Purged()  # another replica is purging: this one does nothing
+    assert stored("metric_points")[old] == 40
 
     purged = asyncio.run(purge(7))
     assert purged.jobs == 1

@@ -39,11 +39,13 @@ def test_list_follows_cursors(sdk: tm.Client) -> None:
     assert len(list(sdk.list(page_size=2, limit=3))) == 3
 
 
-def test_submit_retries_share_one_idempotency_key(sdk: tm.Client) -> None:
+def test_a_given_idempotency_key_stores_one_job(sdk: tm.Client, database_url: str) -> None:
+    """Two submits with the caller's own key (the retry with lost answers is the test below)."""
     spec = tm.JobSpec(name="same", entrypoint="builtin:mlp")
     first = sdk.submit(spec, idempotency_key="abc")
     second = sdk.submit(spec, idempotency_key="abc")
     assert first.id == second.id
+    assert count_jobs(database_url) == 1
     with pytest.raises(tm.ValidationFailed) as caught:
         sdk.submit(tm.JobSpec(name="different", entrypoint="builtin:mlp"), idempotency_key="abc")
     assert caught.value.status_code == 422

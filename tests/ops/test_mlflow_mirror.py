@@ -12,12 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.settings import Settings, libpq_url
+from api.settings import Settings
 from api.stack.postgres import create_database, drop_database
 from api.stack.processes import free_port
 from api.telemetry import repository as repo
@@ -25,16 +24,10 @@ from api.telemetry.mlflow import JOB_TAG, MlflowMirror
 from tests.e2e.conftest import wait_until
 from tests.factories.auth import project_token
 from tests.ops.jobflow import advance, exporting
-from tests.ops.test_otel_export import TABLES, log_metrics, submit
+from tests.ops.test_otel_export import log_metrics, submit
 from trainmaster.models import JobStatus
 
 mlflow = pytest.importorskip("mlflow")
-
-
-@pytest.fixture(autouse=True)
-def clean_database(database_url: str) -> None:
-    with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
-        conn.execute(f"TRUNCATE {TABLES} CASCADE")
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,11 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.settings import Settings, libpq_url
+from api.settings import Settings
 from api.telemetry.service import Telemetry, otel_enabled
 from tests.e2e.conftest import wait_until
 from tests.factories.auth import project_token
@@ -24,14 +23,6 @@ from tests.factories.jobs import spec
 from tests.ops.jobflow import advance, exporting
 from tests.ops.otlp_receiver import Received, otlp_receiver
 from trainmaster.models import JobStatus
-
-TABLES = "projects, api_tokens, jobs, job_attempts, job_events, metric_points, log_lines, code_packages, checkpoints"
-
-
-@pytest.fixture(autouse=True)
-def clean_database(database_url: str) -> None:
-    with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
-        conn.execute(f"TRUNCATE {TABLES} CASCADE")
 
 
 @pytest.fixture

@@ -3,22 +3,14 @@ queued, admission latency and job durations by final status, computed from the d
 
 from __future__ import annotations
 
-import psycopg
-import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.settings import Settings, libpq_url
+from api.settings import Settings
 from tests.factories.auth import project_token
 from tests.ops.jobflow import advance
-from tests.ops.test_otel_export import TABLES, submit
+from tests.ops.test_otel_export import submit
 from trainmaster.models import JobStatus
-
-
-@pytest.fixture(autouse=True)
-def clean_database(database_url: str) -> None:
-    with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
-        conn.execute(f"TRUNCATE {TABLES} CASCADE")
 
 
 def scrape(http: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

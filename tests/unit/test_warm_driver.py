@@ -120,8 +120,11 @@ def test_a_killed_client_takes_its_child_with_it(setup: dict[str, str]) -> None:
     )
     assert client.stdout is not None
     record = json.loads(client.stdout.readline())
+    # Forked by the server, not the client itself exec'd cold: only then can killing the client miss it.
+    assert record["start"]["warm"] is True and record["pid"] != client.pid, record
+    assert Path(f"/proc/{record['pid']}").exists()
     client.kill()
-    client.wait(timeout=30)
+    assert client.wait(timeout=30) == -signal.SIGKILL
     wait_until(lambda: not Path(f"/proc/{record['pid']}").exists(), 30, interval=0.1, what="the orphaned child to end")
 
 
