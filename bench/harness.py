@@ -21,11 +21,12 @@ import secrets
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
@@ -177,6 +178,12 @@ def timed(call: Callable[[], object], count: int, warmup: int = 0) -> list[float
         if i >= warmup:
             durations.append(time.perf_counter() - began)
     return durations
+
+
+def spread(values: Iterable[float], median: str, least: str, most: str) -> dict[str, float]:
+    """The median, the minimum and the maximum of `values`, under these keys."""
+    ordered = sorted(values)
+    return {median: statistics.median(ordered), least: ordered[0], most: ordered[-1]}
 
 
 def interleaved(

@@ -29,7 +29,7 @@ from collections import Counter
 from typing import Any
 
 import psutil
-from harness import Record, Stack, load_1m, local_stack, parser, run, wait_cluster_idle, wait_job
+from harness import Record, Stack, load_1m, local_stack, parser, run, spread, wait_cluster_idle, wait_job
 
 import trainmaster as tm
 
@@ -124,9 +124,7 @@ def tables(jobs: list[dict[str, Any]], record: Record) -> None:
         {
             "mode": mode,
             "jobs": len(runs),
-            "median": statistics.median(job["steps_per_s"] for job in runs),
-            "min": min(job["steps_per_s"] for job in runs),
-            "max": max(job["steps_per_s"] for job in runs),
+            **spread((job["steps_per_s"] for job in runs), "median", "min", "max"),
             "rank0_cpu_ms_per_step": statistics.median(job["cpu_ms_per_step"] for job in runs),
         }
         for mode, runs in by_mode.items()

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from first_step_job import fit, stamps
-from harness import Stack, interleaved, local_stack, parser, run, wait_cluster_idle, wait_job
+from harness import Stack, interleaved, local_stack, parser, run, spread, wait_cluster_idle, wait_job
 
 import trainmaster as tm
 
@@ -116,9 +116,7 @@ def main() -> int:
             {
                 "path": path,
                 "runs": len(rows),
-                "median_s": statistics.median(r["first_step_s"] for r in rows),
-                "min_s": min(r["first_step_s"] for r in rows),
-                "max_s": max(r["first_step_s"] for r in rows),
+                **spread((r["first_step_s"] for r in rows), "median_s", "min_s", "max_s"),
                 "all_started_median_s": statistics.median(r["all_started_s"] for r in rows),
             }
             for path, rows in runs.items()
