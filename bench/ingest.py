@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from clients import Phase, Request, drive
+from clients import Outcome, Phase, Request, drive
 from harness import api_process, ms, parser, run, scratch_database, submit_job
 
 COPY = "COPY metric_points (job_id, attempt, rank, step, name, value, ts) FROM STDIN"
@@ -58,7 +58,7 @@ def api_batches(url: str, token: str, jobs: list[str], bodies: list[bytes], args
     paths = [f"/v1/jobs/{job}/metrics" for job in jobs]
     requests: list[Request] = [("POST", paths[n % len(paths)], body) for n, body in enumerate(bodies)]
 
-    def batches(todo: list[Request]) -> Any:
+    def batches(todo: list[Request]) -> Outcome:
         outcome = drive(
             Phase(url, {"Authorization": f"Bearer {token}"}, todo, 201, once=True), args.senders, args.procs
         )
@@ -81,7 +81,10 @@ def copy_batches(database_url: str, jobs: list[str], args: argparse.Namespace) -
         began, ids = time.time(), [uuid.UUID(job) for job in jobs]
         total = (args.warmup_batches + args.points // args.batch) * args.batch
         stamps = [datetime.fromtimestamp(began + i * 1e-3, timezone.utc) for i in range(total)]  # not timed
-        conns = [await psycopg.AsyncConnection.connect(database_url, autocommit=True) for _ in range(args.senders)]
+        conns = [
+            await psycopg.AsyncConnection.connect(database_url, autocommit=True, connect_timeout=10)
+            for _ in range(args.senders)
+        ]
 
         async def drain(conn: psycopg.AsyncConnection[Any], batches: Iterator[int], latencies: list[float]) -> None:
             for index in batches:
