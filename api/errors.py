@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +32,14 @@ class Unauthorized(DomainError):
 
 class NotFound(DomainError):
     status_code = 404
+
+    @classmethod
+    def unless_uuid(cls, raw: str, noun: str) -> uuid.UUID:
+        """`raw` as the id it names, or this 404: a malformed id names nothing."""
+        try:
+            return uuid.UUID(raw)
+        except ValueError:
+            raise cls(f"no {noun} {raw!r}") from None
 
 
 class JobNotFound(NotFound):

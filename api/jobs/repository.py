@@ -118,6 +118,33 @@ async def list_jobs(
 ACTIVE = (JobStatus.starting, JobStatus.running, JobStatus.cancelling)
 
 
+def _older_in_group(group: str, created_at: str, job_id: str) -> str:
+    """SQL (one row, one column `n`): how many queued jobs of the project and priority of `group` (a
+    row with `project_id` and `priority`) come before (`created_at`, `job_id`) in age order, counted
+    from the nearer end on ix_jobs_queued_by_project. With fewer than :newer_cap of them at or after
+    it (a recent job, the usual case) those are counted and taken from the group's maintained count
+    (`queue_counts`); otherwise the older ones are counted. QUEUE_POSITIONS and READ_JOB share it."""
+    same_group = f"o.status = 'queued' AND o.project_id = {group}.project_id AND o.priority = {group}.priority"
+    return f"""
+        SELECT CASE
+            WHEN newer.n < :newer_cap THEN (
+                SELECT coalesce(sum(q.queued), 0) FROM queue_counts q
+                WHERE q.project_id = {group}.project_id AND q.priority = {group}.priority
+            ) - newer.n
+            ELSE (
+                SELECT count(*) FROM jobs o
+                WHERE {same_group} AND (o.created_at, o.id) < ({created_at}, {job_id})
+            ) END AS n
+        FROM (
+            SELECT count(*) AS n FROM (
+                SELECT FROM jobs o
+                WHERE {same_group} AND (o.created_at, o.id) >= ({created_at}, {job_id})
+                LIMIT :newer_cap
+            ) capped
+        ) newer
+    """
+
+
 # The admission order: priority (high first), then fair share (the project holding the fewest GPUs,
 # then CPUs, in active jobs, as `project_usage` counts them), then age. The dispatcher's claim
 # (api/dispatcher/repository.py, `lock_queued`) takes jobs in this order, so the position a user sees
@@ -174,26 +201,7 @@ QUEUE_POSITIONS = text(
     ),
     older AS (
         SELECT tied.priority, tied.gpus, tied.cpus, sum(c.n) AS n
-        FROM tied CROSS JOIN LATERAL (
-            SELECT CASE
-                WHEN newer.n < :newer_cap THEN (
-                    SELECT coalesce(sum(q.queued), 0) FROM queue_counts q
-                    WHERE q.project_id = tied.project_id AND q.priority = tied.priority
-                ) - newer.n
-                ELSE (
-                    SELECT count(*) FROM jobs j
-                    WHERE j.status = 'queued' AND j.project_id = tied.project_id AND j.priority = tied.priority
-                      AND (j.created_at, j.id) < (tied.oldest_at, tied.oldest_id)
-                ) END AS n
-            FROM (
-                SELECT count(*) AS n FROM (
-                    SELECT FROM jobs j
-                    WHERE j.status = 'queued' AND j.project_id = tied.project_id AND j.priority = tied.priority
-                      AND (j.created_at, j.id) >= (tied.oldest_at, tied.oldest_id)
-                    LIMIT :newer_cap
-                ) capped
-            ) newer
-        ) c
+        FROM tied CROSS JOIN LATERAL ({older_than_oldest}) c
         GROUP BY tied.priority, tied.gpus, tied.cpus
     ),
     numbered AS (
@@ -214,7 +222,7 @@ QUEUE_POSITIONS = text(
         ), 0) + older.n + numbered.ahead AS position
     FROM me JOIN numbered ON numbered.id = me.id
     JOIN older ON older.priority = me.priority AND older.gpus = me.gpus AND older.cpus = me.cpus
-    """
+    """.format(older_than_oldest=_older_in_group("tied", "tied.oldest_at", "tied.oldest_id"))
 )
 
 
@@ -241,10 +249,11 @@ async def queue_positions_of(
 # and the tied jobs older than it, counted on ix_jobs_queued_by_project. The count of its own project's
 # older jobs ("older") is not made when the caller passes it (api/jobs/ranks.py keeps it per process):
 # COALESCE evaluates the subquery only when the parameter is NULL, and it counts from the nearer end
-# as QUEUE_POSITIONS does: a job with fewer than `newer_cap` of its group at or after it (a job just
-# submitted, polled by its `wait()`) takes the group's maintained count less those, so the newest job
-# of a deep queue no longer counts every job ahead of it. The row ends with that count, the
-# job's priority and created_at in µs (its place in the group, as the tm_queue notices give it).
+# with QUEUE_POSITIONS' own subquery (`_older_in_group`): a job with fewer than `newer_cap` of its
+# group at or after it (a job just submitted, polled by its `wait()`) takes the group's maintained
+# count less those, so the newest job of a deep queue no longer counts every job ahead of it. The row
+# ends with that count, the job's priority and created_at in µs (its place in the group, as the
+# tm_queue notices give it).
 # The job is found by its primary key alone (OFFSET 0 keeps the planner from folding the project and
 # status in): the generic plan these connections use (api/db/direct.py), made while the statistics
 # still described an empty queue, otherwise walked the project's whole queue index for it (168 buffers
@@ -271,26 +280,7 @@ READ_JOB = text(
         WHERE g.priority = me.priority AND g.gpus = me.gpus AND g.cpus = me.cpus AND g.project_id <> me.project_id
     ),
     own AS MATERIALIZED (
-        SELECT coalesce(CAST(:older AS bigint), (
-                   SELECT CASE
-                       WHEN newer.n < :newer_cap THEN (
-                           SELECT sum(q.queued) FROM queue_counts q
-                           WHERE q.project_id = me.project_id AND q.priority = me.priority
-                       ) - newer.n
-                       ELSE (
-                           SELECT count(*) FROM jobs o
-                           WHERE o.status = 'queued' AND o.project_id = me.project_id AND o.priority = me.priority
-                             AND (o.created_at, o.id) < (me.created_at, me.id)
-                       ) END
-                   FROM (
-                       SELECT count(*) AS n FROM (
-                           SELECT FROM jobs o
-                           WHERE o.status = 'queued' AND o.project_id = me.project_id AND o.priority = me.priority
-                             AND (o.created_at, o.id) >= (me.created_at, me.id)
-                           LIMIT :newer_cap
-                       ) capped
-                   ) newer
-               )) AS older
+        SELECT coalesce(CAST(:older AS bigint), ({older_than_me})) AS older
         FROM me
     ),
     place AS (
@@ -318,7 +308,7 @@ READ_JOB = text(
            (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_us
     FROM jobs j LEFT JOIN place ON true
     WHERE j.id = :id AND j.project_id = :project_id
-    """
+    """.format(older_than_me=_older_in_group("me", "me.created_at", "me.id"))
 )
 
 

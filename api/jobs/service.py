@@ -154,10 +154,7 @@ async def submit_direct(
 
 
 def parse_job_id(raw: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(raw)
-    except ValueError:
-        raise JobNotFound(f"no job {raw!r}") from None
+    return JobNotFound.unless_uuid(raw, "job")
 
 
 async def get_owned(session: AsyncSession, principal: Principal, raw_id: str, *, for_update: bool = False) -> JobRow:
@@ -195,7 +192,7 @@ async def read(
         started_at=started_at,
         finished_at=finished_at,
         attempts=attempts,
-        pending_reason=pending if status in (JobStatus.queued, JobStatus.starting) else None,
+        pending_reason=_shown_reason(status, pending),
         error=error,
         latest_metrics=latest,
         queue_position=None if position is None else int(position),
@@ -332,6 +329,11 @@ def _event_to_wire(row: EventRow) -> JobEvent:
     )
 
 
+def _shown_reason(status: JobStatus, pending_reason: str | None) -> str | None:
+    """A job says why it waits only while it waits: queued, or starting until its gang is placed."""
+    return pending_reason if status in (JobStatus.queued, JobStatus.starting) else None
+
+
 def to_wire(job: JobRow, project_name: str, queue_position: int | None = None) -> Job:
     return Job(
         id=str(job.id),
@@ -353,7 +355,7 @@ def to_wire(job: JobRow, project_name: str, queue_position: int | None = None) -
             )
             for a in job.attempts
         ],
-        pending_reason=job.pending_reason if job.status in (JobStatus.queued, JobStatus.starting) else None,
+        pending_reason=_shown_reason(job.status, job.pending_reason),
         error=job.error,
         latest_metrics=job.latest_metrics,
         queue_position=queue_position,

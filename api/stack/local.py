@@ -20,8 +20,9 @@ from typing import Any
 import httpx
 
 from api.stack import postgres, ray_head
-from api.stack.processes import alive, bin_path, free_port, kill_group, wait_for
+from api.stack.processes import alive, bin_path, kill_group, wait_for
 from trainmaster import config as client_config
+from trainmaster.ports import free_port
 
 
 @dataclass

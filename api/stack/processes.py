@@ -1,4 +1,4 @@
-"""Processes on this machine: free ports, liveness, waiting, and stopping only what we started."""
+"""Processes on this machine: liveness, waiting, and stopping only what we started."""
 
 from __future__ import annotations
 
@@ -6,24 +6,11 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-
-def free_port(preferred: int = 0) -> int:
-    """`preferred` when it is free on loopback, else any free port."""
-    for port in (preferred, 0):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return int(sock.getsockname()[1])
-    raise RuntimeError("no free port on 127.0.0.1")
 
 
 def bin_path(name: str) -> str:

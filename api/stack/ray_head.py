@@ -17,7 +17,8 @@ from pathlib import Path
 
 import httpx
 
-from api.stack.processes import bin_path, free_port, kill_matching, wait_for
+from api.stack.processes import bin_path, kill_matching, wait_for
+from trainmaster.ports import free_port
 
 RAY_SIDE_PORTS = (
     "--dashboard-agent-listen-port",

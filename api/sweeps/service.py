@@ -79,10 +79,7 @@ async def create(session: AsyncSession, principal: Principal, request: SweepSpec
 
 
 def parse_sweep_id(raw: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(raw)
-    except ValueError:
-        raise SweepNotFound(f"no sweep {raw!r}") from None
+    return SweepNotFound.unless_uuid(raw, "sweep")
 
 
 async def get_owned(session: AsyncSession, principal: Principal, raw_id: str, *, for_update: bool = False) -> SweepRow:
