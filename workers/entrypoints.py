@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -48,12 +47,6 @@ def _load(target: str) -> TrainFn:
     if not callable(fn):
         raise EntrypointError(f"{module_name!r} has no function {attr!r}")
     return fn
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 def script_path(script: str) -> Path:

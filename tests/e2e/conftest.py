@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from api.stack.processes import free_port
 from tests.factories.auth import project_token
+from trainmaster.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINMASTER = str(Path(sys.executable).with_name("trainmaster"))

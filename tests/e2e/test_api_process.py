@@ -163,7 +163,8 @@ def test_workers_end_with_a_killed_supervisor_and_the_port_serves_again(database
     an open stream ends, so clients reconnect, and a new `trainmaster api` binds the same port."""
     import psutil
 
-    from api.stack.processes import free_port, wait_for
+    from api.stack.processes import wait_for
+    from trainmaster.ports import free_port
 
     port = free_port()
     api = start_api(database_url, tmp_path / "first.log", port=port)

@@ -26,8 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
-from api.stack.processes import free_port
 from tests.e2e.conftest import REPO, TRAINMASTER, ApiProcess, Stack, running_stack, start_api, stop, wait_until
+from trainmaster.ports import free_port
 
 pytestmark = pytest.mark.ray
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from api.stack.processes import free_port
+from trainmaster.ports import free_port
 from workers.frameworks import mpi, mpi_agent
 
 if shutil.which("mpirun") is None:

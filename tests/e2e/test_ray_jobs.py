@@ -227,7 +227,7 @@ def test_two_dispatchers_launch_each_job_exactly_once(stack: Stack, tmp_path: Pa
                     scaling=tm.Scaling(num_workers=1),
                     config=small_mlp(epochs=1, samples=64, ledger_path=str(ledger)),
                 ).id
-                for i in range(20)
+                for i in range(8)  # more jobs than fit at once (4 CPUs), so the two compete for each
             ]
             held: list[int] = []  # jobs holding the cluster, sampled while the two dispatchers admit
             stop_sampling = threading.Event()
@@ -255,25 +255,3 @@ def test_two_dispatchers_launch_each_job_exactly_once(stack: Stack, tmp_path: Pa
     assert set(launches.values()) == {1}
     # 1-CPU gangs on a 4-CPU cluster: two dispatchers together never admitted more than fits.
     assert held and max(held) <= stack.ray.total_cpus(), max(held)
-
-
-def test_logs_stay_readable_after_the_ray_cluster_is_gone(pg_server_url: str, tmp_path: Path) -> None:
-    """On a Ray head of its own, which it then stops (the session's head serves the other tests)."""
-    from tests.e2e.conftest import running_stack
-    from tests.e2e.ray_stack import start_ray_head, stop_ray_head
-
-    head = start_ray_head(num_cpus=2)
-    try:
-        with running_stack(pg_server_url, head, tmp_path) as own, own.client() as client:
-            job = client.submit(
-                name="logs", entrypoint="builtin:mlp", scaling=tm.Scaling(num_workers=1), config=small_mlp(epochs=1)
-            )
-            assert wait_for(client, job.id, TERMINAL).status is tm.JobStatus.succeeded
-            before = [line.line for line in client.logs(job.id)]
-            stop_ray_head(head)
-            after = [line.line for line in client.logs(job.id)]
-    finally:
-        stop_ray_head(head)
-    assert after == before
-    assert any(f"[trainmaster] job {job.id} attempt 1" in line for line in after)
-    assert any("epoch 0: loss" in line for line in after)

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from api.stack.processes import free_port
+from trainmaster.ports import free_port
 
 CONF_TEMPLATE = Path(__file__).with_name("slurm") / "slurm.conf"
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scancel", "squeue", "sinfo", "scontrol")

@@ -18,7 +18,6 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.settings import Settings
 from api.stack.postgres import create_database, drop_database
-from api.stack.processes import free_port
 from api.telemetry import repository as repo
 from api.telemetry.mlflow import JOB_TAG, MlflowMirror
 from tests.e2e.conftest import wait_until
@@ -26,6 +25,7 @@ from tests.factories.auth import project_token
 from tests.ops.jobflow import advance, exporting
 from tests.ops.test_otel_export import log_metrics, submit
 from trainmaster.models import JobStatus
+from trainmaster.ports import free_port
 
 mlflow = pytest.importorskip("mlflow")
 

@@ -20,10 +20,10 @@ import pytest
 import trainmaster as tm
 from api.db import migrate
 from api.stack.postgres import create_database, drop_database
-from api.stack.processes import free_port
 from api.stack.ray_head import ray_port_flags
 from tests.e2e.conftest import REPO, start_api, stop, wait_until
 from tests.ops.slurm_cluster import SlurmCluster, missing_binaries, running_slurm
+from trainmaster.ports import free_port
 
 pytestmark = [
     pytest.mark.ray,

@@ -1,4 +1,5 @@
-"""Case 2: SIGKILL the dispatcher at each point of a launch, 21 times in all, on a real Ray head.
+"""Case 2: SIGKILL the dispatcher at each point of a launch, twice each by default, on a real Ray head
+(TRAINMASTER_RELIABILITY_KILLS=21 for the long campaign).
 
 After the claim commits, after the Ray submit and before the attempt is marked, and while
 reconciling. Then one clean dispatcher finishes the work. Every job is launched exactly once (counted
@@ -24,7 +25,7 @@ from tests.e2e.test_ray_jobs import TERMINAL, ledger_lines, small_mlp, wait_for
 
 pytestmark = pytest.mark.ray
 
-KILLS = int(os.environ.get("TRAINMASTER_RELIABILITY_KILLS", "21"))
+KILLS = int(os.environ.get("TRAINMASTER_RELIABILITY_KILLS", str(2 * len(POINTS))))
 
 
 def test_sigkill_at_every_launch_point_launches_each_attempt_once(
@@ -54,7 +55,7 @@ def test_sigkill_at_every_launch_point_launches_each_attempt_once(
                 code = process.wait(30)
             if code == -signal.SIGKILL:
                 kills[point] += 1
-        assert sum(kills.values()) >= min(20, KILLS), kills
+        assert sum(kills.values()) >= KILLS - 1, kills  # one may find nothing left to admit
         assert set(kills) == set(POINTS), kills
 
         stack.dispatchers.start("survivor", fast_leases)

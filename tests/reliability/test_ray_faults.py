@@ -1,5 +1,7 @@
 """Cases 5 and 6: a Ray Train worker SIGKILLed after checkpoint k, and the Ray head restarted under a
-running job. Real Ray, real processes; launches counted from the training code's own ledger."""
+running job (whose logs are then read again once the cluster is gone).
+
+Real Ray, real processes; launches counted from the training code's own ledger."""
 
 from __future__ import annotations
 
@@ -110,6 +112,14 @@ def test_ray_head_restart_under_a_running_job(pg_server_url: str, tmp_path: Path
                 j.submission_id for j in JobSubmissionClient(head.dashboard, headers=head.headers()).list_jobs()
             }
             assert f"tm-{job.id}-2" in on_new_head and f"tm-{job.id}-1" not in on_new_head
+
+            # Logs outlive the Ray cluster: read the same after it is gone for good.
+            before = [line.line for line in client.logs(job.id)]
+            stop_ray_head(head)
+            after = [line.line for line in client.logs(job.id)]
+            assert after == before
+            assert any(f"[trainmaster] job {job.id} attempt 2" in line for line in after), after
+            assert any(line.startswith("epoch 4: loss") for line in after), after
         starts = [line[3] for line in ledger_lines(ledger)]
         assert starts[0] == "start_epoch=0" and starts[-1] != "start_epoch=0"  # the retry resumed
     finally:

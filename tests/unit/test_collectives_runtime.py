@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from api.stack.processes import free_port
 from trainmaster.collectives import MODES, OPS, element_count, rows_from_points
 from trainmaster.models import MetricValue
+from trainmaster.ports import free_port
 from workers.collectives import timeout
 from workers.collectives.grpc_backend import GrpcCommunicator, ReductionServer, combine
 from workers.collectives.measure import expected_output, fill_inputs, make_buffers, run_op

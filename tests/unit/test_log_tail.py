@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from api.dispatcher.log_tail import LogTails
-from api.stack.processes import free_port
+from trainmaster.ports import free_port
 
 
 class FakeRayLogs:

@@ -23,9 +23,9 @@ def endpoints() -> list[Endpoint]:
 def address_and_port() -> Endpoint:
     import ray.util
 
-    from workers.entrypoints import free_port
+    from trainmaster.ports import free_port
 
-    return ray.util.get_node_ip_address(), free_port()
+    return ray.util.get_node_ip_address(), free_port(host="")
 
 
 def remember(gang: list[Endpoint]) -> None:

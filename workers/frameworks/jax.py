@@ -23,6 +23,7 @@ from ray.train.v2.jax.config import (
     _shutdown_jax_distributed,
 )
 
+from trainmaster.ports import free_port
 from workers import entrypoints
 from workers.frameworks import gang, mpi
 
@@ -100,5 +101,6 @@ def runtime() -> dict[str, Any]:
 
 def run_script(path: Path, args: list[str]) -> None:
     address, _ = gang.endpoints()[0]
-    coordinator = f"{address}:{entrypoints.free_port()}"  # read on rank 0 only, where mpirun runs
+    port = free_port(host="")  # every interface: the other nodes' processes connect to it
+    coordinator = f"{address}:{port}"  # read on rank 0 only, where mpirun runs
     mpi.launch(entrypoints.python_command(path, args), {"JAX_COORDINATOR_ADDRESS": coordinator}, path.name)

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from trainmaster.ports import free_port
 from workers import entrypoints
 from workers.frameworks import gang
 
@@ -52,7 +53,7 @@ def prepare(script: bool) -> None:
 
     rank, _, local_rank, local_size = gang.world()
     master = ray.train.collective.broadcast_from_rank_zero(
-        f"{ray.util.get_node_ip_address()}:{entrypoints.free_port()}" if rank == 0 else None
+        f"{ray.util.get_node_ip_address()}:{free_port(host='')}" if rank == 0 else None
     )
     use_gpu = bool(ray.get_gpu_ids())
     _env.clear()

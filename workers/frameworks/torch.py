@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainmaster.ports import free_port
 from workers import entrypoints
 from workers.collectives.timeout import collective_timeout_s
 
@@ -72,7 +73,7 @@ def run_script(path: Path, args: list[str]) -> None:
 
     rendezvous: list[Any] = [None]
     if dist.get_rank() == 0:
-        rendezvous = [(ray.util.get_node_ip_address(), entrypoints.free_port())]
+        rendezvous = [(ray.util.get_node_ip_address(), free_port(host=""))]
     dist.broadcast_object_list(rendezvous, src=0)
     master_addr, master_port = rendezvous[0]
     env = torchrun_env(master_addr, master_port)
