@@ -4,8 +4,10 @@ the end (reconcile.py). Each step takes the `RoundContext` (context.py), never t
 Safety rules, each relied on by the tests:
 - An attempt row with its Ray submission id is committed before Ray hears of it. Ray refuses a
   second submission with the same id, so a retried or repeated submit never launches twice.
-- Every write after a claim goes through `leased` (leases.py): a dispatcher that lost its lease (it
+- Every write after a claim goes through the fencing check (`leased`, `leased_many`: leases.py;
+  repository.MARK_SUBMITTED makes the same check in SQL): a dispatcher that lost its lease (it
   stalled and another took over) changes nothing.
+- A status changes only as api/jobs/status.py allows, the admission round's bulk write included.
 - An attempt Ray no longer knows (the cluster restarted) is lost, never resubmitted: a retry is a
   new attempt with a new id, and it resumes from the run's latest checkpoint.
 """
