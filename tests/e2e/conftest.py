@@ -71,11 +71,12 @@ def start_api(
     return ApiProcess(url=url, token=token, env=client_env, process=process, log_path=log_path)
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
+def stop(process: subprocess.Popen[bytes], grace_s: float = 10) -> None:
+    """SIGTERM, and SIGKILL after `grace_s`."""
     if process.poll() is None:
         process.terminate()
         try:
-            process.wait(10)
+            process.wait(grace_s)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import secrets
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,9 +26,19 @@ def start_ray_head(
     folder = Path(tempfile.mkdtemp(prefix="tmray-", dir="/tmp"))
     token_path = folder / "auth_token"
     token_path.write_text(token or secrets.token_hex(32))
-    return ray_head.start(
-        folder / "ray", token_path, num_cpus=num_cpus, num_gpus=num_gpus, ports=ports, log_path=folder / "start.log"
-    )
+    with one_start_at_a_time():
+        return ray_head.start(
+            folder / "ray", token_path, num_cpus=num_cpus, num_gpus=num_gpus, ports=ports, log_path=folder / "start.log"
+        )
+
+
+@contextlib.contextmanager
+def one_start_at_a_time() -> Iterator[None]:
+    """Ray nodes start one at a time on this machine, whichever pytest-xdist worker starts them: the
+    free ports a node picks stay free until it has bound them (a head prefers 6379 and 8265)."""
+    with open(Path(tempfile.gettempdir()) / "trainmaster-tests-ray-start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def stop_ray_head(head: RayHead) -> None:
@@ -68,15 +81,16 @@ class MultiNode:
     def add_node(self, num_cpus: float, resources: dict[str, float]) -> Path:
         folder = Path(tempfile.mkdtemp(prefix="tmn-", dir="/tmp"))
         before = len(self.node_ids())
-        ray_head.join(
-            self.head.gcs_address,
-            self.head.token_path,
-            folder / "ray",
-            num_cpus=num_cpus,
-            num_gpus=0,
-            resources=resources,
-            log_path=folder / "join.log",
-        )
+        with one_start_at_a_time():
+            ray_head.join(
+                self.head.gcs_address,
+                self.head.token_path,
+                folder / "ray",
+                num_cpus=num_cpus,
+                num_gpus=0,
+                resources=resources,
+                log_path=folder / "join.log",
+            )
         wait_until(lambda: len(self.node_ids()) > before, 60, interval=0.5, what="the new node to register")
         self.nodes.append(folder)
         return folder

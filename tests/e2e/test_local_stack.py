@@ -15,6 +15,7 @@ import pytest
 
 from api.stack.processes import matching
 from tests.e2e.conftest import TRAINMASTER, wait_until
+from tests.e2e.ray_stack import one_start_at_a_time
 
 pytestmark = pytest.mark.ray
 
@@ -27,7 +28,8 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
     def tm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run([TRAINMASTER, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
-    up = tm("up", "--num-cpus", "2", "--api-port", "0")
+    with one_start_at_a_time():  # its Ray head picks free ports like the tests' own
+        up = tm("up", "--num-cpus", "2", "--api-port", "0")
     ray_dir = json.loads((home / "stack.json").read_text())["ray_temp_dir"] if up.returncode == 0 else None
     try:
         assert up.returncode == 0, up.stdout + up.stderr

@@ -12,12 +12,12 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.e2e.conftest import stop, wait_until
 from trainmaster.ports import free_port
 
 CONF_TEMPLATE = Path(__file__).with_name("slurm") / "slurm.conf"
@@ -59,14 +59,6 @@ class SlurmCluster:
         for path in sorted((self.dir / "log").glob("*")):
             parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}")
         return "\n".join(parts)
-
-
-def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.2)
 
 
 @contextmanager
@@ -113,7 +105,7 @@ def running_slurm(scratch: Path) -> Iterator[SlurmCluster]:
                 stderr=subprocess.STDOUT,
             )
         )
-        _wait(munge_socket.exists, 20, "munged's socket")
+        wait_until(munge_socket.exists, 20, interval=0.2, what="munged's socket")
         for daemon in ("slurmctld", "slurmd"):
             args = [_bin(daemon), "-D", "-f", str(conf)] + (["-N", node] if daemon == "slurmd" else [])
             cluster.processes.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -125,15 +117,9 @@ def running_slurm(scratch: Path) -> Iterator[SlurmCluster]:
             state = cluster.run("sinfo", "--noheader", "--format=%T", check=False).strip()
             return state == "idle"
 
-        _wait(node_idle, 60, "the Slurm node to be idle")
+        wait_until(node_idle, 60, interval=0.2, what="the Slurm node to be idle")
         yield cluster
     finally:
         for process in reversed(cluster.processes):
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop(process, 20)
         log.close()

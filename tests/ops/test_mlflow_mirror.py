@@ -20,7 +20,7 @@ from api.settings import Settings
 from api.stack.postgres import create_database, drop_database
 from api.telemetry import repository as repo
 from api.telemetry.mlflow import JOB_TAG, MlflowMirror
-from tests.e2e.conftest import wait_until
+from tests.e2e.conftest import stop, wait_until
 from tests.factories.auth import project_token
 from tests.ops.jobflow import advance, exporting
 from tests.ops.test_otel_export import log_metrics, submit
@@ -68,12 +68,7 @@ def mlflow_server(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) 
         wait_until(healthy, 120, interval=0.5, what="mlflow server")
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, 20)
         log.close()
         drop_database(pg_server_url, store)
 
