@@ -16,57 +16,54 @@ starts in the background); `POST /v1/jobs` is trainmaster's (durable in PostgreS
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-from typing import Any
 
-from clients import Phase, Request, drive, summary
-from harness import api_process, load_1m, parser, ray_head, run, scratch_database
+from clients import Phase, drive, summary
+from harness import api_process, load_1m, parse_args, ray_head, run, scratch_database
 
 JOB = {"name": "bench", "entrypoint": "builtin:mlp", "scaling": {"num_workers": 2}}
 
 
-def phase(path: str, phase: Phase, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
-    print(f"{path}: {args.concurrency} clients for {args.warmup:g} + {phase.duration:g} s", flush=True)
-    outcome = drive(phase, args.concurrency, args.client_procs)
-    return summary(path, outcome, load_1m=load_1m()), outcome.ids
+def main() -> None:
+    args = parse_args(
+        __doc__,
+        ("--concurrency", 8, "concurrent clients"),
+        ("--client-procs", 2, "processes the clients are spread over"),
+        ("--duration", 20.0, "measured seconds of each API phase"),
+        ("--ray-duration", 20.0, "measured seconds of the Ray Jobs peer"),
+        ("--warmup", 3.0, "unmeasured seconds before each phase"),
+        ("--api-workers", None, "`trainmaster api --workers` (default: the API's own default)", {"type": int}),
+        ("--ray-cpus", 2, "CPUs the Ray head offers"),
+        database=True,
+    )
+    rows, ids = [], []
 
+    def phase(path: str, phase: Phase) -> None:
+        print(f"{path}: {args.concurrency} clients for {args.warmup:g} + {phase.duration:g} s", flush=True)
+        outcome = drive(phase, args.concurrency, args.client_procs)
+        rows.append(summary(path, outcome, load_1m=load_1m()))
+        ids.extend(outcome.ids)
 
-def main() -> int:
-    p = parser(__doc__, database=True)
-    p.add_argument("--concurrency", type=int, default=8, help="concurrent clients")
-    p.add_argument("--client-procs", type=int, default=2, help="processes the clients are spread over")
-    p.add_argument("--duration", type=float, default=20.0, help="measured seconds of each API phase")
-    p.add_argument("--ray-duration", type=float, default=20.0, help="measured seconds of the Ray Jobs peer")
-    p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each phase")
-    p.add_argument("--api-workers", type=int, help="`trainmaster api --workers` (default: the API's own default)")
-    p.add_argument("--ray-cpus", type=int, default=2, help="CPUs the Ray head offers")
-    args = p.parse_args()
     with run("api_load", args) as record, scratch_database(record, args.database_url) as db:
         with api_process(db.url, args.api_workers) as api:
-            headers = {"Authorization": f"Bearer {db.token}"}
-            body = json.dumps(JOB).encode()
-            posts = Phase(
-                api.url, headers, [("POST", "/v1/jobs", body)], 201, args.warmup, args.duration, keep_ids=True
-            )
-            post, ids = phase("POST /v1/jobs", posts, args)
-            reads: list[Request] = [("GET", f"/v1/jobs/{job_id}", None) for job_id in ids[:5000]]
-            gets = Phase(api.url, headers, reads, 200, args.warmup, args.duration)
-            get, _ = phase("GET /v1/jobs/{id}", gets, args)
+            headers, body = {"Authorization": f"Bearer {db.token}"}, json.dumps(JOB).encode()
+            posts = [("POST", "/v1/jobs", body)]
+            phase("POST /v1/jobs", Phase(api.url, headers, posts, 201, args.warmup, args.duration, keep_ids=True))
+            gets = [("GET", f"/v1/jobs/{job_id}", None) for job_id in ids[:5000]]
+            phase("GET /v1/jobs/{id}", Phase(api.url, headers, gets, 200, args.warmup, args.duration))
         print("peer: starting a Ray head (token auth)", flush=True)
         with ray_head(args.ray_cpus) as head:
             token = head.token_path.read_text().strip()
-            submit: list[Request] = [("RAY", "true", None)]
-            submits = Phase(head.dashboard, {}, submit, 200, args.warmup, args.ray_duration, ray_token=token)
-            peer, _ = phase("peer: Ray JobSubmissionClient.submit_job", submits, args)
-        record.tables["requests"] = [post, get, peer]
+            submits = Phase(
+                head.dashboard, {}, [("RAY", "true", None)], 200, args.warmup, args.ray_duration, ray_token=token
+            )
+            phase("peer: Ray JobSubmissionClient.submit_job", submits)
+        post, get, peer = record.tables["requests"] = rows
         record.ratio("POST /v1/jobs, req/s", post["req_per_s"], peer["path"] + ", req/s", peer["req_per_s"])
         record.ratio("POST /v1/jobs p99 ms (goal <= 50)", post["p99_ms"], "goal", 50.0)
         record.ratio("GET /v1/jobs/{id}, req/s (goal >= 1,000)", get["req_per_s"], "goal", 1000.0)
-        record.valid = not any(row["errors"] for row in record.tables["requests"]) and peer["requests"] > 0
-    return 0 if record.valid else 1
+        record.valid = not any(row["errors"] for row in rows) and peer["requests"] > 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

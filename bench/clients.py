@@ -17,7 +17,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,7 +34,7 @@ class Phase:
 
     base_url: str
     headers: dict[str, str]
-    requests: list[Request]
+    requests: Sequence[Request]
     expect: int
     warmup: float = 0.0
     duration: float = 0.0
@@ -81,7 +81,7 @@ def connect(phase: Phase) -> Send:
     return send
 
 
-def client(phase: Phase, todo: list[Request], begin: float, seed: int) -> Outcome:
+def client(phase: Phase, todo: Sequence[Request], begin: float, seed: int) -> Outcome:
     outcome, send, rng = Outcome(), connect(phase), random.Random(seed)
     measure_from = begin + phase.warmup
     end = measure_from + phase.duration
@@ -110,19 +110,18 @@ def client(phase: Phase, todo: list[Request], begin: float, seed: int) -> Outcom
 
 def process(phase: Phase, threads: int, index: int, procs: int, begin: float) -> Outcome:
     """One client process: `threads` clients; with `once`, this process's share of the requests."""
-    results: list[Outcome] = []
-    cpu_began = time.process_time()
+    cpu_began, results = time.process_time(), [Outcome() for _ in range(threads)]
     mine = phase.requests[index::procs] if phase.once else phase.requests
 
     def one(t: int) -> None:
-        results.append(client(phase, mine[t::threads] if phase.once else mine, begin, index * 1000 + t))
+        results[t] = client(phase, mine[t::threads] if phase.once else mine, begin, index * 1000 + t)
 
     workers = [threading.Thread(target=one, args=(t,)) for t in range(threads)]
     for worker in workers:
         worker.start()
-    total = Outcome()
     for worker in workers:
         worker.join()
+    total = Outcome()
     for result in results:
         total.merge(result)
     total.client_cpu_s = time.process_time() - cpu_began

@@ -1,6 +1,6 @@
-"""The harness every script in bench/ runs in: the run record with the machine's facts, written as JSON;
-the stack under measurement (a scratch PostgreSQL database with `trainmaster api` on it, a whole
-`trainmaster up`, a bare Ray head); timing and percentiles.
+"""The harness every script in bench/ runs in: options, the run record with the machine's facts (written
+as JSON), the stack under measurement (a scratch PostgreSQL database with `trainmaster api` on it, a
+whole `trainmaster up`, a bare Ray head), timing and percentiles.
 
 Scripts run as `.venv/bin/python bench/<name>.py` (bench/ is on `sys.path`, also in the processes they
 spawn) and measure inside `with run(name, args) as record:`, filling `record.tables` (lists of rows) and
@@ -20,7 +20,6 @@ import platform
 import secrets
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,11 +39,19 @@ from psycopg import sql
 
 import trainmaster as tm
 from trainmaster.client import JobHandle
+from trainmaster.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINMASTER = str(Path(sys.executable).with_name("trainmaster"))
+POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
+Option = tuple[Any, ...]  # (flag, default, help[, more add_argument keywords])
+RUNS: list[Option] = [
+    ("--runs", 5, "measured runs of each path"),
+    ("--warmup", 1, "unmeasured runs of each path first"),
+    ("--workers", 2, "Ray Train workers"),
+]
 
-# --------------------------------------------------------------------------- the run and its facts
+# --------------------------------------------------------------------------- options, the run and its facts
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -54,19 +61,25 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return (action.help or "") + ("" if action.default in (None, argparse.SUPPRESS) else " (default: %(default)s)")
 
 
-def parser(doc: str | None, database: bool = False) -> argparse.ArgumentParser:
-    """An argument parser with the options every script has (and `--database-url` where it makes one)."""
+def parse_args(doc: str | None, *options: Option, database: bool = False) -> argparse.Namespace:
+    """The options every script has (and `--database-url` where it makes one), then the script's own. The
+    type follows the default: a list takes one or more of its items' type, False is a switch."""
     p = argparse.ArgumentParser(description=doc, formatter_class=HelpFormatter)
-    if database:
-        p.add_argument(
-            "--database-url",
-            default="postgresql://postgres@127.0.0.1:5432/postgres",
-            help="PostgreSQL server for the tm_bench_* database",
-        )
-    p.add_argument("--quiet-load", type=float, default=1.5, help="first wait for a 1-minute load below this")
-    p.add_argument("--quiet-timeout", type=float, default=300.0, help="longest wait for it, in seconds")
-    p.add_argument("--output", type=Path, help="results file; by default bench/results/<name>.json")
-    return p
+    common: list[Option] = [
+        ("--database-url", POSTGRES, "PostgreSQL server for the tm_bench_* database"),
+        ("--quiet-load", 1.5, "first wait for a 1-minute load below this"),
+        ("--quiet-timeout", 300.0, "longest wait for it, in seconds"),
+        ("--output", None, "results file; by default bench/results/<name>.json", {"type": Path}),
+    ]
+    for flag, default, help_text, *more in [*common[not database :], *options]:
+        extra = more[0] if more else {}
+        kind: dict[str, Any] = {"type": type(default)}
+        if isinstance(default, list):
+            kind = {"type": type(default[0]), "nargs": "+"}
+        if default is False or "action" in extra:
+            kind = {"action": "store_true"}
+        p.add_argument(flag, default=default, help=help_text, **(kind | extra))
+    return p.parse_args()
 
 
 def load_1m() -> float:
@@ -132,7 +145,7 @@ class Record:
 @contextlib.contextmanager
 def run(name: str, args: argparse.Namespace) -> Iterator[Record]:
     """Wait for a quiet machine, read the facts, measure (the block), read the load again, write the JSON.
-    Nothing is written when the block fails."""
+    Nothing is written when the block fails; exit status 1 when the run marked itself invalid."""
 
     def raise_on_sigterm(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)
@@ -153,6 +166,8 @@ def run(name: str, args: argparse.Namespace) -> Iterator[Record]:
     for r in record.ratios:
         print(f"{r['figure']}: {r['value']:,.4g} against {r['peer']} {r['peer_value']:,.4g}: {r['ratio']:.3g}x")
     print(f"results written to {output}" + ("" if record.valid else " (marked INVALID: see its tables)"))
+    if not record.valid:
+        sys.exit(1)
 
 
 # --------------------------------------------------------------------------- numbers and timing
@@ -164,9 +179,9 @@ def percentile(values: Sequence[float], pct: float) -> float:
     return ordered[max(1, math.ceil(pct / 100 * len(ordered))) - 1] if ordered else math.nan
 
 
-def ms(values: Sequence[float], *pcts: float) -> dict[str, float]:
-    """Percentiles of durations in seconds, in milliseconds: {"p50_ms": ..., ...}."""
-    return {f"p{pct:g}_ms": percentile(values, pct) * 1000 for pct in pcts}
+def ms(values: Sequence[float], *pcts: float, prefix: str = "") -> dict[str, float]:
+    """Percentiles of durations in seconds, in milliseconds: {"p50_ms": ..., ...} (keys after `prefix`)."""
+    return {f"{prefix}p{pct:g}_ms": percentile(values, pct) * 1000 for pct in pcts}
 
 
 def timed(call: Callable[[], object], count: int, warmup: int = 0) -> list[float]:
@@ -196,9 +211,8 @@ def interleaved(
         for path in paths:
             load = load_1m()
             row = one(path, n)
-            warm = row.get("warm_driver")
-            how = "" if warm is None else ", warm driver" if warm else ", cold driver"
-            print(f"{path:<12} run {n + 1}: first step after {row['first_step_s']:.2f} s (load {load:.2f}{how})")
+            warm = {None: "", True: ", warm driver", False: ", cold driver"}[row.get("warm_driver")]
+            print(f"{path:<12} run {n + 1}: first step after {row['first_step_s']:.2f} s (load {load:.2f}{warm})")
             if n >= warmup:
                 kept[path].append({"load_1m_at_start": load, **row})
     return kept
@@ -216,11 +230,9 @@ def wait_until(done: Callable[[], bool], what: str, timeout_s: float = 120.0, ev
 # --------------------------------------------------------------------------- a scratch database and the API
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> str:
+def cli(*args: str, env: dict[str, str], timeout: float = 120) -> str:
     """Run the `trainmaster` console script; its stdout, or an error with its output."""
-    done = subprocess.run(
-        [TRAINMASTER, *args], env=env or os.environ.copy(), capture_output=True, text=True, timeout=timeout
-    )
+    done = subprocess.run([TRAINMASTER, *args], env=env, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"trainmaster {' '.join(args)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
     return done.stdout
@@ -249,9 +261,8 @@ def scratch_database(record: Record, admin_url: str, migrate: bool = True) -> It
         print(f"database {name} created", flush=True)
         url = urlsplit(admin_url)._replace(path=f"/{name}").geturl()
         record.read_postgres(url)
-        token = ""
+        env, token = {**os.environ, "TRAINMASTER_DATABASE_URL": url}, ""
         if migrate:
-            env = {**os.environ, "TRAINMASTER_DATABASE_URL": url}
             cli("db", "upgrade", env=env)
             token = cli("token", "create", "--project", "bench", env=env).split()[-1]
         yield Database(url, token)
@@ -270,9 +281,7 @@ class Api:
 def api_process(database_url: str, workers: int | None = 1) -> Iterator[Api]:
     """`trainmaster api` on a free loopback port, ready, in its own process group; stopped at the end.
     `workers` None: the API's own default."""
-    with socket.socket() as sock:  # a free port
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     command = [TRAINMASTER, "api", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--workers", str(workers)] if workers is not None else []
     env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url}
@@ -329,6 +338,9 @@ class Stack:
         for name in files:
             shutil.copy2(REPO / "bench" / name, folder)
         return folder
+
+    def client(self) -> tm.Client:
+        return tm.Client(api_url=self.api_url, token=self.token)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -34,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from clients import Outcome, Phase, Request, drive
-from harness import api_process, ms, parser, run, scratch_database, submit_job
+from clients import Phase, drive
+from harness import api_process, ms, parse_args, run, scratch_database, submit_job
 
 COPY = "COPY metric_points (job_id, attempt, rank, step, name, value, ts) FROM STDIN"
 PEER = "peer: psycopg COPY"
@@ -55,21 +54,18 @@ def metric_bodies(args: argparse.Namespace) -> list[bytes]:
 
 
 def api_batches(url: str, token: str, jobs: list[str], bodies: list[bytes], args: argparse.Namespace) -> Timed:
-    paths = [f"/v1/jobs/{job}/metrics" for job in jobs]
-    requests: list[Request] = [("POST", paths[n % len(paths)], body) for n, body in enumerate(bodies)]
+    requests = [("POST", f"/v1/jobs/{jobs[n % len(jobs)]}/metrics", body) for n, body in enumerate(bodies)]
 
-    def batches(todo: list[Request]) -> Outcome:
-        outcome = drive(
-            Phase(url, {"Authorization": f"Bearer {token}"}, todo, 201, once=True), args.senders, args.procs
-        )
+    def batches(first: int, last: int | None) -> tuple[float, list[float]]:
+        phase = Phase(url, {"Authorization": f"Bearer {token}"}, requests[first:last], 201, once=True)
+        outcome = drive(phase, args.senders, args.procs)
         if outcome.errors:
             raise RuntimeError(f"ingest requests failed: {dict(outcome.errors)}")
-        return outcome
+        return outcome.seconds, outcome.latencies
 
     def phase() -> tuple[float, list[float]]:
-        batches(requests[: args.warmup_batches])
-        measured = batches(requests[args.warmup_batches :])
-        return measured.seconds, measured.latencies
+        batches(0, args.warmup_batches)
+        return batches(args.warmup_batches, None)
 
     return phase
 
@@ -79,8 +75,8 @@ def copy_batches(database_url: str, jobs: list[str], args: argparse.Namespace) -
 
     async def phase() -> tuple[float, list[float]]:
         began, ids = time.time(), [uuid.UUID(job) for job in jobs]
-        total = (args.warmup_batches + args.points // args.batch) * args.batch
-        stamps = [datetime.fromtimestamp(began + i * 1e-3, timezone.utc) for i in range(total)]  # not timed
+        total = args.warmup_batches + args.points // args.batch
+        stamps = [datetime.fromtimestamp(began + i * 1e-3, timezone.utc) for i in range(total * args.batch)]
         conns = [
             await psycopg.AsyncConnection.connect(database_url, autocommit=True, connect_timeout=10)
             for _ in range(args.senders)
@@ -95,10 +91,9 @@ def copy_batches(database_url: str, jobs: list[str], args: argparse.Namespace) -
                 latencies.append(time.monotonic() - started)
 
         try:
-            warmup = iter(range(args.warmup_batches))
-            await asyncio.gather(*(drain(conn, warmup, []) for conn in conns))
-            measured = iter(range(args.warmup_batches, args.warmup_batches + args.points // args.batch))
+            warmup, measured = iter(range(args.warmup_batches)), iter(range(args.warmup_batches, total))
             latencies: list[float] = []
+            await asyncio.gather(*(drain(conn, warmup, []) for conn in conns))
             started = time.monotonic()
             await asyncio.gather(*(drain(conn, measured, latencies) for conn in conns))
             return time.monotonic() - started, latencies
@@ -111,10 +106,8 @@ def copy_batches(database_url: str, jobs: list[str], args: argparse.Namespace) -
 
 def group_cpu_s(pgid: int) -> float:
     """User + system CPU seconds of the live processes in group `pgid` (the API and its uvicorn workers)."""
-    if not pgid:
-        return 0.0
     ticks = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for stat in Path("/proc").glob("[0-9]*/stat") if pgid else []:
         try:
             fields = stat.read_text().rpartition(")")[2].split()
         except OSError:
@@ -125,73 +118,76 @@ def group_cpu_s(pgid: int) -> float:
 
 
 def measure(
-    path: str, phase: Timed, database_url: str, jobs: list[str], args: argparse.Namespace, api_pgid: int = 0
+    path: str, phase: Timed, url: str, jobs: list[str], args: argparse.Namespace, pgid: int = 0
 ) -> dict[str, Any]:
     """Run one phase; its row: throughput, batch latency, CPU per batch, and the rows the table holds."""
     batches = args.points // args.batch
     print(f"{path}: {args.senders} senders x {batches} batches of {args.batch}, {len(jobs)} job(s)", flush=True)
-    api_cpu, client_cpu = group_cpu_s(api_pgid), time.process_time()
+    api_cpu, client_cpu = group_cpu_s(pgid), time.process_time()
     seconds, latencies = phase()
-    api_cpu, client_cpu = group_cpu_s(api_pgid) - api_cpu, time.process_time() - client_cpu
-    with psycopg.connect(database_url) as conn:
-        ids = [uuid.UUID(job) for job in jobs]
-        row = conn.execute("SELECT count(*) FROM metric_points WHERE job_id = ANY(%s)", (ids,)).fetchone()
+    api_cpu, client_cpu = group_cpu_s(pgid) - api_cpu, time.process_time() - client_cpu
+    with psycopg.connect(url) as conn:
+        count = "SELECT count(*) FROM metric_points WHERE job_id = ANY(%s)"
+        row = conn.execute(count, ([uuid.UUID(job) for job in jobs],)).fetchone()
     return {
         "path": path,
         "jobs": len(jobs),
         "points": batches * args.batch,
         "seconds": seconds,
         "points_per_s": batches * args.batch / seconds,
-        **{f"batch_{k}": v for k, v in ms(latencies, 50, 99).items()},
-        "api_cpu_ms_per_batch": api_cpu / batches * 1000 if api_pgid else None,
+        **ms(latencies, 50, 99, prefix="batch_"),
+        "api_cpu_ms_per_batch": api_cpu / batches * 1000 if pgid else None,
         "client_cpu_ms_per_batch": client_cpu / batches * 1000,
         "rows_sent": (batches + args.warmup_batches) * args.batch,
         "rows_stored": row[0] if row else 0,
     }
 
 
-def main() -> int:
-    p = parser(__doc__, database=True)
-    p.add_argument("--senders", type=int, default=4, help="concurrent senders")
-    p.add_argument("--batch", type=int, default=1000, help="points per request / per COPY")
-    p.add_argument("--points", type=int, default=500_000, help="measured points per phase")
-    p.add_argument("--warmup-batches", type=int, default=8, help="unmeasured batches first")
-    p.add_argument("--api-workers", nargs="+", default=["default", "1"], help="API worker counts, one phase each")
-    p.add_argument("--jobs", type=int, default=1, help="jobs the batches go to, in turn (API and peer alike)")
-    p.add_argument("--reps", type=int, default=3, help="rounds of the API phases and the peer's")
-    p.add_argument("--client-procs", dest="procs", type=int, default=2, help="processes the senders are spread over")
-    args = p.parse_args()
+def main() -> None:
+    args = parse_args(
+        __doc__,
+        ("--senders", 4, "concurrent senders"),
+        ("--batch", 1000, "points per request / per COPY"),
+        ("--points", 500_000, "measured points per phase"),
+        ("--warmup-batches", 8, "unmeasured batches first"),
+        ("--api-workers", ["default", "1"], "API worker counts, one phase each"),
+        ("--jobs", 1, "jobs the batches go to, in turn (API and peer alike)"),
+        ("--reps", 3, "rounds of the API phases and the peer's"),
+        ("--client-procs", 2, "processes the senders are spread over", {"dest": "procs"}),
+        database=True,
+    )
     if args.points < args.batch:
-        p.error("--points must be at least --batch")
+        raise SystemExit("--points must be at least --batch")
+    phases = [*args.api_workers, PEER]
     with run("ingest", args) as record, scratch_database(record, args.database_url) as db:
         rows: list[dict[str, Any]] = []
         bodies = metric_bodies(args)
         with api_process(db.url, 1) as api:  # every phase's jobs, queued up front (per worker count, then the peer's)
+            rounds = [
+                [[submit_job(api.url, db.token) for _ in range(args.jobs)] for _ in phases] for _ in range(args.reps)
+            ]
 
-            def queued() -> list[str]:
-                return [submit_job(api.url, db.token) for _ in range(args.jobs)]
+        def one(workers: str, jobs: list[str]) -> dict[str, Any]:
+            if workers == PEER:
+                return measure(PEER, copy_batches(db.url, jobs, args), db.url, jobs, args)
+            with api_process(db.url, None if workers == "default" else int(workers)) as api:
+                phase = api_batches(api.url, db.token, jobs, bodies, args)
+                return measure(
+                    f"POST /v1/jobs/{{id}}/metrics, API workers: {workers}", phase, db.url, jobs, args, api.pid
+                )
 
-            rounds = [[queued() for _ in [*args.api_workers, PEER]] for _ in range(args.reps)]
         for rep, jobs in enumerate(rounds, start=1):
-            order = list(zip([*args.api_workers, PEER], jobs, strict=True))
             # the table grows by every phase: the peer goes last in odd rounds and first in even ones
-            order = order if rep % 2 else order[-1:] + order[:-1]
-            measured: list[dict[str, Any]] = []
-            peer: dict[str, Any] = {}
-            for workers, phase_jobs in order:
-                if workers == PEER:
-                    peer = measure(PEER, copy_batches(db.url, phase_jobs, args), db.url, phase_jobs, args)
-                    continue
-                with api_process(db.url, None if workers == "default" else int(workers)) as api:
-                    path = f"POST /v1/jobs/{{id}}/metrics, API workers: {workers}"
-                    phase = api_batches(api.url, db.token, phase_jobs, bodies, args)
-                    measured.append(measure(path, phase, db.url, phase_jobs, args, api.pid))
-            for row in (*measured, peer):
-                row["round"] = rep
-                if row is not peer:
-                    row["ratio"] = row["points_per_s"] / peer["points_per_s"]
-                    print(f"round {rep}: {row['path']}: {row['ratio']:.3f}x the peer", flush=True)
-            rows += [*measured, peer]
+            order = list(zip(phases, jobs, strict=True))
+            measured = {
+                workers: one(workers, phase_jobs)
+                for workers, phase_jobs in (order if rep % 2 else order[-1:] + order[:-1])
+            }
+            peer = measured.pop(PEER) | {"round": rep}
+            for row in measured.values():
+                row |= {"round": rep, "ratio": row["points_per_s"] / peer["points_per_s"]}
+                print(f"round {rep}: {row['path']}: {row['ratio']:.3f}x the peer", flush=True)
+            rows += [*measured.values(), peer]
         record.tables["ingest"] = rows
         peers = statistics.median(row["points_per_s"] for row in rows if row["path"] == PEER)
         for path in dict.fromkeys(row["path"] for row in rows if "ratio" in row):
@@ -201,8 +197,7 @@ def main() -> int:
             ratios = statistics.median(row["ratio"] for row in mine)
             record.ratio(f"{path}, median of the rounds' ratios", ratios, "peer of the same round", 1.0)
         record.valid = all(row["rows_stored"] == row["rows_sent"] for row in rows)
-    return 0 if record.valid else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,18 +1,16 @@
 """Steps/s of a small DDP loop logging every step with `trainmaster.log`, against no logging and
 against `ray.train.report`.
 
-On its own `trainmaster up`, jobs of bench/step_loop_job.py (an MLP under DDP over gloo on one fixed
-batch, `--workers` workers; rank 0 times `--steps` steps after `--warmup-steps`) differ only by the call
-after each step: none (the peer every figure is divided by), trainmaster (every point must then be
+On its own `trainmaster up`, jobs of `step_loop` (bench/train_jobs.py: an MLP under DDP over gloo on one
+fixed batch, `--workers` workers; rank 0 times `--steps` steps after `--warmup-steps`) differ only by the
+call after each step: none (the peer every figure is divided by), trainmaster (every point must then be
 stored, on every rank) or ray_report (a barrier with Ray Train's controller; `--report-steps` only).
 After one unmeasured job: `--reps` repetitions of none and trainmaster (order flipped each time), a
 ray_report job after each of the first `--report-runs`; then `--alternate-jobs` jobs alternating blocks
-of `--block` steps without and with logging, each logging block divided by the block before it (a
-second apart: whole jobs move by 20% with this machine's neighbours, block pairs far less).
-
-With `--pin` (default on 2+ cores) the Ray head and its workers run on `--train-cpu`, the API,
-dispatcher, PostgreSQL and this script on `--platform-cpu` (`taskset`): the figure is then what the
-training loop pays itself, not the platform's share of a shared core.
+of `--block` steps without and with logging, each logging block divided by the block before it (whole
+jobs move by 20% with this machine's neighbours, neighbouring blocks far less). With `--pin` (default on
+2+ cores) the Ray side runs on `--train-cpu`, the API, dispatcher, PostgreSQL and this script on
+`--platform-cpu` (`taskset`): the figure is what training pays itself, not its share of a shared core.
 
     .venv/bin/python bench/logging_overhead.py [--reps 3] [--steps 2000] [--report-runs 2] [--no-pin]
 """
@@ -24,12 +22,11 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 from collections import Counter
 from typing import Any
 
 import psutil
-from harness import Record, Stack, load_1m, local_stack, parser, run, spread, wait_cluster_idle, wait_job
+from harness import Record, Stack, load_1m, local_stack, parse_args, run, spread, wait_cluster_idle, wait_job
 
 import trainmaster as tm
 
@@ -39,19 +36,13 @@ def run_job(client: tm.Client, stack: Stack, mode: str, label: str, args: argpar
     wait_cluster_idle(client)
     load, result_path = load_1m(), stack.home / "results" / f"{label}-{mode}.jsonl"
     steps, warmup = (args.report_steps, 1) if mode == "ray_report" else (args.steps, args.warmup_steps)
-    config = {
-        "mode": mode,
-        "steps": steps,
-        "warmup_steps": warmup,
-        "result_path": str(result_path),
-        "block": args.block,
-    }
+    config = {"mode": mode, "steps": steps, "warmup_steps": warmup, "result_path": str(result_path)}
     job = client.submit(
         name=f"bench-steps-{mode}-{label}",
-        entrypoint="step_loop_job:train_loop_per_worker",
+        entrypoint="train_jobs:step_loop",
         working_dir=stack.home / "job-code",
         scaling=tm.Scaling(num_workers=args.workers),
-        config={**config, "batch": args.batch, "features": args.features, "hidden": args.hidden},
+        config=config | {k: vars(args)[k] for k in ("block", "batch", "features", "hidden")},
     )
     wait_job(client, job, args.job_timeout, 0.5)
     lines = result_path.read_text().splitlines() if result_path.exists() else []
@@ -61,17 +52,15 @@ def run_job(client: tm.Client, stack: Stack, mode: str, label: str, args: argpar
     result = json.loads(lines[0])
     logged = warmup + steps if mode == "trainmaster" else 0
     if mode == "alternate":  # (without, with) for each logging block and the block just before it
-        logged = warmup + sum(args.block for block in result["blocks"] if block["logging"])
         blocks = result["blocks"]
+        logged = warmup + sum(args.block for block in blocks if block["logging"])
         pairs = [(blocks[n - 1], blocks[n]) for n in range(1, len(blocks)) if blocks[n]["logging"]]
         ratios = [on["steps_per_s"] / off["steps_per_s"] for off, on in pairs]
         result = {
             "mode": mode,
             "steps": steps,
             "pairs": len(pairs),
-            "ratio_median": statistics.median(ratios),
-            "ratio_min": min(ratios),
-            "ratio_max": max(ratios),
+            **spread(ratios, "ratio_median", "ratio_min", "ratio_max"),
             "cpu_ratio_median": statistics.median(off["cpu_ms_per_step"] / on["cpu_ms_per_step"] for off, on in pairs),
             "off_steps_per_s": statistics.median(off["steps_per_s"] for off, _ in pairs),
             "on_steps_per_s": statistics.median(on["steps_per_s"] for _, on in pairs),
@@ -98,11 +87,10 @@ def pin(stack: Stack, args: argparse.Namespace) -> list[dict[str, Any]]:
     pinned: dict[int, int] = {}
     for pid, cpu in roots.items():
         try:
-            family = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+            for process in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+                pinned.setdefault(process.pid, cpu)
         except psutil.NoSuchProcess:
             continue
-        for process in family:
-            pinned.setdefault(process.pid, cpu)
     pinned[os.getpid()] = args.platform_cpu
     for pid, cpu in pinned.items():
         subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], capture_output=True, check=False)
@@ -114,8 +102,7 @@ def pin(stack: Stack, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def tables(jobs: list[dict[str, Any]], record: Record) -> None:
     record.tables["jobs"] = [job for job in jobs if job["mode"] != "alternate"]
-    alternating = [job for job in jobs if job["mode"] == "alternate"]
-    if alternating:
+    if alternating := [job for job in jobs if job["mode"] == "alternate"]:
         record.tables["alternating blocks in one job (with logging / the block before, without)"] = alternating
         ratio = statistics.median(job["ratio_median"] for job in alternating)
         record.ratio("trainmaster every step, alternating blocks, median of pairs", ratio, "no logging", 1.0)
@@ -155,46 +142,45 @@ def tables(jobs: list[dict[str, Any]], record: Record) -> None:
     record.valid = all(job["points_complete"] for job in jobs)
 
 
-def main() -> int:
-    p = parser(__doc__)
-    p.add_argument("--reps", type=int, default=3, help="repetitions of none and trainmaster")
-    p.add_argument("--steps", type=int, default=2000, help="measured steps per none/trainmaster job")
-    p.add_argument("--warmup-steps", type=int, default=50, help="unmeasured steps first")
-    p.add_argument("--report-runs", type=int, default=2, help="ray_report jobs (0: none)")
-    p.add_argument("--report-steps", type=int, default=5, help="measured steps per ray_report job")
-    p.add_argument("--alternate-jobs", type=int, default=1, help="jobs alternating blocks without and with logging")
-    p.add_argument("--block", type=int, default=100, help="steps per block of an alternate job")
-    p.add_argument("--workers", type=int, default=2, help="Ray Train workers")
-    p.add_argument("--batch", type=int, default=64, help="rows of the fixed batch")
-    p.add_argument("--features", type=int, default=256, help="MLP input width")
-    p.add_argument("--hidden", type=int, default=256, help="MLP hidden width")
-    p.add_argument("--job-timeout", type=float, default=300.0, help="seconds one job may take")
-    p.add_argument(
-        "--pin",
-        action=argparse.BooleanOptionalAction,
-        default=(os.cpu_count() or 1) >= 2,
-        help="split training and platform onto two CPUs with taskset",
+def main() -> None:
+    args = parse_args(
+        __doc__,
+        ("--reps", 3, "repetitions of none and trainmaster"),
+        ("--steps", 2000, "measured steps per none/trainmaster job"),
+        ("--warmup-steps", 50, "unmeasured steps first"),
+        ("--report-runs", 2, "ray_report jobs (0: none)"),
+        ("--report-steps", 5, "measured steps per ray_report job"),
+        ("--alternate-jobs", 1, "jobs alternating blocks without and with logging"),
+        ("--block", 100, "steps per block of an alternate job"),
+        ("--workers", 2, "Ray Train workers"),
+        ("--batch", 64, "rows of the fixed batch"),
+        ("--features", 256, "MLP input width"),
+        ("--hidden", 256, "MLP hidden width"),
+        ("--job-timeout", 300.0, "seconds one job may take"),
+        (
+            "--pin",
+            (os.cpu_count() or 1) >= 2,
+            "split training and platform onto two CPUs with taskset",
+            {"action": argparse.BooleanOptionalAction},
+        ),
+        ("--train-cpu", 0, "the CPU of the Ray head and the training workers"),
+        ("--platform-cpu", 1, "the CPU of the API, dispatcher and PostgreSQL"),
     )
-    p.add_argument("--train-cpu", type=int, default=0, help="the CPU of the Ray head and the training workers")
-    p.add_argument("--platform-cpu", type=int, default=1, help="the CPU of the API, dispatcher and PostgreSQL")
-    args = p.parse_args()
-    with run("logging_overhead", args) as record, local_stack(record) as stack:
+    with run("logging_overhead", args) as record, local_stack(record) as stack, stack.client() as client:
         if args.pin:
             record.tables["pinned"] = pin(stack, args)
-        stack.job_code("step_loop_job.py")
+        stack.job_code("train_jobs.py")
         (stack.home / "results").mkdir()
+        run_job(client, stack, "none", "warmup", args)
         jobs = []
-        with tm.Client(api_url=stack.api_url, token=stack.token) as client:
-            run_job(client, stack, "none", "warmup", args)
-            for rep in range(args.reps):
-                for mode in ("none", "trainmaster") if rep % 2 == 0 else ("trainmaster", "none"):
-                    jobs.append(run_job(client, stack, mode, f"rep-{rep + 1}", args))
-                if rep < args.report_runs:
-                    jobs.append(run_job(client, stack, "ray_report", f"rep-{rep + 1}", args))
-            jobs += [run_job(client, stack, "alternate", f"alt-{n + 1}", args) for n in range(args.alternate_jobs)]
+        for rep in range(args.reps):
+            for mode in ("none", "trainmaster") if rep % 2 == 0 else ("trainmaster", "none"):
+                jobs.append(run_job(client, stack, mode, f"rep-{rep + 1}", args))
+            if rep < args.report_runs:
+                jobs.append(run_job(client, stack, "ray_report", f"rep-{rep + 1}", args))
+        jobs += [run_job(client, stack, "alternate", f"alt-{n + 1}", args) for n in range(args.alternate_jobs)]
         tables(jobs, record)
-    return 0 if record.valid else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

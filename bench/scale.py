@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 import psycopg
-from harness import Record, api_process, ms, parser, run, scratch_database, timed
+from harness import Record, api_process, ms, parse_args, run, scratch_database, timed
 from scale_cluster import SimRay, admission_cycles, fill_queue
 
 from api.auth import admin
@@ -288,18 +288,20 @@ def logs(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namesp
 
 
 def main() -> None:
-    p = parser(__doc__, database=True)
-    p.add_argument("--nodes", type=int, default=1000, help="simulated Ray nodes (8 GPUs, 96 CPUs each)")
-    p.add_argument("--depths", type=int, nargs="+", default=[100, 1000, 10_000], help="queue depths")
-    p.add_argument("--admit-batch", type=int, default=50, help="queued jobs considered per round (the setting)")
-    p.add_argument("--finish-rounds", type=int, default=20, help="rounds after the cluster is full")
-    p.add_argument("--jobs", type=int, default=1_000_000, help="job rows for the API reads")
-    p.add_argument("--points", type=int, default=10_000_000, help="points of the big metrics job")
-    p.add_argument("--ingest-points", type=int, default=200_000, help="points per ingest measurement")
-    p.add_argument("--log-bytes", type=int, default=1_000_000_000, help="log bytes of the big logs job")
-    p.add_argument("--requests", type=int, default=100, help="measured requests per read figure")
-    p.add_argument("--sections", nargs="+", default=["admission", "jobs", "metrics", "logs"])
-    args = p.parse_args()
+    args = parse_args(
+        __doc__,
+        ("--nodes", 1000, "simulated Ray nodes (8 GPUs, 96 CPUs each)"),
+        ("--depths", [100, 1000, 10_000], "queue depths"),
+        ("--admit-batch", 50, "queued jobs considered per round (the setting)"),
+        ("--finish-rounds", 20, "rounds after the cluster is full"),
+        ("--jobs", 1_000_000, "job rows for the API reads"),
+        ("--points", 10_000_000, "points of the big metrics job"),
+        ("--ingest-points", 200_000, "points per ingest measurement"),
+        ("--log-bytes", 1_000_000_000, "log bytes of the big logs job"),
+        ("--requests", 100, "measured requests per read figure"),
+        ("--sections", ["admission", "jobs", "metrics", "logs"], None),
+        database=True,
+    )
     os.environ.setdefault("TRAINMASTER_DB_CONNECT_TIMEOUT_S", "60")  # the API's, on a busy machine
     with run("scale", args) as record, scratch_database(record, args.database_url, migrate=False) as db:
         migrate.upgrade(db.url)

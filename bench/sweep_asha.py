@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 import tempfile
 import time
 from typing import Any
 
-from harness import load_1m, local_stack, parser, run
+from harness import load_1m, local_stack, parse_args, run
 
 import trainmaster as tm
 from workers.templates.toy_curve import toy_loss
@@ -145,50 +144,52 @@ def ray_tune_sweep(params: list[dict[str, Any]], args: Any) -> tuple[list[dict[s
     return sorted(trials, key=lambda t: t["n"]), wall
 
 
-def main() -> int:
-    cli = parser(__doc__)
-    cli.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="sampling seeds, one sweep each")
-    cli.add_argument("--trials", type=int, default=36, help="trials per sweep")
-    cli.add_argument("--steps", type=int, default=36, help="training steps of a trial that is never stopped")
-    cli.add_argument("--step-s", type=float, default=1.0, help="seconds per step")
-    cli.add_argument("--grace", type=int, default=2, help="ASHA grace period in steps")
-    cli.add_argument("--rf", type=int, default=3, help="ASHA reduction factor")
-    cli.add_argument("--max-concurrent", type=int, default=4, help="trials at once")
-    cli.add_argument("--cpus", type=float, default=0.5, help="CPU per trial (the toy mostly sleeps)")
-    cli.add_argument("--poll-s", type=float, default=0.5, help="the dispatcher's poll interval (its sweep round)")
-    cli.add_argument("--sweep-timeout", type=float, default=3600, help="longest wait for one sweep, in seconds")
-    cli.add_argument("--skip-ray-tune", action="store_true", help="measure trainmaster only")
-    args = cli.parse_args()
+def main() -> None:
+    args = parse_args(
+        __doc__,
+        ("--seeds", [0, 1, 2], "sampling seeds, one sweep each"),
+        ("--trials", 36, "trials per sweep"),
+        ("--steps", 36, "training steps of a trial that is never stopped"),
+        ("--step-s", 1.0, "seconds per step"),
+        ("--grace", 2, "ASHA grace period in steps"),
+        ("--rf", 3, "ASHA reduction factor"),
+        ("--max-concurrent", 4, "trials at once"),
+        ("--cpus", 0.5, "CPU per trial (the toy mostly sleeps)"),
+        ("--poll-s", 0.5, "the dispatcher's poll interval (its sweep round)"),
+        ("--sweep-timeout", 3600, "longest wait for one sweep, in seconds", {"type": float}),
+        ("--skip-ray-tune", False, "measure trainmaster only"),
+    )
     grid = grid_figures(args.steps)
     os.environ["TRAINMASTER_POLL_INTERVAL_S"] = str(args.poll_s)  # the stack's dispatcher inherits it
     with run("sweep_asha", args) as record:
         rows: list[dict[str, Any]] = []
         sampled: dict[int, list[dict[str, Any]]] = {}
-        with local_stack(record) as stack, tm.Client(stack.api_url, stack.token) as client:
+
+        def sweep(name: str, seed: int, trials: list[dict[str, Any]], wall: float) -> None:
+            rows.append(summary(name, seed, trials, args.steps, grid, wall))
+            record.tables[f"{name} trials, seed {seed}"] = trials
+            print(rows[-1], flush=True)
+
+        with local_stack(record) as stack, stack.client() as client:
             for seed in args.seeds:
                 trials, wall = trainmaster_sweep(client, args, seed)
                 sampled[seed] = [t["params"] for t in trials]
-                rows.append(summary("trainmaster", seed, trials, args.steps, grid, wall))
-                record.tables[f"trainmaster trials, seed {seed}"] = trials
-                print(rows[-1], flush=True)
+                sweep("trainmaster", seed, trials, wall)
         for seed in [] if args.skip_ray_tune else args.seeds:
-            trials, wall = ray_tune_sweep(sampled[seed], args)
-            rows.append(summary("ray tune", seed, trials, args.steps, grid, wall))
-            record.tables[f"ray tune trials, seed {seed}"] = trials
-            print(rows[-1], flush=True)
+            sweep("ray tune", seed, *ray_tune_sweep(sampled[seed], args))
         record.tables["grid"] = [grid]
         record.tables["sweeps"] = rows
         for seed in args.seeds:
             by_sweep = {row["sweep"]: row for row in rows if row["seed"] == seed}
             ours = by_sweep["trainmaster"]
-            figure = f"seed {seed}: grid steps used by trainmaster ASHA"
-            record.ratio(figure, ours["fraction_of_grid_steps"], "full grid", 1.0)
+            record.ratio(
+                f"seed {seed}: grid steps used by trainmaster ASHA", ours["fraction_of_grid_steps"], "full grid", 1.0
+            )
             if "ray tune" in by_sweep:
-                figure = f"seed {seed}: steps used by trainmaster ASHA"
-                record.ratio(figure, ours["steps_used"], "Ray Tune ASHA", by_sweep["ray tune"]["steps_used"])
+                figure, peer = f"seed {seed}: steps used by trainmaster ASHA", by_sweep["ray tune"]["steps_used"]
+                record.ratio(figure, ours["steps_used"], "Ray Tune ASHA", peer)
         record.facts["load_1m_after_sweeps"] = load_1m()
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,12 +1,12 @@
 """`fit()` to first step with Ray's `TorchTrainer` against trainmaster's torch-free control side.
 
-Both run the same 2-worker gloo function (bench/first_step_job.py: rank stamps, then all-reduces) on
-one Ray head started by the script, from one connected driver, interleaved, every CPU free before
-each run. The peer is `ray.train.torch.TorchTrainer(torch_config=TorchConfig(backend="gloo"))`; ours
-is `workers.lean_torch.lean_torch_trainer(torch_config=LeanTorchConfig(backend="gloo"))`, which sets
-up the same process group with Ray's own worker-side functions but never imports torch in the driver
-or in the Ray Train controller. The driver's own import of each trainer is timed in a fresh
-interpreter, since this script's driver has both loaded after the first run.
+Both run the same 2-worker gloo function (`first_step` of bench/train_jobs.py) on one Ray head started
+by the script, from one connected driver, interleaved, every CPU free before each run. The peer is
+`ray.train.torch.TorchTrainer(torch_config=TorchConfig(backend="gloo"))`; ours is
+`workers.lean_torch.lean_torch_trainer(torch_config=LeanTorchConfig(backend="gloo"))`: the same process
+group, set up with Ray's own worker-side functions, but no torch import in the driver or in the Ray Train
+controller. The driver's import of each trainer is timed in a fresh interpreter (this driver has both
+loaded after the first run).
 
     .venv/bin/python bench/torch_backend_startup.py [--runs 5] [--warmup 1] [--workers 2]
 """
@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from first_step_job import fit
-from harness import REPO, interleaved, parser, ray_head, run, wait_until
+from harness import REPO, RUNS, interleaved, parse_args, ray_head, run, wait_until
+from train_jobs import fit
 
 IMPORTS = {
     "TorchTrainer": "from ray.train.torch import TorchTrainer, TorchConfig",
@@ -49,39 +49,36 @@ def trainer(path: str, **kwargs: Any) -> Any:
     return lean_torch_trainer(torch_config=LeanTorchConfig(backend="gloo"), **kwargs)
 
 
-def main() -> int:
-    p = parser(__doc__)
-    p.add_argument("--runs", type=int, default=5, help="measured runs of each path")
-    p.add_argument("--warmup", type=int, default=1, help="unmeasured runs of each path first")
-    p.add_argument("--workers", type=int, default=2, help="Ray Train workers")
-    args = p.parse_args()
+def main() -> None:
+    args = parse_args(__doc__, *RUNS)
     with run("torch_backend_startup", args) as record, tempfile.TemporaryDirectory(prefix="tmtb-") as tmp:
-        imports = {path: [import_seconds(statement) for _ in range(3)] for path, statement in IMPORTS.items()}
+        imports = {
+            path: statistics.median(import_seconds(statement) for _ in range(3)) for path, statement in IMPORTS.items()
+        }
         with ray_head(args.workers) as head:
             import ray
 
             os.environ.update(head.env)
-            # The workers import first_step_job and workers.lean_torch by name, as the driver does.
+            # The workers import train_jobs and workers.lean_torch by name, as the driver does.
             env = {"env_vars": {"PYTHONPATH": f"{REPO}:{REPO / 'bench'}"}}
             ray.init(head.gcs_address, runtime_env=env, log_to_driver=False, logging_level=logging.WARNING)
+
+            def one(path: str, n: int) -> dict[str, Any]:
+                # (used, total) CPUs; None while the head does not answer
+                wait_until(
+                    lambda: (cpus := head.cpus()) is not None and cpus[0] <= 0, "Ray CPUs still in use", every_s=0.25
+                )
+                stamp = Path(tmp) / f"{path}-{n}.txt"
+                return fit(functools.partial(trainer, path), path, args.workers, stamp, Path(tmp) / "storage")
+
             try:
-
-                def idle() -> bool:
-                    cpus = head.cpus()  # (used, total); None while the head does not answer
-                    return cpus is not None and cpus[0] <= 0
-
-                def one(path: str, n: int) -> dict[str, Any]:
-                    wait_until(idle, "Ray CPUs still in use", every_s=0.25)
-                    stamp = Path(tmp) / f"{path}-{n}.txt"
-                    return fit(functools.partial(trainer, path), path, args.workers, stamp, Path(tmp) / "storage")
-
                 runs = interleaved(("TorchTrainer", "lean"), args.warmup, args.runs, one)
             finally:
                 ray.shutdown()
         record.tables["driver import, fresh interpreter (median of 3)"] = [
-            {"trainer": path, "s": statistics.median(values)} for path, values in imports.items()
+            {"trainer": path, "s": seconds} for path, seconds in imports.items()
         ]
-        record.tables["fit"] = [
+        peer, ours = record.tables["fit"] = [
             {
                 "trainer": path,
                 "runs": len(rows),
@@ -92,13 +89,10 @@ def main() -> int:
             }
             for path, rows in runs.items()
         ]
-        peer, ours = record.tables["fit"]
         for figure, key in (("fit() to first step", "first_step_median_s"), ("whole fit()", "fit_median_s")):
             record.ratio(f"lean: {figure}, median s", ours[key], "TorchTrainer", peer[key])
-        driver_imports = record.tables["driver import, fresh interpreter (median of 3)"]
-        record.ratio("lean: driver import, s", driver_imports[1]["s"], "TorchTrainer", driver_imports[0]["s"])
-    return 0
+        record.ratio("lean: driver import, s", imports["lean"], "TorchTrainer", imports["TorchTrainer"])
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
