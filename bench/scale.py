@@ -126,16 +126,9 @@ def jobs(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namesp
     for total in (1000, args.jobs):  # grow the jobs table, oldest first: 1% queued, the rest finished
         print(f"jobs: {total:,} rows", flush=True)
         have = sql(url, "SELECT count(*) FROM jobs")[0][0]
+        fixed = {"bench": bench, "others": others, "spec": SPEC, "total": total}
         for lo in range(have + 1, total + 1, 100_000):
-            values = {
-                "bench": bench,
-                "others": others,
-                "spec": SPEC,
-                "total": total,
-                "lo": lo,
-                "hi": min(lo + 99_999, total),
-            }
-            sql(url, JOBS, values)
+            sql(url, JOBS, fixed | {"lo": lo, "hi": min(lo + 99_999, total)})
         settle(url, "jobs")
         rows = sql(url, "SELECT count(*) FROM jobs WHERE project_id = %s", (bench,))[0][0]
         deep = (

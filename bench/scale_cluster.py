@@ -150,6 +150,11 @@ async def admission_cycles(settings: Settings, ray: SimRay, finish_rounds: int, 
     engine = create_engine(settings)
     try:
         dispatcher = Dispatcher(settings=settings, sessions=session_factory(engine), ray=ray, owner="bench")
+        async with dispatcher.sessions() as session:  # a warm connection, as a running dispatcher has
+            await session.execute(text("SELECT 1"))
+        # As `trainmaster dispatcher` does once it is up: what the process holds by now (here also this
+        # script's queue of specs, which a dispatcher never holds) is out of the collector's way.
+        freeze_heap()
         return await timed_rounds(dispatcher, ray, settings.database_url, finish_rounds, rng)
     finally:
         await engine.dispose()
@@ -159,12 +164,7 @@ async def timed_rounds(
     dispatcher: Dispatcher, ray: SimRay, database_url: str, finish_rounds: int, rng: random.Random
 ) -> dict[str, Any]:
     durations: list[float] = []
-    admitted = 0
-    async with dispatcher.sessions() as session:  # a warm connection, as a running dispatcher has
-        await session.execute(text("SELECT 1"))
-    # As `trainmaster dispatcher` does once it is up: what the process holds by now (here also this
-    # script's queue of specs, which a dispatcher never holds) is out of the collector's way.
-    freeze_heap()
+    admitted = filled_in = 0
 
     async def one() -> int:
         began = time.perf_counter()
@@ -172,7 +172,6 @@ async def timed_rounds(
         durations.append(time.perf_counter() - began)
         return count
 
-    filled_in = 0
     while (count := await one()) > 0:
         admitted += count
         filled_in += 1
