@@ -116,3 +116,39 @@ def stack(pg_server_url: str, ray_head: Any, tmp_path_factory: pytest.TempPathFa
 
     with running_stack(pg_server_url, ray_head, tmp_path_factory.mktemp("stack")) as running:
         yield running
+
+
+# -- order and grouping for pytest-xdist (scripts/test: -n 2 --dist loadgroup --no-loadscope-reorder) ---
+
+# Heaviest first, by what each file took in a two-worker run on 2 cores (pytest --durations): xdist
+# hands out work in collection order, so long work starts early and short files fill in at the end.
+HEAVY_FIRST = (
+    "tests/e2e/test_frameworks.py",  # ~680 s: every framework's example, alone and on two workers
+    "tests/e2e/test_ray_jobs.py",  # ~450 s
+    "tests/e2e/test_multinode.py",  # ~310 s
+    "tests/reliability/test_ray_faults.py",  # ~200 s
+    "tests/e2e/test_dashboard.py",  # ~185 s
+    "tests/ops/test_slurm.py",  # ~175 s
+    "tests/e2e/test_examples.py",  # ~165 s
+    "tests/e2e/test_preemption.py",  # ~140 s
+    "tests/e2e/test_collectives.py",
+    "tests/e2e/test_metrics_live.py",
+    "tests/reliability/test_dispatcher_kills.py",
+    "tests/e2e/test_local_stack.py",
+    "tests/e2e/test_sweeps.py",
+)
+# Files whose tests share nothing but the session's stack: their tests go to either worker one by one.
+# Every other file runs whole on one worker, so that its module fixtures (a stack, a browser, a Slurm
+# cluster, a strict API) start once.
+SPREAD = {"tests/e2e/test_frameworks.py", "tests/e2e/test_ray_jobs.py", "tests/e2e/test_examples.py"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def path(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    rank = {name: position for position, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(path(item), len(rank)))  # stable: the rest keep their order
+    for item in items:
+        if path(item) not in SPREAD:
+            item.add_marker(pytest.mark.xdist_group(path(item)))

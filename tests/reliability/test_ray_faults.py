@@ -119,7 +119,7 @@ def test_ray_head_restart_under_a_running_job(pg_server_url: str, tmp_path: Path
             after = [line.line for line in client.logs(job.id)]
             assert after == before
             assert any(f"[trainmaster] job {job.id} attempt 2" in line for line in after), after
-            assert any(line.startswith("epoch 4: loss") for line in after), after
+            assert any("epoch 4: loss" in line for line in after), after  # a worker's own print
         starts = [line[3] for line in ledger_lines(ledger)]
         assert starts[0] == "start_epoch=0" and starts[-1] != "start_epoch=0"  # the retry resumed
     finally:
