@@ -120,35 +120,41 @@ def stack(pg_server_url: str, ray_head: Any, tmp_path_factory: pytest.TempPathFa
 
 # -- order and grouping for pytest-xdist (scripts/test: -n 2 --dist loadgroup --no-loadscope-reorder) ---
 
-# Heaviest first, by what each file took in a two-worker run on 2 cores (pytest --durations): xdist
-# hands out work in collection order, so long work starts early and short files fill in at the end.
-HEAVY_FIRST = (
-    "tests/e2e/test_frameworks.py",  # ~680 s: every framework's example, alone and on two workers
-    "tests/e2e/test_ray_jobs.py",  # ~450 s
-    "tests/e2e/test_multinode.py",  # ~310 s
-    "tests/reliability/test_ray_faults.py",  # ~200 s
-    "tests/e2e/test_dashboard.py",  # ~185 s
-    "tests/ops/test_slurm.py",  # ~175 s
-    "tests/e2e/test_examples.py",  # ~165 s
-    "tests/e2e/test_preemption.py",  # ~140 s
+# Files whose real Ray jobs keep both cores busy (framework imports, many gangs, one dispatcher after
+# another): one group, so they run one after another on one worker (two at once only fight over the
+# two cores), first. The other worker takes everything else: tests that mostly wait (on a deadline, a
+# lease, a sleeping epoch, a browser, Slurm) and the in-process ones.
+CPU_BOUND = (
+    "tests/e2e/test_frameworks.py",
+    "tests/e2e/test_ray_jobs.py",
+    "tests/reliability/test_dispatcher_kills.py",
+    "tests/e2e/test_examples.py",
     "tests/e2e/test_collectives.py",
     "tests/e2e/test_metrics_live.py",
-    "tests/reliability/test_dispatcher_kills.py",
-    "tests/e2e/test_local_stack.py",
     "tests/e2e/test_sweeps.py",
 )
-# Files whose tests share nothing but the session's stack: their tests go to either worker one by one.
-# Every other file runs whole on one worker, so that its module fixtures (a stack, a browser, a Slurm
-# cluster, a strict API) start once.
-SPREAD = {"tests/e2e/test_frameworks.py", "tests/e2e/test_ray_jobs.py", "tests/e2e/test_examples.py"}
+# The rest, heaviest first by what each file took on 2 cores (pytest --durations), so that long files
+# start early and short ones fill in at the end; unlisted files follow in their usual order.
+HEAVY_FIRST = (
+    "tests/reliability/test_ray_faults.py",
+    "tests/e2e/test_multinode.py",
+    "tests/ops/test_slurm.py",
+    "tests/e2e/test_local_stack.py",
+    "tests/e2e/test_preemption.py",
+    "tests/e2e/test_dashboard.py",
+    "tests/reliability/test_sse_abuse.py",
+    "tests/unit/test_warm_driver.py",
+    "tests/e2e/test_api_process.py",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each file runs whole on one worker (its module fixtures start once); CPU_BOUND files together."""
+
     def path(item: pytest.Item) -> str:
         return item.nodeid.split("::", 1)[0]
 
-    rank = {name: position for position, name in enumerate(HEAVY_FIRST)}
+    rank = {name: position for position, name in enumerate(CPU_BOUND + HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(path(item), len(rank)))  # stable: the rest keep their order
     for item in items:
-        if path(item) not in SPREAD:
-            item.add_marker(pytest.mark.xdist_group(path(item)))
+        item.add_marker(pytest.mark.xdist_group("cpu-bound-ray" if path(item) in CPU_BOUND else path(item)))
