@@ -148,6 +148,7 @@ HEAVY_FIRST = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns xdist_group marks into scopes
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each file runs whole on one worker (its module fixtures start once); CPU_BOUND files together."""
 
