@@ -45,8 +45,12 @@ async def follow(
             news.clear()
             try:
                 async with sessions() as session:
-                    items, newest = await read_after(session, job_id, last)
+                    # Status first, rows second: a row committed before the job became terminal is then
+                    # always in the read that follows, so `end` never overtakes the last rows. (Read the
+                    # other way round, a job that wrote its last rows and finished between the two reads
+                    # was seen terminal with its rows never read.)
                     status = (await session.execute(select(Job.status).where(Job.id == job_id))).scalar_one()
+                    items, newest = await read_after(session, job_id, last)
             except DB_DOWN:
                 # Keep the stream open through a database outage; resume from `last` when it is back.
                 yield sse.comment("database unavailable; retrying")
