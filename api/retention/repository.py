@@ -16,12 +16,9 @@ TERMINAL = [status for status in JobStatus if status.terminal]
 
 
 async def try_lock(session: AsyncSession) -> bool:
-    """The session-level purge lock, without waiting (another replica purging is enough)."""
-    return bool((await session.execute(select(func.pg_try_advisory_lock(RETENTION_LOCK)))).scalar_one())
-
-
-async def unlock(session: AsyncSession) -> None:
-    await session.execute(select(func.pg_advisory_unlock(RETENTION_LOCK)))
+    """The purge lock until the session's transaction ends, without waiting (another replica purging
+    is enough)."""
+    return bool((await session.execute(select(func.pg_try_advisory_xact_lock(RETENTION_LOCK)))).scalar_one())
 
 
 async def expired_jobs(session: AsyncSession, days: float, limit: int) -> list[uuid.UUID]:

@@ -3,7 +3,7 @@ deleted; the job, its attempts, events and checkpoints stay.
 
 Deletes go `retention_batch` rows per transaction, each a short one that locks only the rows it
 deletes, which belong to finished jobs nobody writes to any more (their job tokens are revoked): ingest
-into other jobs never waits on it. One API replica purges at a time (a session advisory lock).
+into other jobs never waits on it. One API replica purges at a time (a transaction advisory lock held for the pass).
 """
 
 from __future__ import annotations
@@ -34,18 +34,17 @@ async def purge_round(
 ) -> Purged:
     """Purge up to `max_jobs` due jobs; nothing when another replica holds the purge lock."""
     purged = Purged()
-    async with sessions() as lock_session:
+    # The lock lives in a transaction of its own, on a connection checked out for the whole pass, so it
+    # ends with that transaction however the pass ends (done, raised, cancelled, connection lost). A
+    # session lock taken on a pooled connection stayed on it once the connection went back to the pool,
+    # and the unlock could run on another one: the lock leaked to whoever used the first connection next.
+    async with sessions() as lock_session, lock_session.begin():
         if not await repository.try_lock(lock_session):
             return purged
-        await lock_session.commit()
-        try:
-            async with sessions() as session:
-                due = await repository.expired_jobs(session, days, max_jobs)
-            for job_id in due:
-                await _purge_job(sessions, job_id, batch, purged)
-        finally:
-            await repository.unlock(lock_session)
-            await lock_session.commit()
+        async with sessions() as session:
+            due = await repository.expired_jobs(session, days, max_jobs)
+        for job_id in due:
+            await _purge_job(sessions, job_id, batch, purged)
     return purged
 
 
