@@ -304,6 +304,8 @@ class Sweep(Base):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # When a controller round last picked it (0011): rounds serve the least recently served first.
+    served_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class SweepTrial(Base):

@@ -154,12 +154,15 @@ async def _launch(
 
 
 async def sweep_round(sessions: async_sessionmaker[AsyncSession], limit: int = SWEEPS_PER_ROUND) -> int:
-    """Advance every running sweep no other controller holds right now; returns how many it advanced.
+    """Advance up to `limit` running sweeps, the least recently served first, that no other controller
+    holds right now; returns how many it advanced.
 
-    One transaction per sweep, so one sweep's failure neither rolls back nor blocks the others.
+    One transaction per sweep, so one sweep's failure neither rolls back nor blocks the others. The
+    picked sweeps are marked served before they are advanced, so a sweep that fails its round goes to
+    the back like the rest instead of taking a place in every round.
     """
-    async with sessions() as session:
-        sweep_ids = await repository.running_sweep_ids(session, limit)
+    async with sessions() as session, session.begin():
+        sweep_ids = await repository.sweeps_to_serve(session, limit)
     advanced = 0
     for sweep_id in sweep_ids:
         try:

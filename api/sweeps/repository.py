@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.models import Job, Sweep, SweepTrial
@@ -38,9 +38,26 @@ async def claim_running(session: AsyncSession, sweep_id: uuid.UUID) -> Sweep | N
     return (await session.execute(query)).scalar_one_or_none()
 
 
-async def running_sweep_ids(session: AsyncSession, limit: int) -> list[uuid.UUID]:
-    query = select(Sweep.id).where(Sweep.status == SweepStatus.running).order_by(Sweep.created_at).limit(limit)
-    return list((await session.execute(query)).scalars())
+async def sweeps_to_serve(session: AsyncSession, limit: int) -> list[uuid.UUID]:
+    """Up to `limit` running sweeps, the least recently served first (a new one before any), marked
+    served now by the same statement. Every running sweep is picked within ceil(running / limit)
+    rounds however many there are, even one whose rounds keep failing; sweeps another controller is
+    picking at this moment are skipped, so two controllers take different ones."""
+    least_recently_served = (
+        select(Sweep.id)
+        .where(Sweep.status == SweepStatus.running)
+        .order_by(Sweep.served_at.asc().nulls_first(), Sweep.created_at, Sweep.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    served = (
+        update(Sweep)
+        .where(Sweep.id.in_(least_recently_served.scalar_subquery()))
+        .values(served_at=func.now())
+        .returning(Sweep.id)
+        .execution_options(synchronize_session=False)
+    )
+    return list((await session.execute(served)).scalars())
 
 
 async def list_sweeps(
