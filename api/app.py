@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api.auth.cache import TokenCache
 from api.checkpoints.routes import router as checkpoints_router
 from api.cluster.routes import router as cluster_router
+from api.cluster.service import ClusterReader
 from api.code_packages.routes import router as code_router
 from api.db.direct import Direct
 from api.db.session import create_engine, session_factory
@@ -66,11 +67,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.broker = Broker(settings.database_url, app.state.tokens, app.state.ranks)
         app.state.broker.start()  # the token cache is trusted only while it listens
         app.state.stream_limiter = StreamLimiter(settings.max_streams_per_token, settings.stream_slots_dir)
+        app.state.cluster = ClusterReader(settings.ray_address)  # connects on the first GET /v1/cluster
         telemetry = start_telemetry(settings, "trainmaster-api")
         retention = start_retention(settings, app.state.sessions)
         try:
             yield
         finally:
+            app.state.cluster.close()
             await retention.stop()
             await telemetry.stop()
             await app.state.broker.stop()
