@@ -27,6 +27,11 @@ class Settings(BaseSettings):
     lease_s: float = 30.0
     infeasible_timeout_s: float = 600.0
     launch_timeout_s: float = 300.0
+    # A job `starting` this long (its workers never reported) is checked with Ray: a placement group
+    # of its driver that Ray created means it runs; none means the gang could not be placed: it fails.
+    starting_timeout_s: float = 900.0
+    # A job whose reconcile raises this many rounds in a row (a bug) fails with the error.
+    reconcile_error_limit: int = 10
     ray_unreachable_timeout_s: float = 120.0  # active attempts are lost after this long without Ray
     collective_timeout_s: float = 1800.0  # TorchConfig(timeout_s): a hung NCCL/gloo collective fails the job
     system_metrics_interval_s: float = 5.0  # per-worker CPU, memory and GPU sampling; 0 turns it off
@@ -61,6 +66,9 @@ class Settings(BaseSettings):
     retention_days: float | None = None  # drop metric points and logs of jobs finished this long ago; unset: keep
     retention_batch: int = 5000  # rows deleted per transaction (short ones: ingest never waits on them)
     retention_interval_s: float = 300.0  # how often the API looks for jobs past retention
+    # Code packages that no job or sweep names, uploaded (last) more than this long ago, are deleted
+    # with their unpacked folder in code_cache_path on the API's host; unset: kept forever.
+    code_retention_days: float | None = 30.0
 
 
 @lru_cache(maxsize=1)

@@ -4,6 +4,8 @@ with a reason, or failed as infeasible once `infeasible_timeout_s` has passed.""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import uuid
 from datetime import datetime
 
@@ -18,6 +20,8 @@ from api.dispatcher.placement import Cluster, Decision, admit
 from api.dispatcher.repository import QueuedJob
 from api.jobs.status import record_event, transition
 from trainmaster.models import JobStatus, Scaling
+
+log = logging.getLogger("trainmaster.dispatcher")
 
 
 async def admit_round(context: RoundContext) -> int:
@@ -37,9 +41,15 @@ async def admit_round(context: RoundContext) -> int:
         warning = storage_warning(settings.storage_path, cluster)  # the same for every job of the round
         admitted: list[QueuedJob] = []  # their attempts are written together, see start_attempts
         reasons: dict[uuid.UUID, str] = {}  # the waiting jobs' new reasons, written together
+        broken: dict[uuid.UUID, str] = {}  # jobs whose admission raised: they fail, the round goes on
         for job in await repo.lock_queued(session, settings.admit_batch):
-            # Placement reads only the scaling: the whole spec is validated for the launch alone.
-            admission = admit(Scaling.model_validate(job.spec.get("scaling", {})), cluster, driver)
+            try:
+                # Placement reads only the scaling: the whole spec is validated for the launch alone.
+                admission = admit(Scaling.model_validate(job.spec.get("scaling", {})), cluster, driver)
+            except Exception as exc:  # a stored spec placement cannot read, or a bug: this job's alone
+                log.exception(json.dumps({"event": "admission_failed", "job_id": str(job.id)}))
+                broken[job.id] = f"could not be placed: {type(exc).__name__}: {str(exc)[:500]}"
+                continue
             if admission.decision is Decision.admit and not _within(budget, job):
                 admission.decision = Decision.wait
                 admission.reason = (
@@ -66,6 +76,9 @@ async def admit_round(context: RoundContext) -> int:
                     reasons[job.id] = reason
             else:
                 await _infeasible(context, session, job, admission.reason, now)
+        for job_id, error in broken.items():
+            failed = await session.get_one(Job, job_id)  # locked already, by lock_queued
+            await transition(session, failed, JobStatus.failed, error=error, message="admission_failed")
         launches += await launch.start_attempts(context, session, admitted, now, warning, reasons)
     # The attempt rows are committed: only now may Ray hear of them.
     await launch.submit_all(context, launches)

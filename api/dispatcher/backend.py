@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from api.dispatcher.placement import Cluster
@@ -25,6 +26,8 @@ class RayJobState(str, enum.Enum):
 class RayJobInfo:
     state: RayJobState
     message: str = ""
+    end_time: datetime | None = None  # when Ray saw the job end (terminal states only)
+    driver_job_id: str | None = None  # the Ray job id of its driver (what its placement groups name)
 
 
 @dataclass
@@ -36,10 +39,21 @@ class Launch:
     runtime_env: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
     entrypoint_num_cpus: float = 0.0
+    # The uploaded code package (sha256 digest) of the job's project, unpacked into the working_dir
+    # just before the submit: never inside an admission transaction (launch.with_code).
+    code: str | None = None
+    project_id: str = ""
+    # Why this launch cannot be made at all (found while building it): it is failed, never sent.
+    refusal: str | None = None
 
 
 class RayUnavailable(Exception):
     """Ray's head could not be reached; try again later."""
+
+
+class LaunchRefused(Exception):
+    """Ray refused this one launch for a reason of its own (its runtime environment, its size, a
+    request Ray calls invalid): sending it again gets the same answer, so its job fails with this."""
 
 
 class RayBackend(Protocol):
@@ -48,7 +62,8 @@ class RayBackend(Protocol):
         ...
 
     def submit(self, launch: Launch) -> bool:
-        """Submit; True if this call started it, False if Ray already knew the submission id."""
+        """Submit; True if this call started it, False if Ray already knew the submission id.
+        Raises RayUnavailable (try again later) or LaunchRefused (never: fail the job)."""
         ...
 
     def info(self, submission_id: str) -> RayJobInfo | None:
@@ -56,6 +71,10 @@ class RayBackend(Protocol):
         ...
 
     def stop(self, submission_id: str) -> None: ...
+
+    def gang_placed(self, driver_job_id: str) -> bool:
+        """Whether a placement group created by this driver is placed (state CREATED)."""
+        ...
 
     def logs(self, submission_id: str, offset: int = 0, final: bool = False) -> str:
         """What the Ray job printed (driver and forwarded worker output) after its first `offset`

@@ -7,10 +7,12 @@ imports the steps, the steps import this module.
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -20,12 +22,41 @@ from api.settings import Settings
 
 
 @dataclass
+class Backoff:
+    """When a launch that failed for a passing reason (Ray busy or unreachable, the disk, a bug) may
+    be tried again: after 1 s, then twice as long each time up to `most_s`. Per dispatcher process;
+    the bound on the whole is the attempt's `launch_timeout_s`. Entries leave on success or failure,
+    and the map is cleared past `cap` (a dispatcher that lost those jobs' leases keeps no state)."""
+
+    most_s: float = 30.0
+    cap: int = 10_000
+    delays: dict[str, tuple[float, float]] = field(default_factory=dict)  # id -> (due at, last delay)
+
+    def due(self, key: str) -> bool:
+        entry = self.delays.get(key)
+        return entry is None or time.monotonic() >= entry[0]
+
+    def defer(self, key: str) -> float:
+        if len(self.delays) >= self.cap:
+            self.delays.clear()
+        _, last = self.delays.get(key, (0.0, 0.5))
+        delay = min(last * 2, self.most_s)
+        self.delays[key] = (time.monotonic() + delay, delay)
+        return delay
+
+    def forget(self, key: str) -> None:
+        self.delays.pop(key, None)
+
+
+@dataclass
 class RoundContext:
     settings: Settings
     sessions: async_sessionmaker[AsyncSession]
     ray: RayBackend
     owner: str  # this dispatcher's lease owner name
     ray_down_since: float | None = None  # time.monotonic() when Ray was first found unreachable
+    launch_backoff: Backoff = field(default_factory=Backoff)  # submission id -> when to send it again
+    errors: Counter[uuid.UUID] = field(default_factory=Counter)  # a job's rounds that raised in a row
 
     def leased(self, job_id: uuid.UUID, submission_id: str | None = None) -> AbstractAsyncContextManager[Held | None]:
         return leased(self.sessions, job_id, self.owner, submission_id)

@@ -47,6 +47,9 @@ class DyingRay:
     def stop(self, submission_id: str) -> None:
         self.ray.stop(submission_id)
 
+    def gang_placed(self, driver_job_id: str) -> bool:
+        return self.ray.gang_placed(driver_job_id)
+
     def logs(self, submission_id: str, offset: int = 0, final: bool = False) -> str:
         return self.ray.logs(submission_id, offset, final)
 

@@ -10,7 +10,7 @@ import shlex
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,10 +21,12 @@ from api.auth.service import create_job_token, hash_token, new_token
 from api.code_packages import archive
 from api.code_packages import repository as code_repository
 from api.db.models import Job
+from api.dispatcher import ending
 from api.dispatcher import repository as repo
-from api.dispatcher.backend import Launch, RayBackend, RayUnavailable
+from api.dispatcher.backend import Launch, LaunchRefused, RayBackend, RayUnavailable
 from api.dispatcher.context import RoundContext
 from api.dispatcher.repository import QueuedJob
+from api.errors import PayloadTooLarge, ValidationError
 from api.jobs.status import JOB_CHANNEL, record_event
 from api.settings import Settings
 from trainmaster.context import JobContext
@@ -63,7 +65,9 @@ async def start_attempts(
     (the round's storage `warning` first) and job token, the waiting jobs' new `reasons`, and every
     NOTIFY, are one statement for the whole round (repository.ROUND_WRITES). It moves only the jobs
     the status machine lets become starting; one that may not (it left `queued` after the claim) gets
-    nothing and is not launched, and the round goes on with the others."""
+    nothing and is not launched, and the round goes on with the others. Nothing here reads or unpacks
+    code (that waits for the commit: `submit_all`), and a launch that cannot be built is returned
+    refused, for `submit_all` to fail its job alone."""
     settings = context.settings
     tokens = [new_token() for _ in admitted]
     gangs = [
@@ -90,17 +94,29 @@ async def start_attempts(
         if gang.job.id not in started:
             log.warning(json.dumps({"event": "start_refused", "job_id": str(gang.job.id), "reason": "not queued"}))
             continue
-        spec = LaunchSpec.stored(gang.job.spec)
-        working_dir = await _working_dir(settings, session, gang.job, spec)
-        launches.append(build(settings, gang.job, spec, gang.n, token, working_dir))
+        try:
+            launches.append(build(settings, gang.job, LaunchSpec.stored(gang.job.spec), gang.n, token))
+        except Exception as exc:  # this job's spec, or a bug: its job fails, the round goes on
+            log.exception(json.dumps({"event": "build_failed", "job_id": str(gang.job.id)}))
+            launches.append(refused(gang.job, gang.n, f"the launch could not be built: {type(exc).__name__}: {exc}"))
     return launches
 
 
 async def prepare(settings: Settings, session: AsyncSession, job: Job, spec: JobSpec, n: int) -> Launch:
-    """A fresh job token and the unpacked code for one submit of attempt `n` (first or repeated)."""
+    """A fresh job token for one submit of attempt `n` (first or repeated); the code is unpacked by
+    `submit_all`, outside the caller's transaction."""
     token = await create_job_token(session, job.project_id, job.id)
-    working_dir = await _working_dir(settings, session, job, spec)
-    return build(settings, job, spec, n, token, working_dir)
+    return build(settings, job, spec, n, token)
+
+
+def refused(job: JobRef, n: int, why: str) -> Launch:
+    """A launch of attempt `n` that is never sent: `submit_all` fails its job with `why`."""
+    return Launch(
+        submission_id=submission_id(job.id, n),
+        entrypoint="",
+        metadata={"trainmaster_job_id": str(job.id), "attempt": str(n)},
+        refusal=why,
+    )
 
 
 @dataclass(frozen=True)
@@ -124,28 +140,41 @@ class LaunchSpec:
         return cls(json.dumps(spec), spec.get("env") or {}, spec.get("pip") or [], spec.get("code"))
 
 
-async def _working_dir(
-    settings: Settings, session: AsyncSession, job: JobRef, spec: JobSpec | LaunchSpec
-) -> Path | None:
-    """The job's uploaded code, unpacked once per archive; Ray uploads it to the cluster."""
-    if spec.code is None:
-        return None
-    content = await code_repository.content(session, job.project_id, spec.code)
-    if content is None:
-        raise LookupError(f"code {spec.code} of job {job.id} is gone")
-    folder = Path(settings.code_cache_path).expanduser() / spec.code.removeprefix("sha256:")
-    return await asyncio.to_thread(
-        archive.extract,
-        content,
-        folder,
-        max_files=settings.max_code_files,
-        max_unpacked_bytes=settings.max_code_unpacked_bytes,
-    )
+class BadCode(Exception):
+    """The job's code package can never be unpacked here (missing, or refused by the checks)."""
 
 
-def build(
-    settings: Settings, job: JobRef, spec: JobSpec | LaunchSpec, n: int, token: str, working_dir: Path | None = None
-) -> Launch:
+async def with_code(context: RoundContext, launch: Launch) -> Launch:
+    """`launch` with its code package unpacked and set as its working directory; Ray uploads it to
+    the cluster. Unpacked once per package into a content-addressed folder (archive.unpacked):
+    a package already there costs a stat, not a read of the database. Raises BadCode when the
+    package can never be used; anything else (a full disk, the database) may pass."""
+    if launch.code is None:
+        return launch
+    settings = context.settings
+    folder = Path(settings.code_cache_path).expanduser() / launch.code.removeprefix("sha256:")
+    if not folder.is_dir():
+        async with context.sessions() as session:
+            content = await code_repository.content(session, uuid.UUID(launch.project_id), launch.code)
+        if content is None:
+            raise BadCode(f"code package {launch.code} is not stored for this job's project: upload it and resubmit")
+        try:
+            folder = await asyncio.to_thread(
+                archive.unpacked,
+                Path(settings.code_cache_path).expanduser(),
+                launch.code,
+                content,
+                max_files=settings.max_code_files,
+                max_unpacked_bytes=settings.max_code_unpacked_bytes,
+            )
+        except archive.BadPackage as exc:
+            raise BadCode(str(exc)) from exc
+        except (ValidationError, PayloadTooLarge) as exc:
+            raise BadCode(f"code package {launch.code} cannot be unpacked: {exc}") from exc
+    return replace(launch, runtime_env={**launch.runtime_env, "working_dir": str(folder)})
+
+
+def build(settings: Settings, job: JobRef, spec: JobSpec | LaunchSpec, n: int, token: str) -> Launch:
     if isinstance(spec, JobSpec):
         spec = LaunchSpec.of(spec)
     context = JobContext(
@@ -165,8 +194,6 @@ def build(
         "RAY_DEDUP_LOGS": "0",  # every rank's line is stored: Ray would fold lines that differ in numbers
     }
     runtime_env: dict[str, object] = {"env_vars": env}
-    if working_dir is not None:
-        runtime_env["working_dir"] = str(working_dir)
     if spec.pip:
         runtime_env["pip"] = list(spec.pip)
     driver = "workers.warm" if settings.warm_driver else "workers.driver"  # the same arguments
@@ -177,6 +204,8 @@ def build(
         runtime_env=runtime_env,
         metadata={"trainmaster_job_id": str(job.id), "attempt": str(n), "name": job.name[:64]},
         entrypoint_num_cpus=settings.driver_cpus,
+        code=spec.code,
+        project_id=str(job.project_id),
     )
 
 
@@ -187,50 +216,106 @@ async def submit(context: RoundContext, launch: Launch) -> None:
 
 async def submit_all(context: RoundContext, launches: Sequence[Launch]) -> None:
     """Hand committed attempts to Ray one after another (one worker thread for them all), then
-    record Ray's answers: the accepted ones in one statement under the lease check
-    (repository.mark_submitted), the refused ones in one leased transaction. An admission round
-    commits once for all its launches, not once per launch. A crash in between leaves attempts
-    pending, which reconcile submits again under the same id."""
+    record the answers. Each launch is on its own: its code is unpacked (`with_code`) and Ray asked,
+    and whatever goes wrong is that job's alone.
+    - accepted: marked submitted in one statement under the lease check (repository.mark_submitted);
+    - refused for good (its code package, Ray calls it invalid): the attempt and the job fail with
+      the reason (ending.fail_launch);
+    - refused for now (Ray busy or unreachable, the disk, a bug): the attempt stays pending and
+      reconcile submits it again under the same id, after a backoff, until launch_timeout_s.
+    An admission round commits once for all its launches, not once per launch. A crash in between
+    leaves attempts pending, which reconcile submits again under the same id."""
     if not launches:
         return
-    answers = await asyncio.to_thread(_submit_each, context.ray, launches)
-    accepted: dict[uuid.UUID, str] = {}
-    refused: dict[uuid.UUID, str] = {}
-    for sent in launches:
-        job_id = uuid.UUID(sent.metadata["trainmaster_job_id"])
-        (refused if answers[sent.submission_id] else accepted)[job_id] = sent.submission_id
+    ready: list[Launch] = []
+    outcomes: dict[str, Outcome] = {}
+    for launch in launches:
+        if launch.refusal is not None:
+            outcomes[launch.submission_id] = Outcome(launch, error=launch.refusal, permanent=True)
+            continue
+        try:
+            ready.append(await with_code(context, launch))
+        except BadCode as exc:
+            outcomes[launch.submission_id] = Outcome(launch, error=str(exc), permanent=True)
+        except Exception as exc:
+            log.exception(json.dumps({"event": "code_failed", "submission_id": launch.submission_id}))
+            error = f"unpacking its code failed, retrying: {_short(exc)}"
+            outcomes[launch.submission_id] = Outcome(launch, error=error)
+    if ready:
+        outcomes.update(await asyncio.to_thread(_submit_each, context.ray, ready))
+    accepted = {o.job_id: o.launch.submission_id for o in outcomes.values() if o.error is None}
+    for submission in accepted.values():
+        context.launch_backoff.forget(submission)
     if accepted:
         async with context.sessions() as session:
             # One statement is its own transaction: no BEGIN and COMMIT round trips around it.
             await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
             await repo.mark_submitted(session, accepted, context.owner)
-    if not refused:
-        return
-    async with context.leased_many(refused) as held:
+    failed = {o.job_id: o for o in outcomes.values() if o.error is not None}
+    if failed:
+        await _record_failures(context, failed)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one launch: sent (no error), or why not, and whether trying again can help."""
+
+    launch: Launch
+    error: str | None = None
+    permanent: bool = False
+
+    @property
+    def job_id(self) -> uuid.UUID:
+        return uuid.UUID(self.launch.metadata["trainmaster_job_id"])
+
+
+async def _record_failures(context: RoundContext, failed: Mapping[uuid.UUID, Outcome]) -> None:
+    """In one leased transaction: permanent failures end their jobs; passing ones leave the attempt
+    pending with the error (an event the first time) and a backoff before the next try."""
+    async with context.leased_many({job_id: o.launch.submission_id for job_id, o in failed.items()}) as held:
         for one in held:
-            if one.attempt is None or one.attempt.status is not AttemptStatus.pending:
+            outcome = failed[one.job.id]
+            if one.attempt is None or one.attempt.status is not AttemptStatus.pending or outcome.error is None:
                 continue
-            # The attempt stays pending; reconcile submits it again (same id) until launch_timeout_s.
-            error = answers[one.attempt.ray_submission_id]
+            if outcome.permanent:
+                context.launch_backoff.forget(outcome.launch.submission_id)
+                event = {"event": "launch_failed", "job_id": str(one.job.id), "error": outcome.error[:300]}
+                log.warning(json.dumps(event))
+                await ending.fail_launch(one.session, one.job, one.attempt, one.now, outcome.error)
+                continue
+            delay = context.launch_backoff.defer(outcome.launch.submission_id)
             if one.attempt.error is None:
-                await record_event(one.session, one.job, "launch_retry", f"Ray refused the launch, retrying: {error}")
-            one.attempt.error = f"Ray refused the launch: {error}"
+                await record_event(
+                    one.session, one.job, "launch_retry", f"{outcome.error}; trying again in {delay:.0f} s"
+                )
+            one.attempt.error = outcome.error
 
 
-def _submit_each(ray: RayBackend, launches: Sequence[Launch]) -> dict[str, RayUnavailable | None]:
-    """Ray's answer to each launch: None when it took it (now or before), else why it could not."""
-    answers: dict[str, RayUnavailable | None] = {}
+def _submit_each(ray: RayBackend, launches: Sequence[Launch]) -> dict[str, Outcome]:
+    """Ray's answer to each launch, each on its own: one that raises never keeps the next from Ray."""
+    answers: dict[str, Outcome] = {}
     for launch in launches:
         try:
             started = ray.submit(launch)
+        except LaunchRefused as exc:
+            answers[launch.submission_id] = Outcome(launch, error=str(exc), permanent=True)
+            continue
         except RayUnavailable as exc:
             log.warning(
                 json.dumps({"event": "submit_deferred", "submission_id": launch.submission_id, "error": str(exc)})
             )
-            answers[launch.submission_id] = exc
+            answers[launch.submission_id] = Outcome(launch, error=f"Ray refused the launch: {exc}")
+            continue
+        except Exception as exc:  # a bug, ours or Ray's client's: retried within launch_timeout_s
+            log.exception(json.dumps({"event": "submit_failed", "submission_id": launch.submission_id}))
+            answers[launch.submission_id] = Outcome(launch, error=f"submitting it raised {_short(exc)}")
             continue
         if log.isEnabledFor(logging.INFO):
             event = "submitted" if started else "already_submitted"
             log.info(json.dumps({"event": event, "submission_id": launch.submission_id}))
-        answers[launch.submission_id] = None
+        answers[launch.submission_id] = Outcome(launch)
     return answers
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]

@@ -5,18 +5,22 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from api.dispatcher.backend import Launch, RayJobInfo, RayJobState, RayUnavailable
+from api.dispatcher.backend import Launch, LaunchRefused, RayJobInfo, RayJobState, RayUnavailable
 from api.dispatcher.log_tail import LogTails
 from api.dispatcher.placement import Cluster, Node
 
 log = logging.getLogger("trainmaster.dispatcher.ray")
 
 _NOT_FOUND = re.compile(r"status code 404|does not exist", re.I)
+_CLIENT_ERROR = re.compile(r"status code 4\d\d")
+FINAL_LOG_TRIES = 3  # reads of a finished job's whole log before its absence is an error
 
 
 def read_token() -> str | None:
@@ -114,6 +118,9 @@ class RayJobsBackend:
         return response.json()
 
     def submit(self, launch: Launch) -> bool:
+        """Ray's answer sorted by what to do next: already known (False), try again later
+        (RayUnavailable: unreachable, busy, a server error), or never (LaunchRefused: Ray calls the
+        request itself invalid, or refuses its runtime environment or working directory)."""
         try:
             self._call(
                 "submit_job",
@@ -126,7 +133,13 @@ class RayJobsBackend:
         except RuntimeError as exc:
             if "already exists" in str(exc):
                 return False
+            if _CLIENT_ERROR.search(str(exc)):
+                raise LaunchRefused(f"Ray refused {launch.submission_id}: {_short(exc)}") from exc
             raise RayUnavailable(f"submit {launch.submission_id}: {_short(exc)}") from exc
+        except RayUnavailable as exc:
+            if isinstance(exc.__cause__, (ValueError, TypeError)):  # checked by Ray's client, before sending
+                raise LaunchRefused(f"Ray refused {launch.submission_id}: {_short(exc.__cause__)}") from exc
+            raise
         return True
 
     def info(self, submission_id: str) -> RayJobInfo | None:
@@ -137,7 +150,26 @@ class RayJobsBackend:
                 return None
             raise RayUnavailable(f"status of {submission_id}: {_short(exc)}") from exc
         status = getattr(details.status, "value", details.status)
-        return RayJobInfo(state=RayJobState(status), message=details.message or "")
+        ended = getattr(details, "end_time", None)  # milliseconds since the epoch, once terminal
+        return RayJobInfo(
+            state=RayJobState(status),
+            message=details.message or "",
+            end_time=datetime.fromtimestamp(ended / 1000, UTC) if ended else None,
+            driver_job_id=getattr(details, "job_id", None),
+        )
+
+    def gang_placed(self, driver_job_id: str) -> bool:
+        params = {
+            "filter_keys": "creator_job_id",
+            "filter_predicates": "=",
+            "filter_values": driver_job_id,
+            "limit": "100",
+        }
+        try:
+            groups = self._get("/api/v0/placement_groups", params=params)["data"]["result"]["result"]
+        except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+            raise RayUnavailable(f"placement groups from {self.address}: {_short(exc)}") from exc
+        return any(group.get("state") == "CREATED" for group in groups)
 
     def stop(self, submission_id: str) -> None:
         try:
@@ -147,18 +179,29 @@ class RayJobsBackend:
                 raise RayUnavailable(f"stop {submission_id}: {_short(exc)}") from exc
 
     def logs(self, submission_id: str, offset: int = 0, final: bool = False) -> str:
-        """While the job runs, from its websocket tail (only the new part crosses the wire); once it
-        ended, the whole log one last time, so nothing that arrived late is missed."""
+        """While the job runs, from its websocket tail (only the new part crosses the wire; a failed
+        read returns nothing and the next round reads again). Once it ended, the whole log one last
+        time, so nothing that arrived late is missed: tried FINAL_LOG_TRIES times, then
+        RayUnavailable, for the caller to retry or record (never an empty string that looks like
+        a job that printed nothing)."""
         if not final:
             new = self.tails.since(submission_id, offset)
             if new is not None:
                 return new
-        else:
-            self.tails.forget(submission_id)
-        try:
-            return str(self._call("get_job_logs", submission_id))[offset:]
-        except (RuntimeError, RayUnavailable):
-            return ""
+            try:
+                return str(self._call("get_job_logs", submission_id))[offset:]
+            except (RuntimeError, RayUnavailable):
+                return ""
+        self.tails.forget(submission_id)
+        error: BaseException | None = None
+        for attempt in range(FINAL_LOG_TRIES):
+            try:
+                return str(self._call("get_job_logs", submission_id))[offset:]
+            except (RuntimeError, RayUnavailable) as exc:
+                error = exc
+                if attempt + 1 < FINAL_LOG_TRIES:
+                    time.sleep(0.2 * 2**attempt)
+        raise RayUnavailable(f"the final logs of {submission_id}: {_short(error or Exception())}")
 
 
 def _short(exc: BaseException) -> str:

@@ -8,6 +8,7 @@ Ray is asked outside any transaction; its answer is applied under the lease agai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -23,6 +24,7 @@ from api.dispatcher import launch
 from api.dispatcher import repository as repo
 from api.dispatcher.backend import RayBackend, RayJobInfo, RayJobState, RayUnavailable
 from api.dispatcher.context import RoundContext
+from api.dispatcher.ending import finish, release
 from api.dispatcher.placement import describe, nodes_free
 from api.jobs.status import record_event, transition
 from api.logs import repository as logs_repository
@@ -44,7 +46,34 @@ async def reconcile_round(context: RoundContext) -> None:
             log.warning(json.dumps({"event": "ray_unavailable", "job_id": str(job_id), "error": str(exc)}))
             await _ray_down(context, job_ids, str(exc))
             return
+        except Exception as exc:  # this job's alone: the round goes on with the others
+            await _job_failed_round(context, job_id, exc)
+            continue
+        context.errors.pop(job_id, None)
     context.ray_down_since = None
+
+
+async def _job_failed_round(context: RoundContext, job_id: uuid.UUID, exc: Exception) -> None:
+    """A job whose reconcile raised (a bug, a stored row nothing can read): logged, tried again next
+    round, and failed with the error once it raised `reconcile_error_limit` rounds in a row."""
+    context.errors[job_id] += 1
+    rounds = context.errors[job_id]
+    log.exception(json.dumps({"event": "reconcile_failed", "job_id": str(job_id), "rounds": rounds}))
+    if rounds < context.settings.reconcile_error_limit:
+        return
+    context.errors.pop(job_id, None)
+    error = f"the dispatcher could not follow this job ({rounds} rounds in a row): {type(exc).__name__}: {exc}"[:2000]
+    sub_id = None
+    async with context.leased(job_id) as held:
+        if held is None or held.job.status not in repo.ACTIVE:
+            return
+        if (attempt := held.attempt) is not None:
+            sub_id = attempt.ray_submission_id
+            attempt.status, attempt.finished_at, attempt.error = AttemptStatus.failed, held.now, error
+        await finish(held.session, held.job, JobStatus.failed, error, "reconcile_failed")
+    if sub_id is not None:
+        with contextlib.suppress(RayUnavailable):  # else Ray ends it when its driver sees the job over
+            await asyncio.to_thread(context.ray.stop, sub_id)
 
 
 async def _ray_down(context: RoundContext, job_ids: list[uuid.UUID], error: str) -> None:
@@ -73,22 +102,51 @@ async def reconcile_job(context: RoundContext, job_id: uuid.UUID, nodes: NodesFr
         sub_id, attempt_status, spec = held.attempt.ray_submission_id, held.attempt.status, held.job.spec
         starting = held.job.status is JobStatus.starting
         log_offset = held.attempt.log_offset
+        starting_for = (held.now - held.attempt.created_at).total_seconds()
     info = await asyncio.to_thread(context.ray.info, sub_id)
     if info is None and attempt_status is AttemptStatus.pending:
-        await _resubmit_pending(context, job_id, sub_id, JobSpec.model_validate(spec))
+        if context.launch_backoff.due(sub_id):
+            await _resubmit_pending(context, job_id, sub_id, JobSpec.model_validate(spec))
         return
     wants_stop = await _stop_if_asked(context, job_id, sub_id, info)
     final = info is not None and info.state.terminal
-    new_output = await asyncio.to_thread(context.ray.logs, sub_id, log_offset, final) if info is not None else ""
     gang = Gang(reported=bool(context.settings.api_url))
+    new_output = ""
+    if info is not None:
+        try:
+            new_output = await asyncio.to_thread(context.ray.logs, sub_id, log_offset, final)
+        except RayUnavailable as exc:  # only a final read raises: the job's end waits for its logs
+            if context.launch_backoff.defer(f"logs:{sub_id}") < FINAL_LOGS_WAIT_S:
+                log.warning(json.dumps({"event": "final_logs_retry", "job_id": str(job_id), "error": str(exc)}))
+                return
+            gang.logs_missing = str(exc)
+        context.launch_backoff.forget(f"logs:{sub_id}")
     if starting and gang.reported and info is not None and info.state is RayJobState.RUNNING:
         gang.pending_reason = f"placement group pending: {describe(JobSpec.model_validate(spec))}{await nodes.text()}"
+        if starting_for > context.settings.starting_timeout_s and info.driver_job_id:
+            gang.placed = await asyncio.to_thread(context.ray.gang_placed, info.driver_job_id)
+            gang.starting_for = starting_for
+            if not gang.placed:
+                await asyncio.to_thread(context.ray.stop, sub_id)
     async with context.leased(job_id, sub_id) as held:
         if held is None or held.attempt is None:
             return
         if held.attempt.log_offset == log_offset:  # else another round stored this output already
             await _copy_logs(held.session, held.job, held.attempt, new_output, final=final)
+        if gang.logs_missing is not None:
+            await record_event(
+                held.session,
+                held.job,
+                "logs_incomplete",
+                f"the end of attempt {held.attempt.n}'s log could not be read from Ray; what is stored "
+                f"stops at character {held.attempt.log_offset}: {gang.logs_missing}",
+            )
         await _apply(held.session, held.job, held.attempt, info, wants_stop, held.now, gang)
+
+
+# How long a finished attempt waits for its whole log from Ray (read again after each backoff) before
+# it ends with the log it has and an event saying where it stops.
+FINAL_LOGS_WAIT_S = 30.0
 
 
 @dataclass
@@ -98,6 +156,9 @@ class Gang:
 
     reported: bool
     pending_reason: str | None = None
+    placed: bool | None = None  # asked of Ray past starting_timeout_s: a placement group is CREATED
+    starting_for: float = 0.0
+    logs_missing: str | None = None  # why the end of a finished attempt's log could not be read
 
 
 class NodesFree:
@@ -125,7 +186,7 @@ async def _resubmit_pending(context: RoundContext, job_id: uuid.UUID, sub_id: st
         job, attempt = held.job, held.attempt
         if job.status is JobStatus.cancelling:  # never launched: nothing to stop
             attempt.status, attempt.finished_at = AttemptStatus.stopped, held.now
-            await _finish(held.session, job, JobStatus.cancelled, None, "cancelled before launch")
+            await finish(held.session, job, JobStatus.cancelled, None, "cancelled before launch")
             return
         waited = (held.now - attempt.created_at).total_seconds()
         if waited > context.settings.launch_timeout_s:
@@ -146,7 +207,7 @@ async def _stop_if_asked(context: RoundContext, job_id: uuid.UUID, sub_id: str, 
         reason = None
         if job.status is JobStatus.cancelling or job.cancel_requested:
             reason = "cancel"
-        elif attempt.status is AttemptStatus.timing_out or _timed_out(job, attempt, held.now):
+        elif attempt.status is AttemptStatus.timing_out or _timed_out(job, attempt, _ended_at(info, held.now)):
             reason = "timeout"
             if attempt.status is not AttemptStatus.timing_out:
                 attempt.status = AttemptStatus.timing_out
@@ -192,6 +253,22 @@ async def _apply(
             if not gang.reported or await repo.workers_started(session, job.id, attempt.n):
                 job.pending_reason = None
                 await transition(session, job, JobStatus.running, message=f"attempt {attempt.n}: workers started")
+            elif gang.placed:
+                job.pending_reason = None
+                await transition(
+                    session,
+                    job,
+                    JobStatus.running,
+                    message=f"attempt {attempt.n}: no workers_started report after {gang.starting_for:.0f} s, "
+                    "but Ray placed its gang (placement group created)",
+                )
+            elif gang.placed is False:
+                attempt.status, attempt.finished_at = AttemptStatus.failed, now
+                attempt.error = (
+                    f"the gang was not placed within starting_timeout_s ({gang.starting_for:.0f} s): "
+                    f"{gang.pending_reason}; the Ray job was stopped"
+                )
+                await _after_failure(session, job, attempt.error)
             else:
                 job.pending_reason = gang.pending_reason
         return
@@ -202,16 +279,16 @@ async def _apply(
     attempt.finished_at = now
     if wants_stop == "cancel":
         attempt.status = AttemptStatus.stopped
-        await _finish(session, job, JobStatus.cancelled, None, "cancelled; Ray job stopped")
+        await finish(session, job, JobStatus.cancelled, None, "cancelled; Ray job stopped")
     elif wants_stop == "preempt" and info.state is not RayJobState.SUCCEEDED:  # finishing first wins
         await _preempted(session, job, attempt)
-    elif wants_stop == "timeout":
+    elif wants_stop == "timeout" and not (info.state is RayJobState.SUCCEEDED and _in_time(job, attempt, info)):
         attempt.status = AttemptStatus.timed_out
         error = f"timed out after timeout_s={job.spec.get('timeout_s')} s; the Ray job was stopped"
-        await _finish(session, job, JobStatus.timed_out, error, error)
+        await finish(session, job, JobStatus.timed_out, error, error)
     elif info.state is RayJobState.SUCCEEDED:
         attempt.status = AttemptStatus.succeeded
-        await _finish(session, job, JobStatus.succeeded, None, f"attempt {attempt.n} succeeded")
+        await finish(session, job, JobStatus.succeeded, None, f"attempt {attempt.n} succeeded")
     else:
         attempt.status = AttemptStatus.failed
         attempt.error = error_text(info, "\n".join(await repo.last_log_lines(session, job.id, attempt.n)))
@@ -225,12 +302,12 @@ async def _after_failure(session: AsyncSession, job: Job, error: str) -> None:
     """Retry (a new attempt later, resuming from the latest checkpoint) while retries are left."""
     spec = JobSpec.model_validate(job.spec)
     if job.status is JobStatus.cancelling:
-        await _finish(session, job, JobStatus.cancelled, None, "cancelled")
+        await finish(session, job, JobStatus.cancelled, None, "cancelled")
         return
     # Preempted attempts end `stopped` and are not retries: only failures and losses count.
     retries_used = sum(a.status in (AttemptStatus.failed, AttemptStatus.lost) for a in job.attempts) - 1
     if retries_used < spec.max_retries:
-        await _release(session, job)
+        await release(session, job)
         await transition(
             session,
             job,
@@ -239,20 +316,7 @@ async def _after_failure(session: AsyncSession, job: Job, error: str) -> None:
             data={"retry": retries_used + 1},
         )
         return
-    await _finish(session, job, JobStatus.failed, error, error)
-
-
-async def _release(session: AsyncSession, job: Job) -> None:
-    """The attempt is over: no lease, no preemption pending, no job token left."""
-    job.lease_owner = None
-    job.lease_expires_at = None
-    job.preempted_by = job.preempt_requested_at = None
-    await repo.revoke_job_tokens(session, job.id)
-
-
-async def _finish(session: AsyncSession, job: Job, status: JobStatus, error: str | None, message: str) -> None:
-    await _release(session, job)
-    await transition(session, job, status, message=message, error=error)
+    await finish(session, job, JobStatus.failed, error, error)
 
 
 async def _preempted(session: AsyncSession, job: Job, attempt: JobAttempt) -> None:
@@ -260,7 +324,7 @@ async def _preempted(session: AsyncSession, job: Job, attempt: JobAttempt) -> No
     by = str(job.preempted_by)
     attempt.status = AttemptStatus.stopped
     attempt.error = f"preempted by {by}"
-    await _release(session, job)
+    await release(session, job)
     await transition(
         session,
         job,
@@ -280,6 +344,19 @@ def _timed_out(job: Job, attempt: JobAttempt, now: datetime) -> bool:
     if not limit or not starts:
         return False
     return (now - min(starts)).total_seconds() > float(limit)
+
+
+def _ended_at(info: RayJobInfo | None, now: datetime) -> datetime:
+    """The moment a timeout is judged at: when Ray saw the attempt end, if it did (a job that
+    finished within its limit is not timed out because this round came late), else now."""
+    if info is not None and info.state.terminal and info.end_time is not None:
+        return min(info.end_time, now)
+    return now
+
+
+def _in_time(job: Job, attempt: JobAttempt, info: RayJobInfo) -> bool:
+    """The attempt ended, by Ray's clock, within the job's limit (it finished before the stop)."""
+    return info.end_time is not None and not _timed_out(job, attempt, info.end_time)
 
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

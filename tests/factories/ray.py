@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from api.dispatcher.backend import Launch, RayJobInfo, RayJobState, RayUnavailable
 from api.dispatcher.placement import Cluster, Node
@@ -22,6 +23,10 @@ class FakeRay:
     down: bool = False
     refuse_submit: bool = False
     log_reads: list[tuple[str, int]] = field(default_factory=list)
+    submit_errors: dict[str, Exception] = field(default_factory=dict)  # submission id -> what submit raises
+    end_times: dict[str, datetime] = field(default_factory=dict)  # when Ray saw a submission end
+    placed: set[str] = field(default_factory=set)  # submission ids whose placement group is CREATED
+    final_logs_down: bool = False  # reading a finished job's whole log fails
 
     def _check(self) -> None:
         if self.down:
@@ -37,6 +42,8 @@ class FakeRay:
         if self.refuse_submit:
             raise RayUnavailable("No available agent to submit job, please try again later.")
         self.submit_calls[launch.submission_id] += 1
+        if launch.submission_id in self.submit_errors:
+            raise self.submit_errors[launch.submission_id]
         if launch.submission_id in self.jobs:
             return False
         self.jobs[launch.submission_id] = RayJobState.PENDING
@@ -46,7 +53,15 @@ class FakeRay:
     def info(self, submission_id: str) -> RayJobInfo | None:
         self._check()
         state = self.jobs.get(submission_id)
-        return None if state is None else RayJobInfo(state, f"job is {state.value}")
+        if state is None:
+            return None
+        return RayJobInfo(
+            state, f"job is {state.value}", end_time=self.end_times.get(submission_id), driver_job_id=submission_id
+        )
+
+    def gang_placed(self, driver_job_id: str) -> bool:
+        self._check()
+        return driver_job_id in self.placed
 
     def stop(self, submission_id: str) -> None:
         self._check()
@@ -56,6 +71,8 @@ class FakeRay:
 
     def logs(self, submission_id: str, offset: int = 0, final: bool = False) -> str:
         self.log_reads.append((submission_id, offset))
+        if final and self.final_logs_down:
+            raise RayUnavailable(f"the final logs of {submission_id}: connection refused")
         return self.outputs.get(submission_id, "")[offset:]
 
     def restart(self) -> None:

@@ -1,0 +1,276 @@
+"""What goes wrong with one job stays with that job: the dispatcher's rounds go on for the others.
+
+A real PostgreSQL, Ray replaced by the exact fake of tests/factories/ray.py (the same World as
+test_dispatcher.py). The real-Ray path of a bad package runs in tests/reliability/test_fault_campaign.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import uuid
+import zipfile
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, text, update
+
+from api.auth.repository import get_or_create_project
+from api.code_packages import repository as code_repository
+from api.db.models import JobAttempt
+from api.dispatcher.backend import LaunchRefused, RayJobState
+from tests.integration.test_dispatcher import World, one_worker, run
+from trainmaster.models import JobStatus
+
+
+def zipped(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def corrupt(content: bytes, data: bytes) -> bytes:
+    """The archive with one byte of a member's data flipped: its CRC no longer matches."""
+    at = content.index(data)
+    return content[:at] + bytes([content[at] ^ 0xFF]) + content[at + 1 :]
+
+
+async def stored_code(world: World, project: str, content: bytes) -> str:
+    """A package stored as it is, past the upload's checks (as a package stored before they existed)."""
+    digest = f"sha256:{hashlib.sha256(content).hexdigest()}"
+    async with world.sessions() as session, session.begin():
+        row = await get_or_create_project(session, project)
+        await code_repository.store(session, row.id, digest, content, 1)
+    return digest
+
+
+def world_with_cache(database_url: str, tmp_path: Path, **settings: Any) -> World:
+    return World(database_url, code_cache_path=str(tmp_path / "code"), **settings)
+
+
+def test_a_package_that_cannot_be_unpacked_fails_its_job_and_others_start(database_url: str, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with world_with_cache(database_url, tmp_path) as world:
+            world.ray.cpus = 4
+            payload = b"print('hello from a package whose bytes were damaged after the upload')\n" * 4
+            bad = await stored_code(world, "alpha", corrupt(zipped({"train.py": payload}), payload))
+            good = await stored_code(world, "beta", zipped({"train.py": b"print('ok')\n"}))
+            broken = await world.submit("alpha", priority=100, code=bad, **one_worker())
+            others = [
+                await world.submit("beta", code=good, **one_worker()),
+                await world.submit("alpha", **one_worker()),
+                await world.submit("gamma", **one_worker()),
+            ]
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+
+            job = await world.job(broken)
+            assert job.status is JobStatus.failed
+            assert f"code package {bad} cannot be unpacked" in (job.error or "")
+            assert "train.py" in (job.error or "")  # names the member
+            [attempt] = await world.attempts(broken)
+            assert attempt.status == "failed" and world.ray.submit_calls[attempt.ray_submission_id] == 0
+            for job_id in others:
+                assert (await world.job(job_id)).status is JobStatus.starting
+            assert len(world.ray.jobs) == 3
+            [sent] = [launch for launch in world.ray.launches.values() if launch.code == good]
+            assert (Path(sent.runtime_env["working_dir"]) / "train.py").read_bytes() == b"print('ok')\n"
+
+            # The next rounds do not trip on it again, and nothing of it is retried.
+            await dispatcher.reconcile_round()
+            await dispatcher.admit_round()
+            assert (await world.job(broken)).status is JobStatus.failed
+            assert len(await world.attempts(broken)) == 1
+
+    run(scenario())
+
+
+def test_a_launch_ray_calls_invalid_fails_that_job_alone(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            first = await world.submit(priority=10, **one_worker())
+            second = await world.submit(**one_worker())
+            world.ray.submit_errors[f"tm-{first}-1"] = LaunchRefused("Ray refused it: status code 400: bad runtime_env")
+            await world.dispatcher().admit_round()
+            job = await world.job(first)
+            assert job.status is JobStatus.failed and "bad runtime_env" in (job.error or "")
+            assert (await world.job(second)).status is JobStatus.starting
+            assert f"tm-{second}-1" in world.ray.jobs
+
+    run(scenario())
+
+
+def test_a_submit_that_raises_is_retried_with_backoff_and_never_stops_the_others(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            flaky = await world.submit(priority=10, **one_worker())
+            other = await world.submit(**one_worker())
+            sub_id = f"tm-{flaky}-1"
+            world.ray.submit_errors[sub_id] = KeyError("a bug in a client library")
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+            assert f"tm-{other}-1" in world.ray.jobs  # the one after it went out
+            assert (await world.job(flaky)).status is JobStatus.starting
+            [attempt] = await world.attempts(flaky)
+            assert attempt.status == "pending" and "KeyError" in (attempt.error or "")
+            assert "launch_retry" in [e.kind for e in await world.events(flaky)]
+
+            await dispatcher.reconcile_round()  # within the backoff: not sent again
+            assert world.ray.submit_calls[sub_id] == 1
+            del world.ray.submit_errors[sub_id]
+            dispatcher.launch_backoff.delays[sub_id] = (0.0, 1.0)  # the backoff has passed
+            await dispatcher.reconcile_round()
+            assert world.ray.submit_calls[sub_id] == 2 and sub_id in world.ray.jobs
+
+    run(scenario())
+
+
+def test_a_job_whose_admission_raises_fails_and_the_round_admits_the_rest(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            bad = await world.submit(priority=10, **one_worker())
+            good = await world.submit(**one_worker())
+            await world.execute(  # a stored spec that placement cannot read (written by an old version)
+                lambda s: s.execute(
+                    text(
+                        """UPDATE jobs SET spec = jsonb_set(spec, '{scaling,num_workers}', '"many"') WHERE id = :id"""
+                    ),
+                    {"id": bad},
+                )
+            )
+            assert await world.dispatcher().admit_round() == 1
+            job = await world.job(bad)
+            assert job.status is JobStatus.failed and "could not be placed" in (job.error or "")
+            assert (await world.job(good)).status is JobStatus.starting
+
+    run(scenario())
+
+
+def test_a_job_whose_reconcile_keeps_raising_fails_after_the_limit_and_others_go_on(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url, reconcile_error_limit=3) as world:
+            bad, good = [await world.submit(**one_worker()) for _ in range(2)]
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+            for sub_id in world.ray.jobs:
+                world.ray.jobs[sub_id] = RayJobState.RUNNING
+            original = world.ray.info
+
+            def info(submission_id: str) -> Any:
+                if submission_id == f"tm-{bad}-1":
+                    raise ZeroDivisionError("a bug while reading this job")
+                return original(submission_id)
+
+            world.ray.info = info  # type: ignore[method-assign]
+            for _ in range(2):
+                await dispatcher.reconcile_round()
+            assert (await world.job(good)).status is JobStatus.running
+            assert (await world.job(bad)).status is JobStatus.starting  # tried again next round
+            await dispatcher.reconcile_round()  # the third round in a row
+            job = await world.job(bad)
+            assert job.status is JobStatus.failed and "ZeroDivisionError" in (job.error or "")
+            assert f"tm-{bad}-1" in world.ray.stopped
+
+    run(scenario())
+
+
+async def age_attempt(world: World, job_id: uuid.UUID, seconds: float) -> None:
+    await world.execute(
+        lambda s: s.execute(
+            update(JobAttempt)
+            .where(JobAttempt.job_id == job_id)
+            .values(created_at=func.now() - timedelta(seconds=seconds))
+        )
+    )
+
+
+def test_a_lost_workers_started_report_is_settled_by_asking_ray_past_the_bound(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url, api_url="http://api:8000", starting_timeout_s=60) as world:
+            world.ray.cpus = 4
+            placed, unplaced = [await world.submit(max_retries=0, **one_worker()) for _ in range(2)]
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+            for sub_id in world.ray.jobs:
+                world.ray.jobs[sub_id] = RayJobState.RUNNING  # drivers run; no workers_started arrives
+            world.ray.placed.add(f"tm-{placed}-1")
+            await dispatcher.reconcile_round()
+            assert (await world.job(placed)).status is JobStatus.starting  # within the bound: waits
+
+            for job_id in (placed, unplaced):
+                await age_attempt(world, job_id, 61)
+            await dispatcher.reconcile_round()
+            job = await world.job(placed)
+            assert job.status is JobStatus.running and job.pending_reason is None
+            job = await world.job(unplaced)
+            assert job.status is JobStatus.failed and "not placed within starting_timeout_s" in (job.error or "")
+            assert world.ray.stopped == [f"tm-{unplaced}-1"]
+
+    run(scenario())
+
+
+def test_a_job_that_succeeded_within_its_limit_is_not_timed_out_when_seen_late(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            job_id = await world.submit(timeout_s=30, **one_worker())
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+            sub_id = f"tm-{job_id}-1"
+            world.ray.jobs[sub_id] = RayJobState.RUNNING
+            await dispatcher.reconcile_round()
+            [attempt] = await world.attempts(job_id)
+            assert attempt.started_at is not None
+            # It ended 20 s after it started; the dispatcher looks again 40 s after the start.
+            await world.execute(
+                lambda s: s.execute(
+                    update(JobAttempt)
+                    .where(JobAttempt.job_id == job_id)
+                    .values(started_at=func.now() - timedelta(seconds=40))
+                )
+            )
+            [attempt] = await world.attempts(job_id)
+            world.ray.jobs[sub_id] = RayJobState.SUCCEEDED
+            world.ray.end_times[sub_id] = attempt.started_at + timedelta(seconds=20)
+            await dispatcher.reconcile_round()
+            assert (await world.job(job_id)).status is JobStatus.succeeded
+            assert world.ray.stopped == []
+
+    run(scenario())
+
+
+def test_a_final_log_read_that_fails_is_retried_then_recorded(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            job_id = await world.submit(**one_worker())
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+            sub_id = f"tm-{job_id}-1"
+            world.ray.jobs[sub_id] = RayJobState.SUCCEEDED
+            world.ray.outputs[sub_id] = "epoch 1\nthe last line\n"
+            world.ray.final_logs_down = True
+            await dispatcher.reconcile_round()
+            assert (await world.job(job_id)).status is JobStatus.starting  # waits for its logs
+
+            world.ray.final_logs_down = False
+            dispatcher.launch_backoff.forget(f"logs:{sub_id}")
+            await dispatcher.reconcile_round()
+            assert (await world.job(job_id)).status is JobStatus.succeeded
+            assert "logs_incomplete" not in [e.kind for e in await world.events(job_id)]
+
+            # Ray never gives them: the job ends after the wait, saying where its log stops.
+            other = await world.submit(**one_worker())
+            await dispatcher.admit_round()
+            other_sub = f"tm-{other}-1"
+            world.ray.jobs[other_sub] = RayJobState.SUCCEEDED
+            world.ray.final_logs_down = True
+            dispatcher.launch_backoff.delays[f"logs:{other_sub}"] = (0.0, 60.0)  # it has waited long enough
+            await dispatcher.reconcile_round()
+            job = await world.job(other)
+            assert job.status is JobStatus.succeeded
+            [event] = [e for e in await world.events(other) if e.kind == "logs_incomplete"]
+            assert "could not be read from Ray" in (event.message or "")
+
+    run(scenario())
