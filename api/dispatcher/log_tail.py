@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -25,9 +26,16 @@ class _Tail:
     failed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     future: Future[None] | None = None
+    read_at: float = field(default_factory=time.monotonic)  # when `since` last asked for it
 
 
 class LogTails:
+    """Bounded: a tail nobody read for `idle_s` (its attempt was lost, or another dispatcher took the
+    job's lease) is closed, and at most `cap` are open (the least recently read goes first)."""
+
+    idle_s = 300.0
+    cap = 2000
+
     def __init__(self, address: str, headers: dict[str, str]):
         self.url = address.rstrip("/").replace("http://", "ws://", 1).replace("https://", "wss://", 1)
         self.headers = headers
@@ -41,6 +49,7 @@ class LogTails:
         if tail is None or tail.failed:
             self.follow(submission_id)
             return None
+        tail.read_at = time.monotonic()
         with tail.lock:
             start = offset - tail.base
             if start < 0:  # the store is behind what this tail kept (a rolled-back round): start over
@@ -56,9 +65,19 @@ class LogTails:
 
     def follow(self, submission_id: str) -> None:
         self.forget(submission_id)
+        self.prune()
         tail = _Tail()
         self.tails[submission_id] = tail
         tail.future = asyncio.run_coroutine_threadsafe(self._read(submission_id, tail), self.loop)
+
+    def prune(self) -> None:
+        """Close the tails nobody reads any more, then the least recently read ones past `cap`."""
+        now = time.monotonic()
+        for submission_id, tail in list(self.tails.items()):
+            if now - tail.read_at > self.idle_s:
+                self.forget(submission_id)
+        while len(self.tails) >= self.cap:
+            self.forget(min(self.tails, key=lambda key: self.tails[key].read_at))
 
     def forget(self, submission_id: str) -> None:
         tail = self.tails.pop(submission_id, None)

@@ -112,6 +112,8 @@ async def reconcile_job(context: RoundContext, job_id: uuid.UUID, nodes: NodesFr
     final = info is not None and info.state.terminal
     gang = Gang(reported=bool(context.settings.api_url))
     new_output = ""
+    if final and not context.launch_backoff.due(f"logs:{sub_id}"):
+        return  # its whole log could not be read last time: read again after the backoff
     if info is not None:
         try:
             new_output = await asyncio.to_thread(context.ray.logs, sub_id, log_offset, final)

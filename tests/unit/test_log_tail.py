@@ -84,3 +84,19 @@ def test_a_store_ahead_of_the_tail_gets_nothing_twice(ray_logs: tuple[FakeRayLog
     tails.follow("tm-2")  # a dispatcher that took over: 8 characters were stored by the one before
     eventually(lambda: tails.since("tm-2", 8) == "89\n")
     assert tails.since("tm-2", 2) is None  # behind what the tail dropped: read the whole log instead
+
+
+def test_tails_nobody_reads_are_closed_and_their_number_is_capped(ray_logs: tuple[FakeRayLogs, str]) -> None:
+    fake, address = ray_logs
+    tails = LogTails(address, {})
+    tails.cap = 3
+    for n in range(5):  # attempts this dispatcher follows, then loses (lost, or their lease moved)
+        fake.chunks[f"tm-{n}"] = ["x\n"]
+        fake.ended.add(f"tm-{n}")  # each socket closes once sent: nothing is left open at teardown
+        tails.follow(f"tm-{n}")
+    assert sorted(tails.tails) == ["tm-2", "tm-3", "tm-4"]  # the least recently read went first
+    tails.tails["tm-3"].read_at -= 2 * tails.idle_s  # nobody asked for it since
+    fake.chunks["tm-5"] = ["x\n"]
+    fake.ended.add("tm-5")
+    tails.follow("tm-5")
+    assert sorted(tails.tails) == ["tm-2", "tm-4", "tm-5"]
