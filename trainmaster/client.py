@@ -49,6 +49,7 @@ from trainmaster.sweeps import SweepHandle, sweep_request
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 SUBMIT_ATTEMPTS = 4
 METRICS_PAGE = 10_000
+LOGS_PAGE = 10_000
 AMBIGUOUS_SHOWN = 5
 
 
@@ -182,7 +183,9 @@ class Client:
         return EventList.model_validate(self._request("GET", f"/v1/jobs/{job_id}/events")).items
 
     def wait(self, job_id: str, *, timeout: float | None = None, poll_interval: float = 1.0) -> Job:
-        """Block until the job ends; return it if it succeeded, raise JobFailed otherwise."""
+        """Block until the job ends; return it if it succeeded, raise JobFailed otherwise, WaitTimeout
+        after `timeout` s. The API being unreachable, 503 or 429 is waited out (honouring Retry-After)
+        for as long as the wait lasts; 401, 404 and other refusals raise at once."""
         job = poll_until(
             lambda: self._job(job_id),
             lambda job: job.status.terminal,
@@ -256,38 +259,67 @@ class Client:
         since_step: int | None = None,
         max_points: int | None = None,
     ) -> builtins.list[MetricValue]:
-        """Stored points, oldest first; every page of them (or about `max_points` per metric, downsampled)."""
-        params: dict[str, Any] = {"name": names or []}
+        """Stored points, oldest first, all in one list (or about `max_points` per metric, downsampled).
+        A long job's points can be millions: `iter_metrics` reads them a page at a time instead."""
+        if max_points is None:
+            return builtins.list(self.iter_metrics(job_id, names=names, since_step=since_step))
+        params: dict[str, Any] = {"name": names or [], "max_points": max_points}
         if since_step is not None:
             params["since_step"] = since_step
-        if max_points is not None:
-            params["max_points"] = max_points
-            return MetricList.model_validate(self._request("GET", f"/v1/jobs/{job_id}/metrics", params=params)).items
-        points: builtins.list[MetricValue] = []
-        params["limit"] = METRICS_PAGE
+        return MetricList.model_validate(self._request("GET", f"/v1/jobs/{job_id}/metrics", params=params)).items
+
+    def iter_metrics(
+        self,
+        job_id: str,
+        *,
+        names: builtins.list[str] | None = None,
+        since_step: int | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[MetricValue]:
+        """Every stored point, oldest first, read `page_size` (default 10,000, at most 100,000) at a
+        time as the iteration reaches them: memory holds one page, whatever the job logged."""
+        size = page_size or METRICS_PAGE
+        params: dict[str, Any] = {"name": names or [], "limit": size}
+        if since_step is not None:
+            params["since_step"] = since_step
         while True:
             page = MetricList.model_validate(self._request("GET", f"/v1/jobs/{job_id}/metrics", params=params)).items
-            points += page
-            if len(page) < METRICS_PAGE:
-                return points
+            yield from page
+            if len(page) < size:
+                return
             params["after_seq"] = page[-1].seq
 
-    def stream_metrics(self, job_id: str, *, after_seq: int | None = None) -> Iterator[MetricValue]:
-        """Every metric value as it arrives; reconnects by itself; ends when the job ends."""
-        for event in sse.follow(
-            self._http, f"/v1/jobs/{job_id}/metrics/stream", last_event_id=str(after_seq) if after_seq else None
-        ):
+    def stream_metrics(
+        self, job_id: str, *, after_seq: int | None = None, retry_for: float | None = None
+    ) -> Iterator[MetricValue]:
+        """Every metric value as it arrives; ends when the job ends. Reconnects by itself through dropped
+        connections, 503 and 429 (after Retry-After), resuming after the last value delivered, so none
+        comes twice or goes missing; `retry_for` s of outage (default: no limit) raise the last error."""
+        path = f"/v1/jobs/{job_id}/metrics/stream"
+        resume = str(after_seq) if after_seq else None
+        for event in sse.follow(self._http, path, last_event_id=resume, retry_for=retry_for):
             if event.event == "metrics":
                 yield from (MetricValue.model_validate(item) for item in event.data["items"])
 
-    def logs(self, job_id: str, *, follow: bool = False) -> Iterator[LogLine]:
-        """Stored log lines; with follow=True, new ones as they come until the job ends."""
-        if not follow:
-            yield from LogList.model_validate(self._request("GET", f"/v1/jobs/{job_id}/logs")).items
+    def logs(
+        self, job_id: str, *, follow: bool = False, page_size: int = LOGS_PAGE, retry_for: float | None = None
+    ) -> Iterator[LogLine]:
+        """Every stored log line, oldest first, read `page_size` (at most 100,000) at a time as the
+        iteration reaches them. With follow=True the lines come from the job's stream instead: stored
+        ones, then new ones as they are written until the job ends, reconnecting like `stream_metrics`."""
+        path = f"/v1/jobs/{job_id}/logs"
+        if follow:
+            for event in sse.follow(self._http, f"{path}/stream", retry_for=retry_for):
+                if event.event == "logs":
+                    yield from (LogLine.model_validate(item) for item in event.data["items"])
             return
-        for event in sse.follow(self._http, f"/v1/jobs/{job_id}/logs/stream"):
-            if event.event == "logs":
-                yield from (LogLine.model_validate(item) for item in event.data["items"])
+        params: dict[str, Any] = {"limit": page_size}
+        while True:
+            page = LogList.model_validate(self._request("GET", path, params=params)).items
+            yield from page
+            if len(page) < page_size:
+                return
+            params["after_seq"] = page[-1].seq
 
     def checkpoints(self, job_id: str) -> builtins.list[CheckpointInfo]:
         return CheckpointList.model_validate(self._request("GET", f"/v1/jobs/{job_id}/checkpoints")).items
@@ -354,11 +386,16 @@ class JobHandle:
     def metrics(self, **kwargs: Any) -> list[MetricValue]:
         return self._client.metrics(self.id, **kwargs)
 
-    def stream_metrics(self, *, after_seq: int | None = None) -> Iterator[MetricValue]:
-        return self._client.stream_metrics(self.id, after_seq=after_seq)
+    def iter_metrics(self, **kwargs: Any) -> Iterator[MetricValue]:
+        return self._client.iter_metrics(self.id, **kwargs)
 
-    def logs(self, *, follow: bool = False) -> Iterator[LogLine]:
-        return self._client.logs(self.id, follow=follow)
+    def stream_metrics(self, *, after_seq: int | None = None, retry_for: float | None = None) -> Iterator[MetricValue]:
+        return self._client.stream_metrics(self.id, after_seq=after_seq, retry_for=retry_for)
+
+    def logs(
+        self, *, follow: bool = False, page_size: int = LOGS_PAGE, retry_for: float | None = None
+    ) -> Iterator[LogLine]:
+        return self._client.logs(self.id, follow=follow, page_size=page_size, retry_for=retry_for)
 
     def checkpoints(self) -> list[CheckpointInfo]:
         return self._client.checkpoints(self.id)

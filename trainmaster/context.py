@@ -132,11 +132,12 @@ class JobApi:
             json={"path": path, "step": step, "metrics": metrics},
         )
 
-    def post_metrics(self, batch: dict[str, Any]) -> int:
-        """The answer's status code; raises OSError or http.client.HTTPException (or httpx.HTTPError
-        through a scripted transport) when no answer came."""
+    def post_metrics(self, batch: dict[str, Any]) -> tuple[int, bytes]:
+        """The answer's status code and body; raises OSError or http.client.HTTPException (or
+        httpx.HTTPError through a scripted transport) when no answer came."""
         if self.metrics is None:
-            return self.http.post(f"{self.job_url}/metrics", json=batch).status_code
+            response = self.http.post(f"{self.job_url}/metrics", json=batch)
+            return response.status_code, response.content
         return self.metrics.post(json.dumps(batch, separators=(",", ":")).encode())
 
     def control(self) -> httpx.Response:
@@ -161,24 +162,25 @@ class MetricsPoster:
         self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         self.connection: http.client.HTTPConnection | None = None
 
-    def post(self, body: bytes) -> int:
+    def post(self, body: bytes) -> tuple[int, bytes]:
+        """The answer's status code and body."""
         try:
             return self._post(body)
         except (OSError, http.client.HTTPException):
             return self._post(body)  # a kept-alive connection the server closed meanwhile: once more on a new one
 
-    def _post(self, body: bytes) -> int:
+    def _post(self, body: bytes) -> tuple[int, bytes]:
         connection = self.connection or self._connect()
         try:
             connection.request("POST", self.path, body, self.headers)
             response = connection.getresponse()
-            response.read()
+            answer = response.read()
         except (OSError, http.client.HTTPException):
             self.close()
             raise
         if response.will_close:
             self.close()
-        return response.status
+        return response.status, answer
 
     def _connect(self) -> http.client.HTTPConnection:
         kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection

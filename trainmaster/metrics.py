@@ -6,8 +6,12 @@ outages. It sends at once when it is idle (a point logged after a quiet spell re
 round trip), and under load batches: at most one request per MIN_INTERVAL_S, up to 1,000 points
 each, so a fast training loop pays for a few requests a second, not one per step. Each batch
 carries an id, so a retry after a lost answer stores nothing twice. If the buffer overflows during a
-long outage the newest points are dropped and the count is reported as a job event once the API
-answers again; training never blocks or fails for it.
+long outage the newest points are dropped. A batch the API refuses is refused whole (422), with each
+bad point named by its index: the sender drops exactly those and sends the rest again, so one bad
+value (a negative step, an empty or overlong name) costs that point only. Points lost either way are
+counted and told to the job's owner: a `metrics_dropped` job event with the totals (`dropped`: buffer
+full, `rejected`: refused by the API, and some of the API's reasons) and the same line in the job's
+log, at once and then at most every REPORT_INTERVAL_S. Training never blocks or fails for any of it.
 Outside a trainmaster job (no TRAINMASTER_JOB_ID) `log` does nothing, so scripts run anywhere.
 """
 
@@ -17,7 +21,9 @@ import atexit
 import collections
 import contextlib
 import http.client
+import json
 import os
+import sys
 import threading
 import time
 import uuid
@@ -32,6 +38,8 @@ MIN_INTERVAL_S = 0.1  # under load, one request per this long: the batching that
 BATCH_POINTS = 1000
 BUFFER_POINTS = 100_000
 MAX_BACKOFF_S = 5.0
+REPORT_INTERVAL_S = 10.0  # a bug that logs a bad value every step must not write an event per batch
+SHOWN_REASONS = 5
 
 
 class MetricsSender:
@@ -41,8 +49,12 @@ class MetricsSender:
         self.rank = rank
         self.capacity = buffer_points
         self.buffer: collections.deque[dict[str, Any]] = collections.deque()
-        self.dropped = 0
-        self.reported_dropped = 0
+        self.dropped = 0  # buffer full
+        self.rejected = 0  # refused by the API
+        self.reasons: list[str] = []  # some of the API's reasons for the refusals not yet reported
+        self.reported = (0, 0)  # (dropped, rejected) as the last event told them
+        self.printed = (0, 0)
+        self.next_report = 0.0
         self.sent_points = 0
         self.wake = threading.Event()
         self.idle = threading.Event()
@@ -78,6 +90,7 @@ class MetricsSender:
         self.stopping = True
         self.wake.set()
         self.thread.join(timeout=1)
+        self._report_dropped(final=True)
 
     def _run(self) -> None:
         _yield_to_training()
@@ -109,6 +122,7 @@ class MetricsSender:
                 self._report_dropped()
                 if len(self.buffer) < BATCH_POINTS and not self.stopping:
                     break  # a partial batch waits for the next interval: fewer, fuller requests
+            self._report_dropped()  # one the interval held back
             if pending is None and not self.buffer:
                 self.idle.set()
             elif self.buffer:
@@ -117,26 +131,75 @@ class MetricsSender:
                 return
 
     def _send(self, batch: dict[str, Any]) -> bool:
-        try:
-            status = self.api.post_metrics(batch)
-        except (httpx.HTTPError, OSError, http.client.HTTPException):
-            return False
-        # Retry 5xx and 429; a 2xx is done, and a 4xx is a batch no retry can fix (dropped).
-        return not (status >= 500 or status == 429)
+        """False to try again later: no answer, 5xx or 429. True once the batch is done with: stored, or
+        the points the API refused counted and dropped and the rest sent again until stored."""
+        while True:
+            try:
+                status, answer = self.api.post_metrics(batch)
+            except (httpx.HTTPError, OSError, http.client.HTTPException):
+                return False
+            if status >= 500 or status == 429:
+                return False
+            if status < 300:
+                return True
+            points = batch["points"]
+            refused, reasons = refused_points(status, answer, len(points))
+            self.rejected += len(refused)
+            self.reasons += reasons[: SHOWN_REASONS - len(self.reasons)]
+            batch["points"] = [point for index, point in enumerate(points) if index not in refused]
+            if not batch["points"]:
+                return True
 
-    def _report_dropped(self) -> None:
-        dropped = self.dropped
-        if dropped <= self.reported_dropped:
+    def _report_dropped(self, *, final: bool = False) -> None:
+        counts = (self.dropped, self.rejected)
+        if counts == self.reported or (not final and time.monotonic() < self.next_report):
             return
-        message = f"{dropped} metric points dropped on rank {self.rank} (buffer full during an outage)"
+        self.next_report = time.monotonic() + REPORT_INTERVAL_S
+        dropped, rejected = counts
+        lost = [f"{dropped} dropped (buffer full during an outage)"] if dropped else []
+        lost += [f"{rejected} refused by the API"] if rejected else []
+        message = f"metric points lost on rank {self.rank}: {', '.join(lost)}"
+        if self.reasons:
+            message += f" ({'; '.join(self.reasons)})"
+        if counts != self.printed:
+            print(f"[trainmaster] {message}", file=sys.stderr, flush=True)
+            self.printed = counts
+        data = {"dropped": dropped, "rejected": rejected, "rank": self.rank, "reasons": self.reasons}
         try:
-            if (
-                self.api.post_event("metrics_dropped", message, {"dropped": dropped, "rank": self.rank}).status_code
-                < 300
-            ):
-                self.reported_dropped = dropped
+            if self.api.post_event("metrics_dropped", message, data).status_code < 300:
+                self.reported = counts
+                self.reasons = []
         except httpx.HTTPError:
             pass
+
+
+def refused_points(status: int, answer: bytes, count: int) -> tuple[set[int], list[str]]:
+    """The indices of a refused batch's points that the API's answer names, and why; every index when it
+    names none, or names something outside the points (the batch as a whole: 401, 404, 413, malformed).
+
+    A 422 for a batch names each bad point as `loc: ["body", "points", <index>, <field>, …]`."""
+    try:
+        body = json.loads(answer)
+    except ValueError:
+        body = None
+    detail = body.get("detail") if isinstance(body, dict) else None
+    named: set[int] = set()
+    reasons: list[str] = []
+    for error in detail if status == 422 and isinstance(detail, list) else []:
+        loc = error.get("loc") if isinstance(error, dict) else None
+        if not (isinstance(loc, list) and loc[:2] == ["body", "points"] and len(loc) > 2):
+            named.clear()
+            break
+        index = loc[2]
+        if not (isinstance(index, int) and 0 <= index < count):
+            named.clear()
+            break
+        named.add(index)
+        field = ".".join(str(part) for part in loc[3:])
+        reasons.append(f"points[{index}].{field}: {error.get('msg')}"[:300])
+    if not named:
+        return set(range(count)), [f"the batch of {count}: {status} {answer[:300].decode(errors='replace')}"]
+    return named, reasons
 
 
 def _yield_to_training() -> None:

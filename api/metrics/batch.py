@@ -186,16 +186,23 @@ def _reference(body: bytes) -> tuple[uuid.UUID | None, int | None, list[Point]]:
 
 
 def _refuse_nul(points: list[Point]) -> None:
-    for index, point in enumerate(points):
-        for name in point.values:
-            if "\x00" in name:
-                raise ValidationError.field(
-                    ["body", "points", index, "values"], "a metric name contains a NUL character (\\u0000)"
-                )
+    """A 422 naming every point with a NUL in a name (a sender drops exactly those and sends the rest)."""
+    message = "a metric name contains a NUL character (\\u0000)"
+    errors = [
+        {"loc": ["body", "points", index, "values"], "msg": message, "type": "value_error"}
+        for index, point in enumerate(points)
+        if any("\x00" in name for name in point.values)
+    ]
+    if errors:
+        raise ValidationError(errors)
 
 
 def parse_batch(body: bytes) -> Batch:
-    """A metric batch, validated, as rows; a 422 (RequestValidationError or ValidationError) otherwise."""
+    """A metric batch, validated, as rows; a 422 (RequestValidationError or ValidationError) otherwise,
+    naming every bad point as `loc: ["body", "points", <index>, <field>, …]` (nothing of it is stored).
+
+    The usual batch costs one msgspec decode; only a batch that fails it is read again, by pydantic,
+    whose errors name every bad point."""
     now = _now()
     try:
         fast = _FAST.decode(body)

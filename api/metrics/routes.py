@@ -49,6 +49,8 @@ router = APIRouter(
 async def ingest_metrics(job_id: str, request: Request, principal: AnyPrincipal) -> MetricBatchAck:
     """Store a batch of points (job token or project token); retries with the same batch_id store nothing twice.
 
+    A batch with bad points is refused whole (422, nothing stored), its detail naming every bad point as
+    `loc: ["body", "points", <index>, <field>, …]`, so a sender can drop those and send the rest again.
     The body (MetricBatchIn) is validated straight from its bytes into plain values, not models."""
     return await service.ingest(request.app.state.direct, principal, job_id, await request.body())
 

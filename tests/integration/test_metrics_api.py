@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import psycopg
+import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
@@ -15,6 +16,8 @@ from api.settings import Settings
 from api.settings import libpq_url as libpq
 from tests.factories.auth import job_token
 from tests.factories.jobs import spec
+from trainmaster.context import JobApi
+from trainmaster.metrics import MetricsSender
 from trainmaster.sse import parse
 
 
@@ -283,3 +286,45 @@ def test_bad_batches_are_refused_naming_the_field_and_store_nothing(
     assert http.post(f"/v1/jobs/{job_id}/metrics", content=lax, headers=json_headers).json()["stored"] == 1
     items = http.get(f"/v1/jobs/{job_id}/metrics", headers=auth).json()["items"]
     assert [(i["step"], i["ts"][:19]) for i in items] == [(3, "2026-12-01T10:00:00")]
+
+
+def test_a_refused_batch_names_every_bad_point(http: TestClient, auth: dict[str, str], database_url: str) -> None:
+    """So that a sender can drop exactly those and send the rest (trainmaster.metrics)."""
+    job_id = new_job(http, auth)
+    good = {"step": 1, "values": {"loss": 1.0}}
+    schema = [good, {"step": -1, "values": {"loss": 1.0}}, good, {"values": {"": 1.0}}, {"values": {"x": "y"}}]
+    nul = [good, {"values": {"a\x00": 1.0}}, good, {"values": {"ok": 1.0, "b\x00c": 2.0}}]
+    for bad_points, indices in ((schema, {1, 3, 4}), (nul, {1, 3})):
+        response = post(http, job_id, auth, {"points": bad_points})
+        assert response.status_code == 422
+        locs = [error["loc"] for error in response.json()["detail"]]
+        assert all(loc[:2] == ["body", "points"] for loc in locs), locs
+        assert {loc[2] for loc in locs} == indices
+    assert stored_rows(database_url, job_id) == 0
+
+
+def test_the_sender_keeps_the_good_points_of_a_batch_with_bad_ones_and_tells_the_owner(
+    http: TestClient, auth: dict[str, str], database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = new_job(http, auth)
+    api = JobApi("http://testserver", job_token(database_url, job_id), job_id, 1, transport=http._transport)
+    sender = MetricsSender(api, 0)
+    for step in range(10):
+        sender.log({"loss": float(step)}, step)
+    sender.log({"loss": 1.0}, -1)  # a step below 0
+    sender.log({"": 1.0}, 10)  # an empty name
+    sender.log({"a\x00b": 1.0}, 11)  # a NUL in a name: refused only once the rest of its batch is valid
+    for step in range(12, 20):
+        sender.log({"loss": float(step)}, step)
+    assert sender.flush(15)
+    sender.close()
+    api.close()
+
+    items = http.get(f"/v1/jobs/{job_id}/metrics", headers=auth).json()["items"]
+    assert [(i["name"], i["step"]) for i in items] == [("loss", s) for s in [*range(10), *range(12, 20)]]
+    assert sender.rejected == 3 and sender.dropped == 0
+    events = http.get(f"/v1/jobs/{job_id}/events", headers=auth).json()["items"]
+    drops = [event for event in events if event["kind"] == "metrics_dropped"]
+    assert drops and drops[-1]["data"]["rejected"] == 3 and drops[-1]["data"]["rank"] == 0
+    assert "3 refused by the API" in drops[-1]["message"]
+    assert "3 refused by the API" in capsys.readouterr().err  # and in the job's log

@@ -8,6 +8,7 @@ import httpx
 import psycopg
 import pydantic
 import pytest
+from fastapi.testclient import TestClient
 
 import trainmaster as tm
 from api.settings import libpq_url as libpq
@@ -146,3 +147,44 @@ def test_client_ignores_unknown_response_fields() -> None:
         }
     )
     assert job.name == "n"
+
+
+def test_logs_come_back_whole_past_the_first_page(sdk: tm.Client, database_url: str) -> None:
+    job = sdk.submit(name="chatty", entrypoint="builtin:mlp")
+    with psycopg.connect(libpq(database_url)) as conn:
+        conn.execute(
+            "INSERT INTO log_lines (job_id, attempt, source, line)"
+            " SELECT %s, 1, 'driver', 'line ' || g FROM generate_series(1, 10500) AS g ORDER BY g",
+            (job.id,),
+        )
+    expected = [f"line {n}" for n in range(1, 10501)]
+    assert [line.line for line in job.logs()] == expected  # the API's page is 10,000 lines
+    assert [line.line for line in sdk.logs(job.id, page_size=1000)] == expected
+
+
+class CountsReads(httpx.BaseTransport):
+    def __init__(self, inner: httpx.BaseTransport):
+        self.inner = inner
+        self.reads = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path.endswith("/metrics"):
+            self.reads += 1
+        return self.inner.handle_request(request)
+
+
+def test_iter_metrics_reads_one_page_at_a_time(http: TestClient, token: str) -> None:
+    transport = CountsReads(http._transport)
+    with tm.Client("http://testserver", token, transport=transport) as client:
+        job = client.submit(name="many-points", entrypoint="builtin:mlp")
+        points = [{"step": step, "values": {"loss": 0.5, "lr": 0.1}} for step in range(25)]
+        response = http.post(f"/v1/jobs/{job.id}/metrics", json={"points": points}, headers=client._http.headers)
+        assert response.status_code == 201
+        values = job.iter_metrics(page_size=7)
+        first = next(values)
+        assert transport.reads == 1  # one page read, not all 50 values
+        rest = list(values)
+        assert transport.reads == 8  # 7 full pages of 7, then 1 value
+        seqs = [value.seq for value in [first, *rest]]
+        assert len(seqs) == 50 and seqs == sorted(set(seqs))
+        assert [value.seq for value in client.metrics(job.id)] == seqs  # the list, as before

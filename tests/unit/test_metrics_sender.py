@@ -240,7 +240,7 @@ def test_poster_keeps_its_connection_reopens_a_closed_one_and_raises_when_no_one
     threading.Thread(target=server.serve_forever, daemon=True).start()
     poster = MetricsPoster(f"http://127.0.0.1:{server.server_address[1]}/v1/jobs/j/metrics", "tm_job")
     try:
-        assert [poster.post(b'{"points":[%d]}' % n) for n in range(4)] == [201, 201, 503, 201]
+        assert [poster.post(b'{"points":[%d]}' % n)[0] for n in range(4)] == [201, 201, 503, 201]
     finally:
         server.shutdown()
         server.server_close()
