@@ -19,7 +19,6 @@ from trainmaster.errors import (
     ConnectionFailed,
     JobFailed,
     JobNotFound,
-    ServiceUnavailable,
     TrainmasterError,
     error_from_response,
 )
@@ -44,6 +43,7 @@ from trainmaster.models import (
     SweepStatus,
 )
 from trainmaster.polling import poll_until
+from trainmaster.retry import delay_before_retry, is_transient
 from trainmaster.sweeps import SweepHandle, sweep_request
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
@@ -113,10 +113,10 @@ class Client:
             try:
                 data = self._request("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": key})
                 return JobHandle(self, Job.model_validate(data))
-            except (ConnectionFailed, ServiceUnavailable):
-                if attempt == SUBMIT_ATTEMPTS - 1:
+            except TrainmasterError as exc:
+                if not is_transient(exc) or attempt == SUBMIT_ATTEMPTS - 1:
                     raise
-                time.sleep(0.5 * 2**attempt)
+                time.sleep(delay_before_retry(exc, attempt + 1))
         raise AssertionError("unreachable")
 
     def upload_code(self, working_dir: str | Path) -> CodeUpload:

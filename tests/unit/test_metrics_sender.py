@@ -251,3 +251,49 @@ def test_poster_keeps_its_connection_reopens_a_closed_one_and_raises_when_no_one
     poster.close()
     with pytest.raises(OSError):
         poster.post(b"{}")
+
+
+class RefusingApi(ScriptedApi):
+    """Refuses batches as the real API does (trainmaster.models, api/metrics/batch.py): a negative step
+    is a 422 naming the point; `too_large` answers 413 for the whole batch instead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.too_large = False
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if request.url.path.endswith("/metrics"):
+            if self.too_large:
+                return httpx.Response(413, json={"error": "PayloadTooLarge", "detail": "over the limit"})
+            bad = [i for i, point in enumerate(body["points"]) if point["step"] is not None and point["step"] < 0]
+            if bad:
+                detail = [{"loc": ["body", "points", i, "step"], "msg": "Input should be >= 0"} for i in bad]
+                return httpx.Response(422, json={"error": "ValidationError", "detail": detail})
+        return super().__call__(request)
+
+
+def test_a_refused_point_is_dropped_the_rest_sent_and_the_count_reported() -> None:
+    api = RefusingApi()
+    s = sender(api)
+    for step in (0, 1, -1, 2, -2, 3):
+        s.log({"loss": 1.0}, step)
+    assert s.flush(10)
+    s.close()
+    assert api.steps() == [0, 1, 2, 3]
+    assert s.rejected == 2 and s.dropped == 0
+    event = api.events[-1]
+    assert event["kind"] == "metrics_dropped" and event["data"]["rejected"] == 2
+    assert any("points[" in reason and "step" in reason for reason in event["data"]["reasons"])
+
+
+def test_a_batch_refused_as_a_whole_is_counted_not_lost_silently() -> None:
+    api = RefusingApi()
+    api.too_large = True
+    s = sender(api)
+    for step in range(5):
+        s.log({"loss": 1.0}, step)
+    assert s.flush(10)
+    s.close()
+    assert api.steps() == [] and s.rejected == 5
+    assert api.events[-1]["data"]["rejected"] == 5 and "413" in api.events[-1]["data"]["reasons"][0]
