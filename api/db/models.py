@@ -166,6 +166,9 @@ class JobEvent(Base):
     message: Mapped[str | None] = mapped_column(Text)
     data: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
     created_at: Mapped[datetime] = _now()
+    # The same event again right after itself is this row counted once more (0012, record_event).
+    count: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    last_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # the latest repeat's time
 
 
 class MetricPoint(Base):

@@ -326,6 +326,8 @@ def _event_to_wire(row: EventRow) -> JobEvent:
         message=row.message,
         data=row.data,
         created_at=row.created_at,
+        count=row.count,
+        last_at=row.last_at,
     )
 
 

@@ -14,7 +14,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.models import Job, JobEvent
@@ -98,8 +98,27 @@ def _check(job: Job, target: JobStatus) -> None:
 async def record_event(
     session: AsyncSession, job: Job, kind: str, message: str | None = None, data: dict[str, Any] | None = None
 ) -> JobEvent:
-    """A notable event that is not a status change (placement, backend chosen, retry scheduled)."""
-    event = JobEvent(job_id=job.id, kind=kind, status=None, message=message, data=data or {})
+    """A notable event that is not a status change (placement, backend chosen, retry scheduled).
+
+    The same event (kind, message and data) as the job's latest one is that row counted once more
+    (`count`, `last_at`) instead of a new row: a job reporting one thing over and over keeps one row
+    for the run, and events stay bounded by how often something new happens."""
+    data = data or {}
+    latest = (
+        await session.execute(
+            select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id.desc()).limit(1).with_for_update()
+        )
+    ).scalar_one_or_none()
+    if latest is not None and (latest.kind, latest.status, latest.message, latest.data) == (kind, None, message, data):
+        again = (
+            update(JobEvent)
+            .where(JobEvent.id == latest.id)
+            .values(count=JobEvent.count + 1, last_at=func.now())
+            .returning(JobEvent)
+            .execution_options(populate_existing=True)
+        )
+        return (await session.execute(again)).scalar_one()
+    event = JobEvent(job_id=job.id, kind=kind, status=None, message=message, data=data)
     session.add(event)
     await session.flush()
     return event

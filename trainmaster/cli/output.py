@@ -127,5 +127,6 @@ def job_detail(job: Job, events: list[JobEvent]) -> Table:
         table.add_row(f"attempt {attempt.n}", f"{attempt.status} ({attempt.ray_submission_id}) {attempt.error or ''}")
     for event in events[-10:]:
         what = event.status.value if event.status else event.kind
-        table.add_row(f"{event.created_at:%H:%M:%S}", f"{what}: {event.message or ''}")
+        repeated = f" ({event.count} times)" if event.count > 1 else ""
+        table.add_row(f"{event.created_at:%H:%M:%S}", f"{what}: {event.message or ''}{repeated}")
     return table

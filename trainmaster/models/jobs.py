@@ -228,6 +228,9 @@ class JobList(ResponseModel):
 
 
 class JobEvent(ResponseModel):
+    """One event; the same event reported again right after itself is this one counted again:
+    `count` times in a row, the first at `created_at`, the latest at `last_at` (None while once)."""
+
     id: int
     job_id: str
     kind: str
@@ -235,6 +238,8 @@ class JobEvent(ResponseModel):
     message: str | None = None
     data: dict[str, Any] = Field(default_factory=dict)
     created_at: datetime
+    count: int = 1
+    last_at: datetime | None = None
 
 
 class JobControl(ResponseModel):
