@@ -227,7 +227,7 @@ def test_two_dispatchers_launch_each_job_exactly_once(stack: Stack, tmp_path: Pa
                     scaling=tm.Scaling(num_workers=1),
                     config=small_mlp(epochs=1, samples=64, ledger_path=str(ledger)),
                 ).id
-                for i in range(8)  # more jobs than fit at once (4 CPUs), so the two compete for each
+                for i in range(6)  # more jobs than fit at once (4 CPUs), so the two compete for each
             ]
             held: list[int] = []  # jobs holding the cluster, sampled while the two dispatchers admit
             stop_sampling = threading.Event()
