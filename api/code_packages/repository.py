@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -11,10 +11,15 @@ from api.db.models import CodePackage
 
 
 async def store(session: AsyncSession, project_id: uuid.UUID, code_id: str, content: bytes, file_count: int) -> None:
+    """Insert the package; uploading it again restarts its retention clock (created_at), so a package
+    just re-uploaded for a new job is not purged before that job is submitted."""
+    statement = insert(CodePackage).values(
+        project_id=project_id, id=code_id, size=len(content), file_count=file_count, content=content
+    )
     await session.execute(
-        insert(CodePackage)
-        .values(project_id=project_id, id=code_id, size=len(content), file_count=file_count, content=content)
-        .on_conflict_do_nothing()
+        statement.on_conflict_do_update(
+            index_elements=[CodePackage.project_id, CodePackage.id], set_={"created_at": func.now()}
+        )
     )
 
 

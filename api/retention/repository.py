@@ -1,4 +1,5 @@
-"""Queries behind retention: which finished jobs are due, and their stored data in small batches."""
+"""Queries behind retention: which finished jobs are due, their stored data in small batches, and
+the code packages nothing uses any more."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.db.models import Job
+from api.db.models import CodePackage, Job
 from trainmaster.models import JobStatus
 
 RETENTION_LOCK = 0x746D_7274  # "tmrt": one purger at a time across every API replica
@@ -68,3 +69,34 @@ async def delete_small(session: AsyncSession, table: str, job_id: uuid.UUID, bat
 
 async def mark_purged(session: AsyncSession, job_id: uuid.UUID) -> None:
     await session.execute(update(Job).where(Job.id == job_id).values(purged_at=func.now()))
+
+
+_DELETE_UNUSED_CODE = text(
+    """
+    DELETE FROM code_packages WHERE (project_id, id) IN (
+        SELECT c.project_id, c.id FROM code_packages AS c
+        WHERE c.created_at < now() - make_interval(secs => :seconds)
+          AND NOT EXISTS (SELECT FROM jobs AS j WHERE j.project_id = c.project_id AND j.spec->>'code' = c.id)
+          AND NOT EXISTS (
+              SELECT FROM sweeps AS s WHERE s.project_id = c.project_id AND s.request->'spec'->>'code' = c.id
+          )
+        ORDER BY c.created_at
+        LIMIT :limit
+        FOR UPDATE OF c SKIP LOCKED
+    )
+    RETURNING id
+    """
+)
+
+
+async def delete_unused_code(session: AsyncSession, days: float, limit: int) -> list[str]:
+    """Delete up to `limit` code packages uploaded more than `days` ago (database clock) that no job,
+    of any status, and no sweep of their project names; their ids (`sha256:…`)."""
+    result = await session.execute(_DELETE_UNUSED_CODE, {"seconds": days * 86400, "limit": limit})
+    return [row[0] for row in result]
+
+
+async def stored_code(session: AsyncSession, code_ids: list[str]) -> set[str]:
+    """Which of these packages some project still stores."""
+    query = select(CodePackage.id).where(CodePackage.id.in_(code_ids)).distinct()
+    return set((await session.execute(query)).scalars())

@@ -4,6 +4,10 @@ deleted; the job, its attempts, events and checkpoints stay.
 Deletes go `retention_batch` rows per transaction, each a short one that locks only the rows it
 deletes, which belong to finished jobs nobody writes to any more (their job tokens are revoked): ingest
 into other jobs never waits on it. One API replica purges at a time (a transaction advisory lock held for the pass).
+
+Code packages that no job (of any status) or sweep names and that were uploaded more than
+`code_retention_days` ago are deleted too, with their unpacked folder on this host once no project
+stores that archive.
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ import contextlib
 import logging
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from api.code_packages import archive
 from api.retention import repository
 from api.settings import Settings
 
 log = logging.getLogger("trainmaster.retention")
+CODE_BATCH = 100  # code packages deleted per transaction (each holds up to max_code_bytes)
 
 
 @dataclass
@@ -27,12 +34,20 @@ class Purged:
     jobs: int = 0
     rows: int = 0
     transactions: int = 0
+    code_packages: int = 0
 
 
 async def purge_round(
-    sessions: async_sessionmaker[AsyncSession], *, days: float, batch: int, max_jobs: int = 100
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    days: float | None,
+    batch: int,
+    max_jobs: int = 100,
+    code_days: float | None = None,
+    code_cache: Path | None = None,
 ) -> Purged:
-    """Purge up to `max_jobs` due jobs; nothing when another replica holds the purge lock."""
+    """Purge up to `max_jobs` due jobs (none when `days` is None) and every unused code package older
+    than `code_days` (none when None); nothing when another replica holds the purge lock."""
     purged = Purged()
     # The lock lives in a transaction of its own, on a connection checked out for the whole pass, so it
     # ends with that transaction however the pass ends (done, raised, cancelled, connection lost). A
@@ -41,10 +56,13 @@ async def purge_round(
     async with sessions() as lock_session, lock_session.begin():
         if not await repository.try_lock(lock_session):
             return purged
-        async with sessions() as session:
-            due = await repository.expired_jobs(session, days, max_jobs)
-        for job_id in due:
-            await _purge_job(sessions, job_id, batch, purged)
+        if days is not None:
+            async with sessions() as session:
+                due = await repository.expired_jobs(session, days, max_jobs)
+            for job_id in due:
+                await _purge_job(sessions, job_id, batch, purged)
+        if code_days is not None:
+            await _purge_code(sessions, code_days, code_cache, purged)
     return purged
 
 
@@ -72,6 +90,25 @@ async def _purge_job(sessions: async_sessionmaker[AsyncSession], job_id: uuid.UU
     purged.jobs += 1
 
 
+async def _purge_code(
+    sessions: async_sessionmaker[AsyncSession], days: float, cache_root: Path | None, purged: Purged
+) -> None:
+    """Unused packages, CODE_BATCH per transaction; after each, the unpacked folders (in `cache_root`,
+    on this host) of the archives no project stores any more."""
+    while True:
+        async with sessions() as session, session.begin():
+            deleted = await repository.delete_unused_code(session, days, CODE_BATCH)
+        purged.transactions += 1
+        purged.code_packages += len(deleted)
+        if deleted and cache_root is not None:
+            async with sessions() as session:
+                gone = set(deleted) - await repository.stored_code(session, deleted)
+            for code_id in gone:
+                await asyncio.to_thread(archive.discard, cache_root, code_id)
+        if len(deleted) < CODE_BATCH:
+            return
+
+
 @dataclass
 class Retention:
     task: asyncio.Task[None] | None = None
@@ -84,18 +121,26 @@ class Retention:
 
 
 def start_retention(settings: Settings, sessions: async_sessionmaker[AsyncSession]) -> Retention:
-    """The purge loop when `retention_days` is set; nothing otherwise (data is kept forever)."""
-    days = settings.retention_days
-    if days is None:
+    """The purge loop when `retention_days` or `code_retention_days` is set; nothing otherwise (data
+    is kept forever)."""
+    days, code_days = settings.retention_days, settings.code_retention_days
+    if days is None and code_days is None:
         return Retention()
+    code_cache = Path(settings.code_cache_path).expanduser()
 
     async def loop() -> None:
         while True:
             try:
-                purged = await purge_round(sessions, days=days, batch=settings.retention_batch)
-                if purged.jobs:
+                purged = await purge_round(
+                    sessions, days=days, batch=settings.retention_batch, code_days=code_days, code_cache=code_cache
+                )
+                if purged.jobs or purged.code_packages:
                     log.info(
-                        "retention: %d jobs, %d rows in %d transactions", purged.jobs, purged.rows, purged.transactions
+                        "retention: %d jobs, %d rows, %d code packages in %d transactions",
+                        purged.jobs,
+                        purged.rows,
+                        purged.code_packages,
+                        purged.transactions,
                     )
             except Exception:  # a database outage: try again next round
                 log.warning("retention round failed", exc_info=True)

@@ -21,7 +21,8 @@ def database_url(fresh_database_url: str) -> str:
 
 @pytest.fixture
 def settings(database_url: str) -> Settings:
-    return Settings(database_url=database_url)
+    # No code retention pass as each app starts: it would take the purge lock beside the tests of it.
+    return Settings(database_url=database_url, code_retention_days=None)
 
 
 @pytest.fixture
