@@ -44,10 +44,8 @@ class ClusterReader:
 
     def close(self) -> None:
         backend, self.backend = self.backend, None
-        # RayJobsBackend has no close() of its own: its lazily made httpx client is all that the cluster
-        # read opens (no Jobs client, no log tails), so that is what is closed.
-        if backend is not None and backend._http is not None:
-            backend._http.close()
+        if backend is not None:
+            backend.close()
 
 
 async def describe(session: AsyncSession, principal: Principal, reader: ClusterReader) -> ClusterInfo:

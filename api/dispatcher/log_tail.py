@@ -79,6 +79,12 @@ class LogTails:
         while len(self.tails) >= self.cap:
             self.forget(min(self.tails, key=lambda key: self.tails[key].read_at))
 
+    def close(self) -> None:
+        """Cancel every tail and stop the background loop."""
+        for submission_id in list(self.tails):
+            self.forget(submission_id)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
     def forget(self, submission_id: str) -> None:
         tail = self.tails.pop(submission_id, None)
         if tail is not None and tail.future is not None:

@@ -55,10 +55,13 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
     settings = settings or get_settings()
     owner = settings.dispatcher_id or f"{socket.gethostname()}-{os.getpid()}"
     engine = create_engine(settings)
+    ray_jobs = None  # the backend made here, closed at the end (a given one is its caller's)
+    if backend is None:
+        backend = ray_jobs = RayJobsBackend(settings.ray_address)
     dispatcher = Dispatcher(
         settings=settings,
         sessions=session_factory(engine),
-        ray=with_faults(backend or RayJobsBackend(settings.ray_address)),
+        ray=with_faults(backend),
         owner=owner,
     )
     stopping = asyncio.Event()
@@ -88,6 +91,8 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
         await telemetry.stop()
         await wakeup.close()
         await engine.dispose()
+        if ray_jobs is not None:
+            ray_jobs.close()
         log.info(json.dumps({"event": "dispatcher_stopped", "owner": owner}))
 
 

@@ -100,3 +100,14 @@ def test_tails_nobody_reads_are_closed_and_their_number_is_capped(ray_logs: tupl
     fake.ended.add("tm-5")
     tails.follow("tm-5")
     assert sorted(tails.tails) == ["tm-2", "tm-4", "tm-5"]
+
+
+def test_close_ends_every_tail_and_the_loop(ray_logs: tuple[FakeRayLogs, str]) -> None:
+    fake, address = ray_logs
+    tails = LogTails(address, {})
+    fake.chunks["tm-9"] = ["x\n"]
+    fake.ended.add("tm-9")
+    tails.follow("tm-9")
+    tails.close()
+    assert tails.tails == {}
+    eventually(lambda: not tails.loop.is_running())
