@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -23,13 +23,31 @@ async def store(session: AsyncSession, project_id: uuid.UUID, code_id: str, cont
     )
 
 
+# Whether the project stores the package, for a job or sweep about to name it; one not named for an
+# hour has its retention clock (created_at) restarted by the same statement. Retention deletes only
+# packages older than code_retention_days, and skips rows locked by this update: so a package is never
+# deleted between this check and the insert of the job that names it (it is refused here instead).
+_NAMED = text(
+    """
+    WITH touched AS (
+        UPDATE code_packages SET created_at = now()
+        WHERE project_id = :project AND id = :code AND created_at < now() - interval '1 hour'
+        RETURNING 1
+    )
+    SELECT 1 FROM touched UNION ALL SELECT 1 FROM code_packages WHERE project_id = :project AND id = :code
+    LIMIT 1
+    """
+)
+
+
 async def exists(session: AsyncSession, project_id: uuid.UUID, code_id: str) -> bool:
-    query = select(CodePackage.id).where(CodePackage.project_id == project_id, CodePackage.id == code_id)
-    return (await session.execute(query)).scalar_one_or_none() is not None
+    """Whether the project stores this package (and it is now safe from retention: `_NAMED`)."""
+    return (await session.execute(_NAMED, {"project": project_id, "code": code_id})).first() is not None
 
 
 async def exists_direct(direct: Direct, project_id: uuid.UUID, code_id: str) -> bool:
-    query = "SELECT 1 FROM code_packages WHERE project_id = %(project)s AND id = %(code)s"
+    """`exists` on a direct connection (the fast submit path)."""
+    query = str(_NAMED).replace(":project", "%(project)s").replace(":code", "%(code)s")
     return await direct.one(query, {"project": project_id, "code": code_id}) is not None
 
 

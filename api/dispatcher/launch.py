@@ -26,7 +26,6 @@ from api.dispatcher import repository as repo
 from api.dispatcher.backend import Launch, LaunchRefused, RayBackend, RayUnavailable
 from api.dispatcher.context import RoundContext
 from api.dispatcher.repository import QueuedJob
-from api.errors import PayloadTooLarge, ValidationError
 from api.jobs.status import JOB_CHANNEL, record_event
 from api.settings import Settings
 from trainmaster.context import JobContext
@@ -169,8 +168,6 @@ async def with_code(context: RoundContext, launch: Launch) -> Launch:
             )
         except archive.BadPackage as exc:
             raise BadCode(str(exc)) from exc
-        except (ValidationError, PayloadTooLarge) as exc:
-            raise BadCode(f"code package {launch.code} cannot be unpacked: {exc}") from exc
     return replace(launch, runtime_env={**launch.runtime_env, "working_dir": str(folder)})
 
 

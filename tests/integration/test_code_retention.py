@@ -125,3 +125,31 @@ def test_the_api_purges_code_without_retention_days(
         while stored(database_url) and time.monotonic() < deadline:
             time.sleep(0.1)
     assert stored(database_url) == set()
+
+
+def test_a_package_named_by_a_new_job_is_not_purged_before_the_job_is_stored(
+    http: TestClient, token: str, database_url: str, tmp_path: Path
+) -> None:
+    """The submit's check that the package exists also restarts its clock: retention, running between
+    that check and the job's insert, finds it young and keeps it (before, it deleted it and the job
+    was stored naming a package that was gone)."""
+    from api.code_packages import repository
+
+    code_id = upload(http, token, package("named"))
+    age(database_url, code_id, 40)
+
+    async def check_only() -> bool:
+        engine = create_engine(Settings(database_url=database_url))
+        try:
+            async with session_factory(engine)() as session, session.begin():
+                project = sql(database_url, "SELECT id FROM projects WHERE name = 'alpha'")[0][0]
+                return await repository.exists(session, project, code_id)
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(check_only())  # a job is about to name it: its insert comes next
+    purge(database_url, tmp_path / "cache")
+    assert ("alpha", code_id) in stored(database_url)
+    body = {**spec(), "code": code_id}
+    response = http.post("/v1/jobs", json=body, headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 201, response.text
