@@ -1,12 +1,12 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, status
+from fastapi import APIRouter, Request, Response, status
 
 from api.auth.deps import ProjectPrincipal
-from api.code_packages import service
+from api.code_packages import repository, service
 from api.db.session import Session
 from api.deps import AppSettings
-from api.errors import UnsupportedMediaType, error_responses
+from api.errors import NotFound, UnsupportedMediaType, error_responses
 from trainmaster.models import CodeUpload
 
 router = APIRouter(prefix="/v1/code", tags=["code"], responses=error_responses(400, 401, 413, 415, 422, 503))
@@ -34,3 +34,12 @@ async def upload_code(
         raise UnsupportedMediaType(f"send the working directory as application/zip, not {content_type or 'no type'!r}")
     content = await request.body()
     return await service.upload(session, principal, content, settings)
+
+
+@router.head("/{code_id}", status_code=status.HTTP_200_OK, response_class=Response, responses=error_responses(404))
+async def code_exists(code_id: str, session: Session, principal: ProjectPrincipal) -> Response:
+    """200 when this project holds the package `sha256:<hex>` already, 404 when not: a client that
+    hashed its zip skips uploading it again (`trainmaster run`)."""
+    if not await repository.exists(session, principal.project_id, code_id):
+        raise NotFound(f"no uploaded code {code_id}")
+    return Response(status_code=status.HTTP_200_OK)
