@@ -22,20 +22,42 @@ event says why, when:
 - its code (working directory, PYTHONPATH) has a top-level module the server has already imported;
 - the server is not single-threaded (a fork would copy a lock some other thread holds).
 
-Servers live in TRAINMASTER_WARM_DIR (default /tmp/trainmaster-warm-<uid>, mode 0700: the jobs'
-environments carry their tokens), one socket per Python executable and installed code (its files'
-sizes and times) and environment, so an upgrade starts a new server and each Ray cluster of a node has
-its own; a server exits once its cluster is gone (`trainmaster down`) or after TRAINMASTER_WARM_IDLE_S
-(default 1800) without a job. Each logs to <socket>.log, removed when it exits
-cleanly. TRAINMASTER_WARM_DRIVER=0 on the dispatcher launches `workers.driver` directly instead.
+Servers live in TRAINMASTER_WARM_DIR (default /tmp/trainmaster-warm-<uid>), one socket per Python
+executable and installed code (its files' sizes and times) and environment, so an upgrade starts a new
+server and each Ray cluster of a node has its own; a server exits once its cluster is gone (`trainmaster
+down`) or after TRAINMASTER_WARM_IDLE_S (default 1800) without a job. Each logs to <socket>.log, removed
+when it exits cleanly. TRAINMASTER_WARM_DRIVER=0 on the dispatcher launches `workers.driver` directly.
+
+Who may hand a server a job (a job's driver runs with the node's Ray credentials, so a server is a
+trust boundary of its cluster):
+- the folder: a directory owned by the server's user with mode 0700, made so when missing. Client and
+  server refuse one that exists with another owner, a wider mode or as a symlink (someone else could
+  listen there or read the secret): remove it, or point TRAINMASTER_WARM_DIR at a private folder; until
+  then every job starts cold and says so.
+- the peer: the server reads each connection's SO_PEERCRED and refuses (and logs) a process of
+  another uid, whatever the folder's mode lets through.
+- the secret: each server writes a fresh random secret to <socket>.secret (mode 0600, beside its
+  socket, before it listens; removed when it exits) and the client presents it in its request; a
+  wrong one is refused and logged. It is a file, not a node variable, so it never enters a job's
+  environment (docs/security.md), and each server, so each Ray cluster of a node, has its own.
+- the environment: the client sends only the job's declared variables (`declared_env`): those the
+  dispatcher set for the job (its runtime_env's env_vars, as Ray's RAY_JOB_CONFIG_JSON_ENV_VAR records
+  them: the JobContext variables, the spec's `env`, and the platform's RAY_* flags), the spec's `env`,
+  and what Ray's job supervisor sets for a driver (RAY_JOB_CONFIG_JSON_ENV_VAR, RAY_ADDRESS,
+  PYTHONUNBUFFERED, PYTHONPATH with the job's working_dir) plus PATH. The child runs with the server's
+  environment (the node's, as the first job found it, less TRAINMASTER_* variables) overlaid with those;
+  nothing else of the client's environment reaches the server or the child.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import struct
+import tempfile
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 ENV_START = "TRAINMASTER_DRIVER_START"  # how this driver started, for its `driver` event (JSON)
 ENV_TARGET = "TRAINMASTER_WARM_TARGET"  # module:function the child runs; tests give their own
@@ -49,6 +71,51 @@ PER_JOB = (RAY_JOB_CONFIG, "PYTHONPATH")  # read by ray.init / applied to sys.pa
 # at load, and a process with threads is not safe to fork. A driver computes nothing with either.
 SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 HEADER = struct.Struct("!Q")  # the size of a request, ahead of it
+PEERCRED = struct.Struct("3i")  # SO_PEERCRED's struct ucred: pid, uid, gid
+ENV_DIR = "TRAINMASTER_WARM_DIR"
+# What Ray's job supervisor sets for every driver (job_supervisor._get_driver_env_vars), the job's
+# code on PYTHONPATH, and PATH: sent with the job's own variables (declared_env).
+DRIVER_ENV = (RAY_JOB_CONFIG, "RAY_ADDRESS", "PYTHONUNBUFFERED", "PYTHONPATH", "PATH")
+
+
+def warm_dir() -> Path:
+    return Path(os.environ.get(ENV_DIR) or Path(tempfile.gettempdir()) / f"trainmaster-warm-{os.getuid()}")
+
+
+def private_dir_problem(folder: Path) -> str | None:
+    """None if `folder` is a real directory of this user that no one else can open; else what is
+    wrong and what to do about it."""
+    try:
+        info = os.lstat(folder)
+    except OSError as exc:
+        return f"cannot use {folder}: {exc}"
+    mode = info.st_mode
+    if stat.S_ISDIR(mode) and info.st_uid == os.getuid() and not mode & 0o077:
+        return None
+    kind = "a directory" if stat.S_ISDIR(mode) else "a symlink" if stat.S_ISLNK(mode) else "not a directory"
+    return (
+        f"{folder} is not private to uid {os.getuid()} ({kind}, owner {info.st_uid}, mode {mode & 0o7777:o}):"
+        f" remove it, or set {ENV_DIR} to a directory of this user with mode 0700"
+    )
+
+
+def secret_path(socket_path: Path) -> Path:
+    return socket_path.with_suffix(".secret")
+
+
+def read_secret(path: Path) -> str:
+    """The server's secret; OSError when it cannot be read or is not private to this user."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise PermissionError(
+                f"{path} is not private (owner {info.st_uid}, mode {info.st_mode & 0o777:o}):"
+                " remove it (its server's next start writes a new one)"
+            )
+        return os.read(fd, 1024).decode().strip()
+    finally:
+        os.close(fd)
 
 
 def target() -> str:

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,43 +18,71 @@ from typing import Any, NoReturn
 
 from workers.warm import (
     DEFAULT_TARGET,
+    DRIVER_ENV,
     ENV_START,
     HEADER,
     RAY_JOB_CONFIG,
     SINGLE_THREADED,
     entries,
     import_time,
+    private_dir_problem,
+    read_secret,
+    secret_path,
     started_at,
     target,
+    warm_dir,
 )
 
-ENV_DIR = "TRAINMASTER_WARM_DIR"
 STARTING_STALE_S = 120.0  # a start lock older than this was left by a server that died starting
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    spec = _spec(os.environ)  # parsed once: it can be a megabyte
+    outcome = _run_warm(args, _spec(os.environ))  # the spec is parsed once: it can be a megabyte
+    return outcome if isinstance(outcome, int) else _exec_cold(args, outcome)
+
+
+def _run_warm(args: list[str], spec: Mapping[str, Any]) -> int | str:
+    """The job's exit status, its driver forked by the node's warm server; or why it starts cold."""
     reason = _client_cold_reason(spec)
-    if reason is None:
-        base = server_env(os.environ, os.getcwd(), spec)
-        path = socket_path(base)
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if reason is not None:
+        return reason
+    declared = declared_env(os.environ, spec)
+    if declared is None:
+        return f"its environment is not declared (no {RAY_JOB_CONFIG}: not started by Ray's job supervisor)"
+    base = server_env(os.environ, os.getcwd(), spec)
+    path = socket_path(base)
+    unsafe = _private_dir(path.parent)
+    if unsafe is not None:
+        return f"no warm server: {unsafe}"
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(str(path))
+    except OSError:
+        conn.close()
+        return _start_server(path, base)
+    with conn:
         try:
-            conn.connect(str(path))
-        except OSError:
-            conn.close()
-            reason = _start_server(path, base)
-        else:
-            with conn:
-                try:
-                    answer = _ask(conn, args)
-                except OSError as exc:
-                    answer = {"cold": f"could not hand the job to the warm server: {exc}"}
-                if "pid" in answer:
-                    return _wait_child(conn, int(answer["pid"]))
-                reason = str(answer.get("cold", "the warm server refused the job"))
-    return _exec_cold(args, reason)
+            answer = ask(conn, args, secret=read_secret(secret_path(path)), env=declared)
+        except OSError as exc:
+            answer = {"cold": f"could not hand the job to the warm server: {exc}"}
+        if "pid" in answer:
+            return _wait_child(conn, int(answer["pid"]))
+        return str(answer.get("cold", "the warm server refused the job"))
+
+
+def declared_env(env: Mapping[str, str], spec: Mapping[str, Any]) -> dict[str, str] | None:
+    """What of `env` the warm server may see: the variables the dispatcher declared for the job (the
+    runtime_env's env_vars that Ray records in RAY_JOB_CONFIG_JSON_ENV_VAR: JobContext's, the spec's
+    `env`, the platform's RAY_* flags), the spec's `env`, what Ray sets for a driver (DRIVER_ENV) and
+    the variables the server overrides for itself (SINGLE_THREADED). None where Ray recorded none."""
+    try:
+        config = json.loads(env.get(RAY_JOB_CONFIG) or "null")
+        declared = config["runtime_env"].get("env_vars") or {}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    names = {*declared, *(spec.get("env") or {}), *DRIVER_ENV, *SINGLE_THREADED}
+    return {name: env[name] for name in names if name in env}
 
 
 def _client_cold_reason(spec: Mapping[str, Any]) -> str | None:
@@ -74,10 +101,6 @@ def _spec(env: Mapping[str, str]) -> dict[str, Any]:
     except ValueError:
         return {}
     return spec if isinstance(spec, dict) else {}
-
-
-def warm_dir() -> Path:
-    return Path(os.environ.get(ENV_DIR) or Path(tempfile.gettempdir()) / f"trainmaster-warm-{os.getuid()}")
 
 
 def socket_path(env: Mapping[str, str]) -> Path:
@@ -102,19 +125,13 @@ def _private_dir(folder: Path) -> str | None:
     """The folder, made if missing; None if it is safe, else why not (another user could listen there)."""
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        stat = folder.stat()
     except OSError as exc:
         return f"cannot use {folder}: {exc}"
-    if stat.st_uid != os.getuid() or stat.st_mode & 0o077:
-        return f"{folder} is not private to this user (owner {stat.st_uid}, mode {stat.st_mode & 0o777:o})"
-    return None
+    return private_dir_problem(folder)
 
 
 def _start_server(path: Path, base: Mapping[str, str]) -> str:
     """Start this node's server for the next job (detached: Ray's stop of this job must not end it)."""
-    unsafe = _private_dir(path.parent)
-    if unsafe is not None:
-        return f"no warm server: {unsafe}"
     lock, log = path.with_suffix(".starting"), path.with_suffix(".log")
     try:
         if time.time() - lock.stat().st_mtime > STARTING_STALE_S:
@@ -168,9 +185,17 @@ def server_env(env: Mapping[str, str], cwd: str, spec: Mapping[str, Any] | None 
     return kept
 
 
-def _ask(conn: socket.socket, args: list[str]) -> dict[str, Any]:
+def ask(conn: socket.socket, args: list[str], *, secret: str, env: Mapping[str, str]) -> dict[str, Any]:
+    """Hand the job to the server: this process's stdin, stdout and stderr, then the request; its answer."""
     request = json.dumps(
-        {"argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "pid": os.getpid(), "started_at": started_at()}
+        {
+            "argv": args,
+            "cwd": os.getcwd(),
+            "env": dict(env),
+            "secret": secret,
+            "pid": os.getpid(),
+            "started_at": started_at(),
+        }
     ).encode()
     socket.send_fds(conn, [b"F"], [0, 1, 2])
     conn.sendall(HEADER.pack(len(request)) + request)

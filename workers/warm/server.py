@@ -1,11 +1,14 @@
 """The warm driver's server: imports Ray Train once, then forks a child for each job it can serve,
-which becomes that job's driver (run_child) with the job's environment, directory, arguments and output."""
+which becomes that job's driver (run_child) with the job's environment, directory, arguments and output.
+It serves only its own user's processes that present its secret (see workers/warm/__init__.py)."""
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import os
+import secrets
 import selectors
 import signal
 import socket
@@ -17,7 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.warm import ENV_START, HEADER, SINGLE_THREADED, entries, import_time, target
+from workers.warm import (
+    ENV_START,
+    HEADER,
+    PEERCRED,
+    SINGLE_THREADED,
+    entries,
+    import_time,
+    private_dir_problem,
+    secret_path,
+    target,
+)
 
 ENV_IDLE_S = "TRAINMASTER_WARM_IDLE_S"
 DEFAULT_IDLE_S = 1800.0
@@ -44,6 +57,16 @@ class Job:
     added_env: dict[str, str]  # what the server's imports set in its environment (a cold driver's would too)
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What the server checks each request against."""
+
+    secret: str
+    server_env: dict[str, str]
+    added_env: dict[str, str]
+    imported: Mapping[str, str | None]
+
+
 def code_paths(server: Mapping[str, str], job: Mapping[str, str], cwd: str) -> list[str]:
     """The job's own sys.path entries: its working directory (`python -m` puts it first) and the
     PYTHONPATH entries the server lacks (Ray adds the job's working_dir there)."""
@@ -54,9 +77,11 @@ def code_paths(server: Mapping[str, str], job: Mapping[str, str], cwd: str) -> l
 def cold_reason(
     server: Mapping[str, str], job: Mapping[str, str], cwd: str, imported: Mapping[str, str | None]
 ) -> str | None:
-    """Why a job cannot run in a child of this server (None: it can). `imported`: the server's
-    top-level modules and their files."""
-    for name in sorted(set(server) | set(job)):
+    """Why a job cannot run in a child of this server (None: it can). `job`: the variables the job
+    declared (the client sends no others; the rest of the child's environment is the server's, and
+    the socket's name already differs for a client whose other import-time variables differ).
+    `imported`: the server's top-level modules and their files."""
+    for name in sorted(job):
         if import_time(name) and server.get(name) != job.get(name):
             return f"its {name} differs from the warm server's"
     own = code_paths(server, job, cwd)
@@ -101,16 +126,21 @@ def serve(path: Path, idle_s: float) -> Job | None:
     # What jobs are compared against: the environment the imports below read (`import ray` adds some).
     server_environ = {name: value for name, value in os.environ.items() if name not in SINGLE_THREADED}
     try:
+        unsafe = private_dir_problem(path.parent)
+        if unsafe is not None:
+            _log("unsafe_dir", error=unsafe)
+            raise SystemExit(f"refusing to serve: {unsafe}")
         for name in (*PRELOAD, target().partition(":")[0]):
             __import__(name)
+        secret = _write_secret(secret_path(path))
         path.unlink(missing_ok=True)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(path))
         listener.listen(64)
     finally:
         path.with_suffix(".starting").unlink(missing_ok=True)
-    imported = _top_level_modules()
     added = {name: value for name, value in os.environ.items() if name not in server_environ}  # by imports
+    serving = Serving(secret, server_environ, added, _top_level_modules())
     _log("listening", path=str(path), target=target(), modules=len(sys.modules))
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     selector = selectors.DefaultSelector()
@@ -124,7 +154,7 @@ def serve(path: Path, idle_s: float) -> Job | None:
                 break
             for key, _ in selector.select(timeout=min(CLUSTER_CHECK_S, idle_s)):
                 if key.fileobj is listener:
-                    job = _accept(listener, server_environ, added, imported)
+                    job = _accept(listener, serving)
                     if job is None:
                         continue
                     child = os.fork()
@@ -156,6 +186,7 @@ def serve(path: Path, idle_s: float) -> Job | None:
     finally:
         if os.getpid() == pid:  # not in a child on its way out of this function
             path.unlink(missing_ok=True)
+            secret_path(path).unlink(missing_ok=True)
     path.with_suffix(".log").unlink(missing_ok=True)  # a clean exit: nothing to read
     return None
 
@@ -172,26 +203,59 @@ def _cluster_up(address: str | None) -> bool:
     return True
 
 
-def _accept(
-    listener: socket.socket,
-    server_environ: dict[str, str],
-    added: dict[str, str],
-    imported: Mapping[str, str | None],
-) -> Job | None:
-    """A job's request and output; None when it goes cold (the client was told why) or was malformed."""
+def _write_secret(path: Path) -> str:
+    """A fresh secret in a file only this user can read, in place before the socket exists."""
+    secret = secrets.token_hex(32)
+    staged = path.with_name(f"{path.name}.{os.getpid()}")
+    fd = os.open(staged, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, secret.encode())
+    finally:
+        os.close(fd)
+    os.replace(staged, path)
+    return secret
+
+
+def peer_refusal(conn: socket.socket, uid: int) -> str | None:
+    """Why the process at the other end of `conn` may not hand this server a job (None: it may)."""
+    peer_pid, peer_uid, _ = PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))
+    if peer_uid != uid:
+        return f"its process {peer_pid} runs as uid {peer_uid}, not the warm server's uid {uid}"
+    return None
+
+
+def _refuse(conn: socket.socket, reason: str, fds: list[int] | tuple[int, ...] = ()) -> None:
+    _log("refused", reason=reason)
+    _send(conn, {"cold": f"the warm server refused the job: {reason}"})
+    for fd in fds:
+        os.close(fd)
+    conn.close()
+
+
+def _accept(listener: socket.socket, serving: Serving) -> Job | None:
+    """A job's request and output; None when it goes cold (the client was told why), was refused or
+    was malformed."""
     conn, _ = listener.accept()
+    refusal = peer_refusal(conn, os.getuid())
+    if refusal is not None:  # before anything of it is read: not even its file descriptors
+        _refuse(conn, refusal)
+        return None
     try:
         conn.settimeout(10)
         _, fds, _, _ = socket.recv_fds(conn, 1, 3)
         (size,) = HEADER.unpack(_recv_exactly(conn, HEADER.size))
         request = json.loads(_recv_exactly(conn, size))
         conn.settimeout(None)
-    except (OSError, ValueError, struct.error) as exc:
+        presented = request.pop("secret", None)
+    except (OSError, ValueError, struct.error, AttributeError) as exc:
         _log("bad_request", error=repr(exc))
         conn.close()
         return None
-    job = Job(conn, list(fds), request, server_environ, added)
-    reason = cold_reason(server_environ, request["env"], request["cwd"], imported)
+    if not isinstance(presented, str) or not hmac.compare_digest(presented.encode(), serving.secret.encode()):
+        _refuse(conn, "wrong secret" if presented else "no secret", fds)
+        return None
+    job = Job(conn, list(fds), request, serving.server_env, serving.added_env)
+    reason = cold_reason(serving.server_env, request["env"], request["cwd"], serving.imported)
     if reason is None and len(os.listdir("/proc/self/task")) != 1:
         reason = "the warm server has more than one thread"
     if reason is None and len(fds) != 3:
@@ -245,7 +309,7 @@ def run_child(job: Job) -> int:
         os.close(fd)
     request = job.request
     os.chdir(request["cwd"])
-    env = {**job.added_env, **request["env"]}
+    env = {**job.server_env, **job.added_env, **request["env"]}
     env[ENV_START] = json.dumps({"warm": True, "reason": None, "started_at": request["started_at"]})
     sys.path[:1] = code_paths(job.server_env, env, request["cwd"])
     os.environ.clear()
