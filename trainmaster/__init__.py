@@ -1,5 +1,6 @@
 """trainmaster: submit PyTorch training jobs to a Ray cluster and watch them live."""
 
+from trainmaster.async_client import AsyncClient, AsyncJobHandle
 from trainmaster.client import Client, JobHandle
 from trainmaster.control import should_checkpoint
 from trainmaster.errors import (
@@ -35,6 +36,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AmbiguousJobId",
     "ApiError",
+    "AsyncClient",
+    "AsyncJobHandle",
     "Attempt",
     "CheckpointPolicy",
     "Client",
