@@ -10,27 +10,34 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
+from trainmaster import jobfile
 from trainmaster.cli.bench import bench_app
 from trainmaster.cli.follow import follow_logs, follow_metrics, metrics_table
 from trainmaster.cli.output import (
+    SHORT_ID,
     ApiUrl,
     Token,
     client_errors,
     console,
+    err_console,
     fail,
     job_detail,
     jobs_table,
+    print_unwrapped,
     styled_status,
+    wide_jobs_table,
 )
+from trainmaster.cli.run import run, submit_with_code, upload_unless_stored
 from trainmaster.cli.sweep import sweep_app
 from trainmaster.client import Client
-from trainmaster.models import JobSpec, JobStatus
+from trainmaster.models import JobStatus
+from trainmaster.packing import pack
 
 app = typer.Typer(help="trainmaster: distributed PyTorch training jobs on Ray.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 app.add_typer(sweep_app, name="sweep")
+app.command()(run)
 
 
 def register_plugins(target: typer.Typer) -> None:
@@ -49,24 +56,18 @@ JobId = Annotated[str, typer.Argument(help="a job id, or any unambiguous prefix 
 # -- job commands ---------------------------------------------------------------------------------
 
 
-def _parse_pairs(items: list[str], option: str) -> dict[str, str]:
-    pairs = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            fail(f"{option} expects KEY=VALUE, got {item!r}")
-        pairs[key] = value
-    return pairs
-
-
 @app.command()
 @client_errors
 def submit(
     entrypoint: Annotated[str | None, typer.Argument(help="pkg.module:fn, script:train.py or builtin:NAME")] = None,
     name: Annotated[str | None, typer.Option(help="job name (default: the entrypoint)")] = None,
-    spec_file: Annotated[Path | None, typer.Option("--file", "-f", help="a JobSpec as JSON")] = None,
+    spec_file: Annotated[
+        Path | None,
+        typer.Option("--file", "-f", help="a job file: JobSpec fields and working_dir, YAML or JSON; options win"),
+    ] = None,
     workers: Annotated[int | None, typer.Option("--workers", "-n", help="gang size")] = None,
     gpu: Annotated[bool, typer.Option("--gpu", help="one GPU per worker")] = False,
+    gpus_per_worker: Annotated[float | None, typer.Option(help="GPUs per worker (fractions share a GPU)")] = None,
     cpus_per_worker: Annotated[float | None, typer.Option(help="CPUs per worker")] = None,
     framework: Annotated[
         str | None, typer.Option(help="torch (default), tensorflow, jax, horovod, mpi or paddle")
@@ -84,57 +85,55 @@ def submit(
     api_url: ApiUrl = None,
     token: Token = None,
 ) -> None:
-    """Submit a training job."""
-    body: dict[str, Any] = json.loads(spec_file.read_text()) if spec_file else {}
-    if entrypoint:
-        body["entrypoint"] = entrypoint
-    if "entrypoint" not in body:
-        fail("give an ENTRYPOINT or --file spec.json")
-    body.setdefault("name", name or body["entrypoint"].split(":")[-1][:128])
-    if name:
-        body["name"] = name
-    scaling = body.setdefault("scaling", {})
-    if workers is not None:
-        scaling["num_workers"] = workers
-    if gpu:
-        scaling["use_gpu"] = True
-    if cpus_per_worker is not None:
-        scaling.setdefault("resources_per_worker", {})["CPU"] = cpus_per_worker
-    if config:
-        try:
-            body["config"] = json.loads(config)
-        except ValueError as exc:
-            fail(f"--config is not JSON: {exc}")
-    if arg:
-        body["args"] = arg
-    body["labels"] = {**body.get("labels", {}), **_parse_pairs(label, "--label")}
-    body["env"] = {**body.get("env", {}), **_parse_pairs(env, "--env")}
-    for key, value in (
-        ("framework", framework),
-        ("priority", priority),
-        ("max_retries", max_retries),
-        ("timeout_s", timeout),
-    ):
-        if value is not None:
-            body[key] = value
+    """Submit a training job (to ship the current folder and follow it: `trainmaster run`)."""
     try:
-        spec = JobSpec.model_validate(body)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        fail(f"invalid job spec: {problems}")
+        loaded = jobfile.load(spec_file) if spec_file else jobfile.JobFile(body={}, working_dir=None)
+        body = jobfile.overridden(
+            loaded.body,
+            entrypoint=entrypoint,
+            name=name,
+            workers=workers,
+            gpu=gpu,
+            gpus_per_worker=gpus_per_worker,
+            cpus_per_worker=cpus_per_worker,
+            framework=framework,
+            config=config,
+            args=arg,
+            labels=label,
+            env=env,
+            priority=priority,
+            max_retries=max_retries,
+            timeout=timeout,
+        )
+        spec = jobfile.validated(body, str(spec_file) if spec_file else "job spec")
+        package = pack(loaded.working_dir) if loaded.working_dir else None
+    except (jobfile.JobFileError, NotADirectoryError) as exc:
+        fail(str(exc))
     with Client(api_url, token) as client:
-        job = client.submit(spec)
+        if package is not None:
+            for warning in package.warnings():
+                err_console.print(f"[yellow]warning:[/] {warning}")
+            upload_unless_stored(package, api_url, token)
+            spec = spec.model_copy(update={"code": package.digest})
+        job = submit_with_code(client, spec, package, api_url, token) if package else client.submit(spec).info
+        short = job.id[:SHORT_ID]
         if output_json:
-            print(job.info.model_dump_json(indent=2))
+            print(job.model_dump_json(indent=2))
         else:
-            console.print(f"submitted [bold]{job.id}[/] ({job.name}): {styled_status(job.status)}")
+            console.print(f"submitted [bold]{short}[/] ({job.name}): {styled_status(job.status)}", highlight=False)
+            if not (wait or follow):
+                console.print(
+                    f"  follow it: trainmaster logs -f {short}  ·  trainmaster metrics -f {short}\n"
+                    f"  see it:    trainmaster get {short}  ·  stop it: trainmaster cancel {short}",
+                    highlight=False,
+                )
         if follow:
             follow_metrics(client, job.id)
             console.print()
         if wait or follow:
-            with console.status(f"waiting for {job.id} to finish…"):
-                final = job.wait()
-            console.print(f"{job.id} {styled_status(final.status)}")
+            with console.status(f"waiting for {short} to finish…"):
+                final = client.wait(job.id)
+            console.print(f"{short} {styled_status(final.status)}")
 
 
 @app.command("ls")
@@ -143,17 +142,24 @@ def list_jobs(
     status: Annotated[list[JobStatus], typer.Option(help="filter by status, repeatable")] = [],  # noqa: B006
     label: Annotated[list[str], typer.Option(help="KEY=VALUE, repeatable")] = [],  # noqa: B006
     limit: Annotated[int, typer.Option(help="how many jobs")] = 20,
+    wide: Annotated[bool, typer.Option("--wide", "-w", help="whole ids, names and details; more columns")] = False,
     output_json: Annotated[bool, typer.Option("--json")] = False,
     api_url: ApiUrl = None,
     token: Token = None,
 ) -> None:
     """List jobs, newest first."""
     with Client(api_url, token) as client:
-        jobs = list(client.list(status=list(status), labels=_parse_pairs(label, "--label"), limit=limit))
+        try:
+            labels = jobfile.parse_pairs(label, "--label")
+        except jobfile.JobFileError as exc:
+            fail(str(exc))
+        jobs = list(client.list(status=list(status), labels=labels, limit=limit))
     if output_json:
         print(json.dumps([job.model_dump(mode="json") for job in jobs], indent=2))
     elif not jobs:
-        console.print("no jobs yet: submit one with `trainmaster submit builtin:mlp --workers 2`")
+        console.print("no jobs yet: run a script with `trainmaster run train.py --workers 2`", highlight=False)
+    elif wide:
+        print_unwrapped(wide_jobs_table(jobs))
     else:
         console.print(jobs_table(jobs, width=console.width))
 
@@ -162,15 +168,24 @@ def list_jobs(
 @client_errors
 def get(
     job_id: JobId,
-    output_json: Annotated[bool, typer.Option("--json")] = False,
+    output: Annotated[
+        str | None,
+        typer.Option("--output", "-o", help="yaml: a job file that submits this job again (submit -f); json: the job"),
+    ] = None,
+    output_json: Annotated[bool, typer.Option("--json", help="the job as JSON (same as -o json)")] = False,
     api_url: ApiUrl = None,
     token: Token = None,
 ) -> None:
     """Show one job: status, attempts, pending reason, latest events (any unambiguous id prefix)."""
+    if output not in (None, "yaml", "json"):
+        fail(f"-o takes yaml (a job file) or json, not {output!r}")
     with Client(api_url, token) as client:
         job_id = client.resolve_id(job_id)
         job = client.get(job_id).info
-        if output_json:
+        if output == "yaml":
+            print(jobfile.dump(job.spec), end="")
+            return
+        if output_json or output == "json":
             print(job.model_dump_json(indent=2))
             return
         console.print(job_detail(job, client.events(job_id)))

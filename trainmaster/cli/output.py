@@ -10,9 +10,17 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
-from trainmaster.errors import TrainmasterError
+from trainmaster.errors import (
+    JobFailed,
+    JobNotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    TrainmasterError,
+    Unauthorized,
+)
 from trainmaster.models import Job, JobEvent, JobStatus
 
 console = Console()
@@ -31,15 +39,34 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+def next_step(exc: TrainmasterError) -> str | None:
+    """What to do about `exc`, where its own words do not say."""
+    if isinstance(exc, Unauthorized):
+        return (
+            "give a project token: --token or TRAINMASTER_TOKEN (`trainmaster token create` makes one; "
+            "`trainmaster up` writes one to ~/.trainmaster/config)"
+        )
+    if isinstance(exc, JobNotFound):
+        return "`trainmaster ls` lists your project's jobs (a token sees its own project only)"
+    if isinstance(exc, PayloadTooLarge):
+        return "ship less: list data, checkpoints and outputs in .trainmasterignore"
+    if isinstance(exc, ServiceUnavailable):
+        return "the API is up but busy or cut off from its database: try again shortly (`trainmaster status`)"
+    if isinstance(exc, JobFailed):
+        return f"its output: trainmaster logs {exc.job.id[:SHORT_ID]}"
+    return None
+
+
 def client_errors(fn: F) -> F:
-    """Show SDK errors as one clear line instead of a traceback."""
+    """Show SDK errors as one clear line, and what to do next, instead of a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except TrainmasterError as exc:  # JobFailed included
-            fail(str(exc))
+            hint = next_step(exc)
+            fail(f"{exc}\n  next: {hint}" if hint else str(exc))
 
     return wrapper  # type: ignore[return-value]
 
@@ -102,6 +129,51 @@ def jobs_table(jobs: Iterable[Job], width: int = 80) -> Table:
     for job_id, name, status, workers, age, detail in rows:
         table.add_row(job_id, name, styled_status(status), workers, age, detail)
     return table
+
+
+def wide_jobs_table(jobs: Iterable[Job]) -> Table:
+    """`ls --wide`: whole ids, names and details and a few more columns, nothing cut (wider than 80)."""
+    table = Table(show_edge=False, header_style="bold", box=None, pad_edge=False, padding=(0, 2, 0, 0))
+    for header in ("ID", "NAME", "STATUS", "W", "GPU/W", "PRIO", "CREATED", "RAN", "DETAIL"):
+        table.add_column(header, no_wrap=True)
+    for job in jobs:
+        scaling = job.spec.get("scaling", {})
+        gpus = (scaling.get("resources_per_worker") or {}).get("GPU", 1 if scaling.get("use_gpu") else 0)
+        detail = job.pending_reason or job.error or ""
+        if job.queue_position:
+            detail = f"#{job.queue_position} {detail}"
+        table.add_row(
+            job.id,
+            job.name.replace("\n", " "),
+            styled_status(job.status),
+            str(scaling.get("num_workers", 1)),
+            f"{gpus:g}",
+            str(job.spec.get("priority", 0)),
+            f"{job.created_at:%Y-%m-%d %H:%M:%S}",
+            ran_for(job),
+            detail.replace("\n", " "),
+        )
+    return table
+
+
+def ran_for(job: Job) -> str:
+    if job.started_at is None:
+        return "-"
+    end = job.finished_at or datetime.now(timezone.utc)
+    seconds = max(int((end - job.started_at).total_seconds()), 0)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def print_unwrapped(table: Table) -> None:
+    """Print `table` at its natural width even past the terminal's (for `less -S`, grep, a wide window)."""
+    natural = Measurement.get(console, console.options.update_width(100_000), table).maximum
+    wide = Console(
+        width=max(console.width, natural),
+        file=console.file,
+        force_terminal=console.is_terminal,
+        color_system=console.color_system,  # type: ignore[arg-type]  # its name is what the constructor takes
+    )
+    wide.print(table)
 
 
 def job_detail(job: Job, events: list[JobEvent]) -> Table:
