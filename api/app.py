@@ -14,9 +14,11 @@ from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.auth.cache import TokenCache
+from api.auth.routes import router as tokens_router
 from api.checkpoints.routes import router as checkpoints_router
 from api.cluster.routes import router as cluster_router
 from api.cluster.service import ClusterReader
+from api.clusters.routes import router as clusters_router
 from api.code_packages.routes import router as code_router
 from api.db.direct import Direct
 from api.db.session import create_engine, session_factory
@@ -29,8 +31,9 @@ from api.logs.routes import router as logs_router
 from api.metrics.routes import router as metrics_router
 from api.ops.body_limit import BodyLimitMiddleware
 from api.ops.parent import end_with_parent
-from api.ops.prometheus import RequestMetricsMiddleware, ServiceMetrics
+from api.ops.prometheus import PlatformSnapshot, RequestMetricsMiddleware, ServiceMetrics
 from api.ops.routes import router as ops_router
+from api.projects.routes import router as projects_router
 from api.retention.service import start_retention
 from api.settings import Settings, get_settings
 from api.streaming.broker import Broker
@@ -84,6 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.ranks = QueueRanks(settings.queue_rank_cache_jobs)
     app.state.metrics = ServiceMetrics(app.state.ranks)
+    app.state.platform_snapshot = PlatformSnapshot(app.state.metrics, settings.metrics_snapshot_s)
 
     app.include_router(ops_router)
     app.include_router(jobs_router)
@@ -93,6 +97,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(checkpoints_router)
     app.include_router(cluster_router)
     app.include_router(sweeps_router)
+    app.include_router(clusters_router)
+    app.include_router(projects_router)
+    app.include_router(tokens_router)
     app.include_router(ui_router)
     app.mount(UI_PREFIX, static_files(), name="ui")
 

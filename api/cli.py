@@ -1,5 +1,6 @@
 """Server-side verbs of the `trainmaster` command: `api`, `dispatcher`, `db upgrade`, `token create`,
-`up`, `join`, `status`, `down`, `ui`.
+`up`, `join`, `status`, `down`, `ui`; and, through trainmaster/cli/admin.py, the REST verbs `cluster`,
+`project` and `token ls|revoke`.
 
 The SDK's CLI (`trainmaster.cli.main`) imports nothing from this package: it finds `register`
 through the `trainmaster.cli` entry point declared in pyproject.toml. This module imports only typer
@@ -47,6 +48,8 @@ def register(app: typer.Typer) -> None:
     app.command()(ui)
     db_app.command("upgrade")(db_upgrade)
     token_app.command("create")(token_create)
+    # cluster add|ls, project create|ls|set, token ls|revoke: REST calls, SDK only (trainmaster/cli/admin.py)
+    importlib.import_module("trainmaster.cli.admin").register(app, token_app)
 
 
 def api(
@@ -110,12 +113,38 @@ def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
 
 
 def token_create(
-    project: Annotated[str, typer.Option(help="project the token belongs to (created if new)")],
+    project: Annotated[str, typer.Option(help="project the token belongs to (created on cluster default if new)")],
+    scope: Annotated[str, typer.Option(help="admin, project or metrics")] = "project",
+    expires_in: Annotated[
+        str | None, typer.Option(help="life: 90d, 12h, 30m, or never (default: 90d for project tokens, else never)")
+    ] = None,
+    user: Annotated[str | None, typer.Option(help="who holds it")] = None,
     description: Annotated[str | None, typer.Option(help="a note to recognise it by")] = None,
 ) -> None:
-    """Print a new API token for PROJECT (stored hashed; shown only this once)."""
+    """Print a new API token for PROJECT (stored hashed; shown only this once), made in the database
+    (TRAINMASTER_DATABASE_URL): how the first admin token comes to be. With an admin token, the API
+    does the same: POST /v1/tokens."""
+    from trainmaster.admin import parse_duration
+
+    if scope not in ("admin", "project", "metrics"):
+        raise _fail(f"--scope is admin, project or metrics, not {scope!r}")
+    try:
+        life = parse_duration(expires_in) if expires_in is not None else None
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    never = expires_in is not None and life is None
+    scopes = _server("api.auth.principal").Scope
     database_url = _server("api.settings").get_settings().database_url
-    print(_server("api.auth.admin").project_token(database_url, project, description))
+    secret = _server("api.auth.admin").token(
+        database_url,
+        project,
+        scope=scopes(scope),
+        description=description,
+        expires_in=life,
+        never=never,
+        user_name=user,
+    )
+    print(secret)
 
 
 def up(

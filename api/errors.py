@@ -30,6 +30,13 @@ class Unauthorized(DomainError):
         super().__init__(detail, headers={"WWW-Authenticate": "Bearer"})
 
 
+class Forbidden(DomainError):
+    """A valid token whose scope does not allow this (a project token on an admin route, a metrics token
+    anywhere but /metrics)."""
+
+    status_code = 403
+
+
 class NotFound(DomainError):
     status_code = 404
 
@@ -44,6 +51,12 @@ class NotFound(DomainError):
 
 class JobNotFound(NotFound):
     pass
+
+
+class Conflict(DomainError):
+    """The name is taken (a cluster, a project)."""
+
+    status_code = 409
 
 
 class IllegalTransition(DomainError):
@@ -102,8 +115,9 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:
     described = {
         400: "Malformed request",
         401: "Missing or invalid bearer token",
+        403: "The token's scope does not allow this",
         404: "No such job in the caller's project",
-        409: "Illegal status transition",
+        409: "Illegal status transition, or the name is taken",
         413: "Body over the size limit",
         415: "Wrong content type",
         422: "Invalid field (detail names it)",

@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     # How long an API process trusts a token it checked, without asking the database again. Revocation
     # still takes effect at once (a NOTIFY from migration 0006 evicts it); 0 turns the cache off.
     auth_cache_s: float = 5.0
+    metrics_public: bool = False  # serve /metrics without a token (a private scrape network)
+    metrics_snapshot_s: float = 10.0  # /metrics reads the database at most this often; 0: at every scrape
     # Queued jobs whose count of older jobs of their project an API process keeps for queue positions
     # (api/jobs/ranks.py: exact, dropped by a NOTIFY from migration 0008 when it may change); 0: off.
     queue_rank_cache_jobs: int = 200_000

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import TypeVar
 
+from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.auth.service import create_job_token, create_project_token
-from api.db.models import Job
+from api.auth.principal import Scope
+from api.auth.service import create_job_token, create_project_token, create_token, expiry
+from api.db.models import Cluster, Job
 from api.db.session import create_engine, session_factory
 from api.settings import Settings
 
@@ -34,6 +37,43 @@ def _in_transaction(database_url: str, work: Callable[[AsyncSession], Awaitable[
 def project_token(database_url: str, project: str, description: str | None = None) -> str:
     """A new token of `project` (created if new); shown only this once, stored hashed."""
     return _in_transaction(database_url, lambda session: create_project_token(session, project, description))
+
+
+def token(
+    database_url: str,
+    project: str,
+    *,
+    scope: Scope = Scope.project,
+    description: str | None = None,
+    expires_in: timedelta | None = None,
+    never: bool = False,
+    user_name: str | None = None,
+) -> str:
+    """A new token of `scope` (project tokens live 90 days unless `expires_in` or `never` say otherwise)."""
+
+    async def make(session: AsyncSession) -> str:
+        secret, _ = await create_token(
+            session,
+            project,
+            scope=scope,
+            description=description,
+            expires_at=expiry(scope, expires_in, never=never),
+            user_name=user_name,
+        )
+        return secret
+
+    return _in_transaction(database_url, make)
+
+
+def point_cluster(database_url: str, name: str, address: str, token_file: str | None) -> None:
+    """Point the cluster `name` at a Ray address and token file (`trainmaster up`: `default` is its own
+    Ray head)."""
+
+    async def change(session: AsyncSession) -> None:
+        values = {"address": address, "token_file": token_file, "token_env": None}
+        await session.execute(update(Cluster).where(Cluster.name == name).values(**values))
+
+    _in_transaction(database_url, change)
 
 
 def job_token(database_url: str, job_id: str) -> str:

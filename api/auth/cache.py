@@ -14,6 +14,7 @@ the listener down the cache is bypassed.
 from __future__ import annotations
 
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from api.auth.principal import Principal
 
 ALL = "*"
+TOUCH_EVERY_S = 60.0  # last_used_at is at most this stale: one UPDATE a minute per token, not per request
 
 
 async def _never() -> bool:
@@ -46,6 +48,18 @@ class TokenCache:
         self.revocations = 0
         self.hits = 0
         self.synced: Callable[[], Awaitable[bool]] = _never  # set by the broker: every earlier notice handled
+        self.touched: dict[uuid.UUID, float] = {}  # token id -> when this process last wrote its last_used_at
+
+    def due_touch(self, token_id: uuid.UUID, every_s: float = TOUCH_EVERY_S) -> bool:
+        """Whether this process should write the token's last_used_at now (at most every `every_s`)."""
+        now = self.clock()
+        if now - self.touched.get(token_id, -every_s) < every_s:
+            return False
+        self.touched[token_id] = now
+        if len(self.touched) > self.max_entries:
+            cutoff = now - every_s
+            self.touched = {key: at for key, at in self.touched.items() if at > cutoff}
+        return True
 
     # -- the listener's side
     def listener_up(self) -> None:

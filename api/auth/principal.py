@@ -4,6 +4,18 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Scope(StrEnum):
+    """What a token may do. `admin` manages clusters, projects and tokens and acts as a project token of
+    its own project; `project` is a project's; `job` writes one job's metrics, logs and events (the
+    platform's own, made per attempt); `metrics` only reads /metrics."""
+
+    admin = "admin"
+    project = "project"
+    job = "job"
+    metrics = "metrics"
 
 
 @dataclass(frozen=True)
@@ -14,7 +26,15 @@ class Principal:
     project_name: str
     job_id: uuid.UUID | None = None
     token_id: uuid.UUID | None = None
+    scope: Scope = Scope.project
+    cluster_name: str = "default"
+    max_priority: int = 100
+    expires_at: float | None = None  # seconds since the epoch; checked on every use, cached or not
 
     @property
     def is_job_token(self) -> bool:
         return self.job_id is not None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.scope is Scope.admin and self.job_id is None

@@ -1,18 +1,26 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.direct import Direct
-from api.db.models import ApiToken, Project
+from api.db.models import ApiToken, Cluster, Project
+
+DEFAULT_CLUSTER = "default"
 
 
 async def get_or_create_project(session: AsyncSession, name: str) -> Project:
-    await session.execute(insert(Project).values(id=uuid.uuid4(), name=name).on_conflict_do_nothing())
+    """The project `name`; a new one lands on the cluster `default` (made by migration 0013)."""
+    default_cluster = select(Cluster.id).where(Cluster.name == DEFAULT_CLUSTER).scalar_subquery()
+    await session.execute(
+        insert(Project).values(id=uuid.uuid4(), name=name, cluster_id=default_cluster).on_conflict_do_nothing()
+    )
     return (await session.execute(select(Project).where(Project.name == name))).scalar_one()
 
 
@@ -23,19 +31,70 @@ async def add_token(
     token_hash: str,
     job_id: uuid.UUID | None = None,
     description: str | None = None,
+    scope: str = "project",
+    expires_at: datetime | None = None,
+    user_name: str | None = None,
 ) -> ApiToken:
-    row = ApiToken(project_id=project_id, token_hash=token_hash, job_id=job_id, description=description)
+    row = ApiToken(
+        project_id=project_id,
+        token_hash=token_hash,
+        job_id=job_id,
+        description=description,
+        scope=scope,
+        expires_at=expires_at,
+        user_name=user_name,
+    )
     session.add(row)
     await session.flush()
     return row
 
 
-# Who an active token belongs to: (token id, job id, project id, project name), on a direct connection.
+# Who an active token belongs to, on a direct connection: (token id, job id, project id, project name,
+# scope, expiry as epoch seconds, cluster name, max priority). An expired token is not found.
 FIND_ACTIVE_TOKEN = """
-    SELECT t.id, t.job_id, p.id, p.name FROM api_tokens t JOIN projects p ON p.id = t.project_id
-    WHERE t.token_hash = %(hash)s AND t.revoked_at IS NULL
+    SELECT t.id, t.job_id, p.id, p.name, t.scope, extract(epoch FROM t.expires_at)::float8, c.name, p.max_priority
+    FROM api_tokens t JOIN projects p ON p.id = t.project_id JOIN clusters c ON c.id = p.cluster_id
+    WHERE t.token_hash = %(hash)s AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())
+"""
+
+# At most once a minute per token, whichever API process asks (the WHERE), and never a revocation's
+# NOTIFY: the trigger of 0006 fires on other columns only.
+TOUCH_TOKEN = """
+    UPDATE api_tokens SET last_used_at = now()
+    WHERE id = %(id)s AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')
 """
 
 
 async def find_active_token(direct: Direct, token_hash: str) -> tuple[Any, ...] | None:
     return await direct.one(FIND_ACTIVE_TOKEN, {"hash": token_hash})
+
+
+async def touch_token(direct: Direct, token_id: uuid.UUID) -> None:
+    await direct.one(TOUCH_TOKEN + " RETURNING id", {"id": token_id})
+
+
+def _listed() -> Any:
+    return select(ApiToken, Project.name).join(Project, Project.id == ApiToken.project_id)
+
+
+async def list_tokens(
+    session: AsyncSession, *, project_id: uuid.UUID | None, scopes: Sequence[str] | None
+) -> list[tuple[ApiToken, str]]:
+    """Tokens not revoked, newest first: all, or one project's; only `scopes` when given."""
+    query = _listed().where(ApiToken.revoked_at.is_(None)).order_by(ApiToken.created_at.desc(), ApiToken.id)
+    if project_id is not None:
+        query = query.where(ApiToken.project_id == project_id)
+    if scopes is not None:
+        query = query.where(ApiToken.scope.in_(scopes), ApiToken.job_id.is_(None))
+    return [(row[0], row[1]) for row in await session.execute(query)]
+
+
+async def get_token(session: AsyncSession, token_id: uuid.UUID) -> tuple[ApiToken, str] | None:
+    row = (await session.execute(_listed().where(ApiToken.id == token_id))).first()
+    return None if row is None else (row[0], row[1])
+
+
+async def revoke(session: AsyncSession, token_id: uuid.UUID) -> None:
+    await session.execute(
+        update(ApiToken).where(ApiToken.id == token_id, ApiToken.revoked_at.is_(None)).values(revoked_at=func.now())
+    )

@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import secrets
+import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth import repository
-from api.auth.principal import Principal
-from api.errors import Unauthorized
+from api.auth.principal import Principal, Scope
+from api.errors import Forbidden, NotFound, Unauthorized, ValidationError
+from api.projects import repository as projects
 
 if TYPE_CHECKING:
     from api.auth.cache import TokenCache
     from api.db.direct import Direct
+    from api.db.models import ApiToken
+
+log = logging.getLogger("trainmaster.auth")
 
 TOKEN_PREFIX = "tm_"
+PROJECT_TOKEN_LIFE = timedelta(days=90)  # a project token's default life; admin and metrics: none
+_touches: set[asyncio.Task[None]] = set()
 
 
 def hash_token(token: str) -> str:
@@ -28,38 +38,162 @@ def new_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
-async def create_project_token(session: AsyncSession, project_name: str, description: str | None = None) -> str:
+def expiry(scope: Scope, expires_in: timedelta | None, *, never: bool = False) -> datetime | None:
+    """When a new token of `scope` expires: `expires_in` from now; else 90 days for project tokens."""
+    if never:
+        return None
+    if expires_in is None:
+        expires_in = PROJECT_TOKEN_LIFE if scope is Scope.project else None
+    return None if expires_in is None else datetime.now(UTC) + expires_in
+
+
+async def create_token(
+    session: AsyncSession,
+    project_name: str,
+    *,
+    scope: Scope = Scope.project,
+    description: str | None = None,
+    expires_at: datetime | None = None,
+    user_name: str | None = None,
+) -> tuple[str, ApiToken]:
+    """A new token of `project_name` (created on the cluster `default` if new): (the secret, its row)."""
+    if scope is Scope.job:
+        raise ValidationError.field(["body", "scope"], "job tokens are the platform's own: one per attempt")
     project = await repository.get_or_create_project(session, project_name)
     token = new_token()
-    await repository.add_token(session, project_id=project.id, token_hash=hash_token(token), description=description)
+    row = await repository.add_token(
+        session,
+        project_id=project.id,
+        token_hash=hash_token(token),
+        description=description,
+        scope=scope.value,
+        expires_at=expires_at,
+        user_name=user_name,
+    )
+    return token, row
+
+
+async def create_project_token(session: AsyncSession, project_name: str, description: str | None = None) -> str:
+    token, _ = await create_token(
+        session, project_name, description=description, expires_at=expiry(Scope.project, None)
+    )
     return token
 
 
 async def create_job_token(session: AsyncSession, project_id: uuid.UUID, job_id: uuid.UUID) -> str:
     token = new_token()
     await repository.add_token(
-        session, project_id=project_id, job_id=job_id, token_hash=hash_token(token), description="job"
+        session, project_id=project_id, job_id=job_id, token_hash=hash_token(token), description="job", scope="job"
     )
     return token
 
 
 async def authenticate(direct: Direct, authorization: str | None, cache: TokenCache | None = None) -> Principal:
     """Who sent `Authorization: Bearer <token>`; with a cache, a token checked moments ago and not
-    revoked since is not looked up again (api/auth/cache.py)."""
+    revoked since is not looked up again (api/auth/cache.py). An expired token is refused, cached or
+    not; its last_used_at is written at most once a minute per process, after the answer."""
     if not authorization:
         raise Unauthorized("missing Authorization header: send 'Authorization: Bearer <token>'")
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("Authorization must be 'Bearer <token>'")
     token_hash = hash_token(token.strip())
-    if cache is not None and (principal := await cache.get(token_hash)) is not None:
-        return principal
-    stamp = cache.stamp() if cache is not None else None
-    found = await repository.find_active_token(direct, token_hash)
-    if found is None:
-        raise Unauthorized("unknown or revoked token: create one with `trainmaster token create`")
-    token_id, job_id, project_id, project_name = found
-    principal = Principal(project_id=project_id, project_name=project_name, job_id=job_id, token_id=token_id)
-    if cache is not None and stamp is not None:
-        cache.put(token_hash, principal, stamp)
+    principal = await cache.get(token_hash) if cache is not None else None
+    if principal is None:
+        stamp = cache.stamp() if cache is not None else None
+        found = await repository.find_active_token(direct, token_hash)
+        if found is None:
+            raise Unauthorized("unknown, expired or revoked token: create one with `trainmaster token create`")
+        token_id, job_id, project_id, project_name, scope, expires_at, cluster_name, max_priority = found
+        principal = Principal(
+            project_id=project_id,
+            project_name=project_name,
+            job_id=job_id,
+            token_id=token_id,
+            scope=Scope.job if job_id is not None else Scope(scope),
+            cluster_name=cluster_name,
+            max_priority=max_priority,
+            expires_at=expires_at,
+        )
+        if cache is not None and stamp is not None:
+            cache.put(token_hash, principal, stamp)
+    if principal.expires_at is not None and time.time() >= principal.expires_at:
+        raise Unauthorized("the token expired: create a new one with `trainmaster token create`")
+    if cache is not None and principal.token_id is not None and cache.due_touch(principal.token_id):
+        _touch_later(direct, principal.token_id)
     return principal
+
+
+def _touch_later(direct: Direct, token_id: uuid.UUID) -> None:
+    async def touch() -> None:
+        try:
+            await repository.touch_token(direct, token_id)
+        except Exception as exc:  # a lost last_used_at never fails a request
+            log.warning("last_used_at of token %s not written: %s", token_id, exc)
+
+    task = asyncio.get_running_loop().create_task(touch())
+    _touches.add(task)
+    task.add_done_callback(_touches.discard)
+
+
+# -- the admin routes' decisions ------------------------------------------------------------------
+
+
+def may_manage(principal: Principal, scope: str, project_id: uuid.UUID, job_id: uuid.UUID | None) -> bool:
+    """Whether `principal` may see or revoke a token: an admin any; a project token its own project's
+    project and metrics tokens (never an admin's or a job's)."""
+    if principal.is_admin:
+        return True
+    return project_id == principal.project_id and job_id is None and scope in (Scope.project, Scope.metrics)
+
+
+async def list_tokens(session: AsyncSession, principal: Principal) -> list[tuple[ApiToken, str]]:
+    if principal.is_admin:
+        rows = await repository.list_tokens(session, project_id=None, scopes=None)
+    else:
+        rows = await repository.list_tokens(
+            session, project_id=principal.project_id, scopes=[Scope.project.value, Scope.metrics.value]
+        )
+    return rows
+
+
+async def revoke_token(session: AsyncSession, principal: Principal, raw_id: str) -> tuple[ApiToken, str]:
+    """Revoke a token the caller may manage (404 for any other: never revealing that it exists)."""
+    token_id = NotFound.unless_uuid(raw_id, "token")
+    found = await repository.get_token(session, token_id)
+    if found is None or not may_manage(principal, found[0].scope, found[0].project_id, found[0].job_id):
+        raise NotFound(f"no token {raw_id!r}")
+    await repository.revoke(session, token_id)
+    return found[0], found[1]
+
+
+async def issue(
+    session: AsyncSession,
+    principal: Principal,
+    *,
+    project: str | None,
+    scope: Scope,
+    description: str | None,
+    expires_in: timedelta | None,
+    never: bool = False,
+    user_name: str | None,
+) -> tuple[str, ApiToken, str]:
+    """A new token for POST /v1/tokens: an admin's for any project and scope; a project token's for its
+    own project, scope project or metrics."""
+    name = project or principal.project_name
+    if not principal.is_admin:
+        if scope is Scope.admin:
+            raise Forbidden("only an admin token can create admin tokens")
+        if name != principal.project_name:
+            raise Forbidden(f"a project token creates tokens of its own project ({principal.project_name!r}) only")
+    elif project is not None and await projects.find(session, name) is None:
+        raise ValidationError.field(["body", "project"], f"no project {name!r}: create it with POST /v1/projects")
+    token, row = await create_token(
+        session,
+        name,
+        scope=scope,
+        description=description,
+        expires_at=expiry(scope, expires_in, never=never),
+        user_name=user_name,
+    )
+    return token, row, name

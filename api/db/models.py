@@ -60,16 +60,35 @@ def _now() -> Any:
     return mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
 
 
+class Cluster(Base):
+    """A Ray cluster the platform dispatches to: a trust domain (0013). Its Ray token is read from
+    `token_file` or the environment variable `token_env` of the dispatcher; never stored here."""
+
+    __tablename__ = "clusters"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    address: Mapped[str] = mapped_column(Text)
+    token_file: Mapped[str | None] = mapped_column(Text)
+    token_env: Mapped[str | None] = mapped_column(String(256))
+    labels: Mapped[dict[str, str]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    created_at: Mapped[datetime] = _now()
+
+
 class Project(Base):
     __tablename__ = "projects"
 
     id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True, default=uuid.uuid4)
     name: Mapped[str] = mapped_column(String(128), unique=True)
     created_at: Mapped[datetime] = _now()
+    # The one cluster the project's jobs run on (0013); a job's priority is at most max_priority.
+    cluster_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("clusters.id", ondelete="RESTRICT"), index=True)
+    max_priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("100"))
 
 
 class ApiToken(Base):
-    """A bearer token. Only its SHA-256 is stored; `job_id` set means a job-scoped token."""
+    """A bearer token. Only its SHA-256 is stored; `job_id` set means a job-scoped token. `scope`:
+    admin (also its project's rights), project, job, metrics (reads /metrics only)."""
 
     __tablename__ = "api_tokens"
 
@@ -80,6 +99,10 @@ class ApiToken(Base):
     description: Mapped[str | None] = mapped_column(String(256))
     created_at: Mapped[datetime] = _now()
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    scope: Mapped[str] = mapped_column(String(16), server_default=text("'project'"))
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # at most a minute stale
+    user_name: Mapped[str | None] = mapped_column(String(128))
 
 
 class Job(Base):

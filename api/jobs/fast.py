@@ -25,7 +25,7 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.auth.deps import current_project
+from api.auth.deps import current_project, not_metrics
 from api.auth.principal import Principal
 from api.auth.service import authenticate
 from api.db.unavailable import DATABASE_DOWN, database_unavailable
@@ -96,7 +96,8 @@ class FastLane:
 
     async def _principal(self, scope: Scope, headers: Headers) -> Principal:
         state = scope["app"].state
-        return await authenticate(state.direct, headers.get("authorization"), getattr(state, "tokens", None))
+        principal = await authenticate(state.direct, headers.get("authorization"), getattr(state, "tokens", None))
+        return not_metrics(principal)
 
     async def _read(self, scope: Scope, _headers: Headers, principal: Principal, job_id: str) -> Response:
         state = scope["app"].state

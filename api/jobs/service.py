@@ -52,6 +52,7 @@ def _queued_values(principal: Principal, spec: JobSpec, idempotency_key: str | N
     """The row of a new queued job (INSERT_QUEUED's parameters), its spec hashed for idempotent replays."""
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
         raise ValidationError.field(["header", "Idempotency-Key"], f"must be 1-{MAX_IDEMPOTENCY_KEY} characters")
+    check_priority(principal, spec.priority)
     spec_json = spec.model_dump(mode="json")
     resources = spec.scaling.worker_resources()
     return {
@@ -69,6 +70,14 @@ def _queued_values(principal: Principal, spec: JobSpec, idempotency_key: str | N
     }
 
 
+def check_priority(principal: Principal, priority: int, loc: tuple[str | int, ...] = ("body", "priority")) -> None:
+    """A job's priority is at most its project's max_priority (PATCH /v1/projects/{name})."""
+    if priority > principal.max_priority:
+        raise ValidationError.field(
+            list(loc), f"at most {principal.max_priority}, the max_priority of project {principal.project_name!r}"
+        )
+
+
 def _queued_payload(job_id: uuid.UUID) -> str:
     return json.dumps({"job_id": str(job_id), "status": JobStatus.queued.value})
 
@@ -84,6 +93,7 @@ def _submitted(principal: Principal, spec: JobSpec, inserted: Any) -> Submitted:
         created_at=created_at,
         pending_reason=WAITING,
         queue_position=int(position),
+        cluster=principal.cluster_name,
     )
     return Submitted(job_id, JobStatus.queued, job)
 
@@ -196,6 +206,7 @@ async def read(
         error=error,
         latest_metrics=latest,
         queue_position=None if position is None else int(position),
+        cluster=principal.cluster_name,
     )
 
 
@@ -303,13 +314,13 @@ async def list_page(
     )
     page, more = rows[:limit], len(rows) > limit
     positions = await repository.queue_positions(session, page)
-    items = [to_wire(job, principal.project_name, positions.get(job.id)) for job in page]
+    items = [to_wire(job, principal.project_name, positions.get(job.id), principal.cluster_name) for job in page]
     return items, encode_cursor(page[-1]) if more and page else None
 
 
 async def describe(session: AsyncSession, principal: Principal, job: JobRow) -> Job:
     positions = await repository.queue_positions(session, [job])
-    return to_wire(job, principal.project_name, positions.get(job.id))
+    return to_wire(job, principal.project_name, positions.get(job.id), principal.cluster_name)
 
 
 async def events(session: AsyncSession, principal: Principal, raw_id: str) -> list[JobEvent]:
@@ -336,7 +347,7 @@ def _shown_reason(status: JobStatus, pending_reason: str | None) -> str | None:
     return pending_reason if status in (JobStatus.queued, JobStatus.starting) else None
 
 
-def to_wire(job: JobRow, project_name: str, queue_position: int | None = None) -> Job:
+def to_wire(job: JobRow, project_name: str, queue_position: int | None = None, cluster: str | None = None) -> Job:
     return Job(
         id=str(job.id),
         project=project_name,
@@ -361,4 +372,5 @@ def to_wire(job: JobRow, project_name: str, queue_position: int | None = None) -
         error=job.error,
         latest_metrics=job.latest_metrics,
         queue_position=queue_position,
+        cluster=cluster,
     )

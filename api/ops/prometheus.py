@@ -4,15 +4,18 @@ latency and job durations as histograms), computed from the database at each scr
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.jobs.ranks import QueueRanks
+from api.telemetry import repository as telemetry_repository
 from api.telemetry.repository import Gauges
 from trainmaster.models import JobStatus
 
@@ -48,6 +51,36 @@ class ServiceMetrics:
     def set_job_counts(self, counts: dict[JobStatus, int]) -> None:
         for status in JobStatus:
             self.jobs.labels(status=status.value).set(counts.get(status, 0))
+
+
+class PlatformSnapshot:
+    """The database's figures for /metrics, read at most once per `max_age_s` whatever the scrape rate
+    (several Prometheus servers, a short interval, many replicas each scraped): concurrent scrapes of a
+    stale snapshot share one read."""
+
+    def __init__(self, metrics: ServiceMetrics, max_age_s: float, clock: Callable[[], float] = time.monotonic):
+        self.metrics = metrics
+        self.max_age_s = max_age_s
+        self.clock = clock
+        self.read_at: float | None = None
+        self.reads = 0
+        self.lock = asyncio.Lock()
+
+    def fresh(self) -> bool:
+        return self.read_at is not None and self.clock() - self.read_at < self.max_age_s
+
+    async def refresh(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        if self.fresh():
+            return
+        async with self.lock:
+            if self.fresh():
+                return  # another scrape read it while this one waited
+            async with sessions() as session:
+                figures = await telemetry_repository.snapshot(session, BUCKETS)
+            self.reads += 1
+            self.metrics.set_job_counts({JobStatus(k): n for k, n in figures.gauges.jobs_by_status.items()})
+            self.metrics.platform.update(figures.gauges, figures.histograms)
+            self.read_at = self.clock()
 
 
 class RankCacheCollector(Collector):

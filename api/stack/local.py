@@ -8,6 +8,7 @@ dispatcher and restarts them if they die. It writes the API address and a fresh 
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from api.auth import admin
 from api.stack import postgres, ray_head
 from api.stack.processes import alive, bin_path, kill_group, wait_for
 from trainmaster import config as client_config
@@ -74,6 +76,16 @@ def api_ready(api_url: str) -> bool:
         return httpx.get(f"{api_url}/readyz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+UP_TOKEN = ("--scope", "admin", "--expires-in", "never", "--description", "trainmaster up")
+
+
+def _who() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name (a container without a passwd entry)
+        return "unknown"
 
 
 def server_env(state: StackState) -> dict[str, str]:
@@ -164,6 +176,9 @@ def up(
         api_url=f"http://127.0.0.1:{free_port(api_port)}",
     )
 
+    # The cluster `default` (migration 0013) is this stack's Ray head.
+    admin.point_cluster(database_url, "default", head.dashboard, str(ray_token_path()))
+
     say("starting the API and the dispatcher")
     with (root / "logs" / "supervisor.log").open("ab") as log:
         supervisor = subprocess.Popen(
@@ -179,7 +194,8 @@ def up(
     wait_for(lambda: api_ready(state.api_url), 60, "the API to be ready", supervisor, str(root / "logs"))
 
     token = subprocess.run(
-        [bin_path("trainmaster"), "token", "create", "--project", "default", "--description", "trainmaster up"],
+        # The person who ran `up` owns the stack: an admin token (also the project `default`'s), never expiring.
+        [bin_path("trainmaster"), "token", "create", "--project", "default", "--user", _who(), *UP_TOKEN],
         env=env,
         check=True,
         capture_output=True,

@@ -14,6 +14,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.auth.principal import Principal
+from api.auth.watch import TokenWatch
 from api.db.models import Job
 from api.streaming import sse
 from api.streaming.broker import Broker
@@ -35,13 +36,21 @@ async def follow(
     sessions: async_sessionmaker[AsyncSession],
     broker: Broker,
     heartbeat_s: float,
+    watch: TokenWatch | None = None,
 ) -> AsyncIterator[bytes]:
     """Yield `event_name` events (id = last sequence in the event) as rows arrive, `status` events
-    on transitions, and `end` once the job is terminal and everything before that was sent."""
+    on transitions, and `end` once the job is terminal and everything before that was sent. The
+    stream ends (a comment saying why, no `end`) once `watch` finds its token revoked or expired:
+    checked at least every `watch.recheck_s`."""
     last = after_seq
     sent_status: JobStatus | None = None
+    loop = asyncio.get_running_loop()
+    quiet_since = loop.time()
     async with broker.subscribe(str(job_id)) as news:
         while True:
+            if watch is not None and not await watch.still_valid():
+                yield sse.comment("token revoked or expired: the stream ends")
+                return
             news.clear()
             try:
                 async with sessions() as session:
@@ -58,18 +67,26 @@ async def follow(
                 continue
             if items:
                 last = newest
+                quiet_since = loop.time()
                 yield sse.event(event_name, {"items": items}, event_id=newest)
                 continue  # more may be waiting; read again before sleeping
             if status is not sent_status:
                 sent_status = status
+                quiet_since = loop.time()
                 yield sse.event("status", {"status": status.value})
             if status.terminal:
                 yield sse.event("end", {"status": status.value}, event_id=last)
                 return
+            # Wake for news, the token's next check, or the heartbeat, whichever comes first.
+            wait_s = heartbeat_s - (loop.time() - quiet_since)
+            if watch is not None:
+                wait_s = min(wait_s, watch.recheck_s)
             try:
-                await asyncio.wait_for(news.wait(), heartbeat_s)
+                await asyncio.wait_for(news.wait(), max(wait_s, 0.0))
             except asyncio.TimeoutError:
-                yield sse.comment("keepalive")
+                if loop.time() - quiet_since >= heartbeat_s:
+                    quiet_since = loop.time()
+                    yield sse.comment("keepalive")
 
 
 def last_event_id(header: str | None, query: int | None) -> int:
@@ -87,6 +104,7 @@ def job_stream(
     """The SSE response for one job's stream, counted against the caller's per-token cap."""
     state = request.app.state
     release = state.stream_limiter.acquire(principal)
+    watch = TokenWatch(state.direct, getattr(state, "tokens", None), request.headers.get("authorization"), principal)
     messages = follow(
         job_id=job_id,
         after_seq=resume_after,
@@ -95,5 +113,6 @@ def job_stream(
         sessions=state.sessions,
         broker=state.broker,
         heartbeat_s=state.settings.sse_heartbeat_s,
+        watch=watch,
     )
     return EventStream(messages, send_timeout_s=state.settings.sse_send_timeout_s, on_close=release)

@@ -47,6 +47,7 @@ def _limits(request: SweepSpec) -> tuple[int, int]:
 
 async def create(session: AsyncSession, principal: Principal, request: SweepSpec) -> SweepRow:
     max_trials, max_concurrent = _limits(request)
+    jobs.check_priority(principal, request.spec.priority, ("body", "spec", "priority"))  # every trial's
     names = list(request.parameters)
     seed = request.seed if request.seed is not None else secrets.randbits(SEED_BITS)
     sweep_id = uuid.uuid4()

@@ -45,6 +45,21 @@ WHERE (s.status = 'starting' AND s.previous_status = 'queued')
 """
 
 ACTIVE = "('starting', 'running', 'cancelling')"
+BY_STATUS = "SELECT status::text, count(*) FROM jobs GROUP BY 1"
+BY_PROJECT = f"""
+    SELECT p.name, count(j.id) FILTER (WHERE j.status = 'queued') AS queued,
+           coalesce(sum(j.gang_gpus) FILTER (WHERE j.status IN {ACTIVE}), 0) AS gpus
+    FROM projects p
+    LEFT JOIN jobs j ON j.project_id = p.id AND (j.status = 'queued' OR j.status IN {ACTIVE})
+    GROUP BY p.name
+"""
+BUCKETED = f"""
+    SELECT figure, project, status, bucket, count(*) AS n, sum(seconds) AS total
+    FROM (SELECT o.*, (SELECT count(*) FROM unnest(CAST(:bounds AS float8[])) AS b(le) WHERE b.le < o.seconds)
+                 AS bucket
+          FROM ({OBSERVATIONS}) o) bucketed
+    GROUP BY 1, 2, 3, 4
+"""
 
 
 @dataclass(frozen=True)
@@ -66,20 +81,8 @@ class Gauges:
 
 async def gauges(session: AsyncSession) -> Gauges:
     """Every project appears (0 when idle), so a series drops to zero instead of going stale."""
-    rows = (
-        await session.execute(
-            text(
-                f"""
-                SELECT p.name, count(j.id) FILTER (WHERE j.status = 'queued') AS queued,
-                       coalesce(sum(j.gang_gpus) FILTER (WHERE j.status IN {ACTIVE}), 0) AS gpus
-                FROM projects p
-                LEFT JOIN jobs j ON j.project_id = p.id AND (j.status = 'queued' OR j.status IN {ACTIVE})
-                GROUP BY p.name
-                """
-            )
-        )
-    ).all()
-    by_status = (await session.execute(text("SELECT status::text, count(*) FROM jobs GROUP BY 1"))).all()
+    rows = (await session.execute(text(BY_PROJECT))).all()
+    by_status = (await session.execute(text(BY_STATUS))).all()
     return Gauges(
         queue_depth={row.name: int(row.queued) for row in rows},
         gpus_held={row.name: float(row.gpus) for row in rows},
@@ -103,24 +106,53 @@ async def histogram_buckets(
 ) -> dict[tuple[str, str, str], tuple[list[int], float]]:
     """Every observation ever, bucketed in SQL: (figure, project, status) → (count per bucket, the last
     one past every bound; sum). Over all history, so the counts only grow and Prometheus' rate() works."""
-    rows = await session.execute(
-        text(
-            f"""
-            SELECT figure, project, status, bucket, count(*) AS n, sum(seconds) AS total
-            FROM (SELECT o.*, (SELECT count(*) FROM unnest(CAST(:bounds AS float8[])) AS b(le) WHERE b.le < o.seconds)
-                         AS bucket
-                  FROM ({OBSERVATIONS}) o) bucketed
-            GROUP BY 1, 2, 3, 4
-            """
-        ),
-        {"jobs_since": 0, "bounds": list(bounds)},
-    )
+    rows = await session.execute(text(BUCKETED), {"jobs_since": 0, "bounds": list(bounds)})
+    return _bucketed([tuple(row) for row in rows], bounds)
+
+
+def _bucketed(
+    rows: Sequence[Sequence[Any]], bounds: Sequence[float]
+) -> dict[tuple[str, str, str], tuple[list[int], float]]:
     result: dict[tuple[str, str, str], tuple[list[int], float]] = {}
-    for row in rows:
-        counts, total = result.get((row.figure, row.project, row.status), ([0] * (len(bounds) + 1), 0.0))
-        counts[int(row.bucket)] += int(row.n)
-        result[(row.figure, row.project, row.status)] = (counts, total + float(row.total))
+    for figure, project, status, bucket, n, total_s in rows:
+        counts, total = result.get((figure, project, status), ([0] * (len(bounds) + 1), 0.0))
+        counts[int(bucket)] += int(n)
+        result[(figure, project, status)] = (counts, total + float(total_s))
     return result
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    gauges: Gauges
+    histograms: dict[tuple[str, str, str], tuple[list[int], float]]
+
+
+async def snapshot(session: AsyncSession, bounds: Sequence[float]) -> Snapshot:
+    """Every figure /metrics serves, in one statement (one round trip, one consistent read)."""
+    row = (
+        await session.execute(
+            text(
+                f"""
+                SELECT (SELECT coalesce(json_agg(s), '[]') FROM ({BY_STATUS}) s),
+                       (SELECT coalesce(json_agg(p), '[]') FROM ({BY_PROJECT}) p),
+                       (SELECT coalesce(json_agg(h), '[]') FROM ({BUCKETED}) h)
+                """
+            ),
+            {"jobs_since": 0, "bounds": list(bounds)},
+        )
+    ).one()
+    by_status, by_project, bucketed = (_flat(column) for column in row)
+    gauges = Gauges(
+        queue_depth={name: int(queued) for name, queued, _ in by_project},
+        gpus_held={name: float(gpus) for name, _, gpus in by_project},
+        jobs_by_status={status: int(count) for status, count in by_status},
+    )
+    return Snapshot(gauges, _bucketed(bucketed, bounds))
+
+
+def _flat(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    """json_agg's rows (objects, their keys in column order: json keeps it) as lists of values."""
+    return [list(row.values()) for row in rows]
 
 
 async def max_event_id(session: AsyncSession) -> int:

@@ -157,12 +157,15 @@ def test_unknown_and_malformed_job_ids_are_404(http: TestClient, auth: dict[str,
     assert http.get("/v1/jobs/not-a-uuid", headers=auth).status_code == 404
 
 
-def test_health_ready_and_prometheus(http: TestClient, auth: dict[str, str]) -> None:
+def test_health_ready_and_prometheus(http: TestClient, auth: dict[str, str], database_url: str) -> None:
+    from tests.factories.auth import scoped_token
+
     assert http.get("/healthz").json() == {"status": "ok"}
     assert http.get("/readyz").status_code == 200
     submit(http, auth)
     http.get("/v1/jobs", headers=auth)
-    text = http.get("/metrics").text
+    scraper = {"Authorization": f"Bearer {scoped_token(database_url, 'ops', 'metrics')}"}
+    text = http.get("/metrics", headers=scraper).text
     assert 'trainmaster_jobs{status="queued"} 1.0' in text
     assert 'trainmaster_http_requests_total{method="POST",route="/v1/jobs",status="201"} 1.0' in text
     assert 'route="/v1/jobs",status="200"' in text

@@ -7,14 +7,14 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.settings import Settings
-from tests.factories.auth import project_token
+from tests.factories.auth import project_token, scoped_token
 from tests.ops.jobflow import advance
 from tests.ops.test_otel_export import submit
 from trainmaster.models import JobStatus
 
 
-def scrape(http: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    response = http.get("/metrics")
+def scrape(http: TestClient, token: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = http.get("/metrics", headers={"Authorization": f"Bearer {token}"})
     assert response.status_code == 200
     samples = {}
     for family in text_string_to_metric_families(response.text):
@@ -37,7 +37,7 @@ def test_metrics_carry_queue_depth_gpus_held_and_the_job_histograms(database_url
             advance(settings, running, status)
             advance(settings, ends, status)
         advance(settings, ends, JobStatus.failed, error="boom")
-        samples = scrape(http)
+        samples = scrape(http, scoped_token(database_url, "ops", "metrics"))
 
     assert samples[("trainmaster_queue_depth", (("project", "alpha"),))] == 1
     assert samples[("trainmaster_queue_depth", (("project", "beta"),))] == 0
@@ -75,6 +75,6 @@ def test_the_grafana_dashboard_queries_only_metrics_the_api_serves(database_url:
         job = submit(http, token)
         for status in (JobStatus.starting, JobStatus.running, JobStatus.succeeded):
             advance(settings, job, status)
-        served = {name for name, _ in scrape(http)}
+        served = {name for name, _ in scrape(http, scoped_token(database_url, "ops", "admin"))}
     assert len(queried) >= 7
     assert queried <= served, queried - served

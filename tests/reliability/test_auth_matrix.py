@@ -1,6 +1,8 @@
 """Case 8: every endpoint, SSE, logs, cancel and ingest included, against every kind of caller.
 
-No token or a bad one: 401. Another project's token: 404 (never revealing the job exists).
+No token or a bad one: 401. Another project's token: 404 (never revealing the job exists). A project
+token on an admin route (clusters, creating and changing projects): 403; a metrics token anywhere but
+/metrics: 403.
 A job token: writes only its own job (metrics, events, checkpoints), reads only its own job's
 control flags (what `trainmaster.should_checkpoint()` asks), and nothing else.
 """
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.factories.auth import job_token
+from tests.factories.auth import job_token, scoped_token
 from tests.factories.jobs import spec
 from tests.reliability.conftest import bearer
 
@@ -30,6 +32,10 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/jobs/{job_id}/metrics"): {"points": [{"step": 1, "values": {"loss": 1.0}}]},
     ("POST", "/v1/jobs/{job_id}/events"): {"kind": "note", "message": "hello"},
     ("POST", "/v1/jobs/{job_id}/checkpoints"): {"path": "/ckpt/1", "step": 1},
+    ("POST", "/v1/clusters"): {"name": "matrix", "address": "http://ray-matrix:8265"},
+    ("POST", "/v1/projects"): {"name": "matrix"},
+    ("PATCH", "/v1/projects/{name}"): {"max_priority": 100},
+    ("POST", "/v1/tokens"): {"scope": "metrics"},
     ("POST", "/v1/sweeps"): {
         "name": "matrix",
         "spec": spec(),
@@ -48,6 +54,7 @@ def endpoints(client: TestClient) -> list[tuple[str, str]]:
 
 def call(client: TestClient, method: str, path: str, job_id: str, headers: dict[str, str]) -> int:
     url = path.replace("{job_id}", job_id).replace("{sweep_id}", str(uuid.UUID(int=7)))
+    url = url.replace("{name}", "alpha").replace("{token_id}", str(uuid.UUID(int=9)))
     body = BODIES.get((method, path))
     if path == "/v1/code":
         return client.post(
@@ -114,6 +121,35 @@ def test_job_token_writes_its_own_job_only_and_reads_nothing(
             assert call(app_client, method, path, jobs["other"], token) == 404, (method, path)
         else:
             assert own == 401, (method, path, own)
+
+
+ADMIN_ONLY = {
+    ("POST", "/v1/clusters"),
+    ("GET", "/v1/clusters"),
+    ("POST", "/v1/projects"),
+    ("PATCH", "/v1/projects/{name}"),
+}
+
+
+def test_a_metrics_token_is_refused_everywhere_but_metrics(
+    app_client: TestClient, jobs: dict[str, str], database_url: str
+) -> None:
+    token = bearer(scoped_token(database_url, "alpha", "metrics"))
+    for method, path in endpoints(app_client):
+        assert call(app_client, method, path, jobs["mine"], token) == 403, (method, path)
+    assert app_client.get("/metrics", headers=token).status_code == 200
+
+
+def test_admin_routes_refuse_project_tokens_and_admit_admin_tokens(
+    app_client: TestClient, jobs: dict[str, str], tokens: dict[str, str], database_url: str
+) -> None:
+    admin = bearer(scoped_token(database_url, "default", "admin"))
+    listed = {(method, path) for method, path in endpoints(app_client)}
+    assert listed >= ADMIN_ONLY
+    for method, path in sorted(ADMIN_ONLY):
+        assert call(app_client, method, path, jobs["mine"], bearer(tokens["alpha"])) == 403, (method, path)
+        assert call(app_client, method, path, jobs["mine"], admin) in (200, 201, 409), (method, path)
+    assert app_client.get("/metrics", headers=bearer(tokens["alpha"])).status_code == 403
 
 
 def test_unknown_job_ids_are_404_not_500(app_client: TestClient, tokens: dict[str, str]) -> None:

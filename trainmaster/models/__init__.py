@@ -4,6 +4,19 @@ One module per domain (jobs, metrics and logs, cluster, sweeps) on the shared ba
 `base`; import them from here, `from trainmaster.models import JobSpec`.
 """
 
+from trainmaster.models.admin import (
+    Cluster,
+    ClusterList,
+    ClusterSpec,
+    Project,
+    ProjectList,
+    ProjectPatch,
+    ProjectSpec,
+    TokenCreated,
+    TokenInfo,
+    TokenList,
+    TokenSpec,
+)
 from trainmaster.models.base import ErrorBody, LabelKey, LabelValue, ResourceName, WholeNumber
 from trainmaster.models.cluster import ClusterInfo, ClusterNode
 from trainmaster.models.jobs import (
@@ -70,8 +83,11 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointList",
     "CheckpointPolicy",
+    "Cluster",
     "ClusterInfo",
+    "ClusterList",
     "ClusterNode",
+    "ClusterSpec",
     "CodeUpload",
     "EarlyStopping",
     "ErrorBody",
@@ -94,6 +110,10 @@ __all__ = [
     "MetricPoint",
     "MetricValue",
     "PlacementStrategy",
+    "Project",
+    "ProjectList",
+    "ProjectPatch",
+    "ProjectSpec",
     "ResourceName",
     "Scaling",
     "Sweep",
@@ -102,5 +122,9 @@ __all__ = [
     "SweepSpec",
     "SweepStatus",
     "SweepTrial",
+    "TokenCreated",
+    "TokenInfo",
+    "TokenList",
+    "TokenSpec",
     "WholeNumber",
 ]

@@ -145,7 +145,7 @@ class JobSpec(StoredRequestModel):
     max_retries: WholeNumber = Field(default=0, ge=0, le=10)
     max_failures: WholeNumber = Field(default=0, ge=0, le=100)
     timeout_s: float | None = Field(default=None, gt=0)
-    priority: WholeNumber = Field(default=0, ge=-100, le=100)
+    priority: WholeNumber = Field(default=0, ge=-100, le=100)  # and at most the project's max_priority
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
 
@@ -220,6 +220,7 @@ class Job(ResponseModel):
     error: str | None = None
     latest_metrics: dict[str, Any] | None = None
     queue_position: int | None = None
+    cluster: str | None = None  # the cluster its project is bound to (read only)
 
 
 class JobList(ResponseModel):

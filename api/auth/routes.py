@@ -1,0 +1,61 @@
+"""HTTP for tokens: an admin lists and revokes any; a project token its own project's."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from fastapi import APIRouter, Response, status
+
+from api.auth import service
+from api.auth.deps import ProjectPrincipal
+from api.auth.principal import Scope
+from api.db.models import ApiToken
+from api.db.session import Session
+from api.errors import error_responses
+from trainmaster.models import TokenCreated, TokenInfo, TokenList, TokenSpec
+
+router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=error_responses(401, 403, 404, 422, 503))
+
+
+@router.get("", response_model=TokenList)
+async def list_tokens(session: Session, principal: ProjectPrincipal) -> TokenList:
+    """Tokens not revoked, newest first: all for an admin token (job tokens included); for a project
+    token its own project's project and metrics tokens."""
+    return TokenList(items=[to_wire(row, project) for row, project in await service.list_tokens(session, principal)])
+
+
+@router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED)
+async def create_token(spec: TokenSpec, session: Session, principal: ProjectPrincipal) -> TokenCreated:
+    """A new token; its secret is in this answer only (stored hashed)."""
+    token, row, project = await service.issue(
+        session,
+        principal,
+        project=spec.project,
+        scope=Scope(spec.scope),
+        description=spec.description,
+        expires_in=None if spec.expires_in_s is None else timedelta(seconds=spec.expires_in_s),
+        never=not spec.expires,
+        user_name=spec.user,
+    )
+    return TokenCreated(**to_wire(row, project).model_dump(), token=token)
+
+
+@router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT)
+async def revoke_token(token_id: str, session: Session, principal: ProjectPrincipal) -> Response:
+    """Revoke a token: every API process stops accepting it at once, its open streams end within seconds."""
+    await service.revoke_token(session, principal, token_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+def to_wire(row: ApiToken, project: str) -> TokenInfo:
+    return TokenInfo(
+        id=str(row.id),
+        project=project,
+        scope="job" if row.job_id is not None else row.scope,
+        description=row.description,
+        user=row.user_name,
+        job_id=None if row.job_id is None else str(row.job_id),
+        created_at=row.created_at,
+        expires_at=row.expires_at,
+        last_used_at=row.last_used_at,
+    )

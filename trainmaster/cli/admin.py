@@ -1,0 +1,166 @@
+"""`trainmaster cluster add|ls`, `trainmaster project create|ls|set`, `trainmaster token ls|revoke`: over
+the REST API with an admin token (a project token reads its own project and tokens)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from trainmaster.admin import Admin
+from trainmaster.cli.output import ApiUrl, Token, client_errors, console, fail
+
+SHORT_ID = 8
+cluster_app = typer.Typer(help="Ray clusters (trust domains) the platform dispatches to; admin.", no_args_is_help=True)
+project_app = typer.Typer(help="Projects: each bound to one cluster, with a max priority.", no_args_is_help=True)
+
+
+def _table(*columns: str) -> Table:
+    table = Table(show_edge=False, header_style="bold")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M") if moment else "-"
+
+
+def _labels(pairs: list[str]) -> dict[str, str]:
+    labels = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            fail(f"--label takes KEY=VALUE, not {pair!r}")
+        labels[key] = value
+    return labels
+
+
+@cluster_app.command("add")
+@client_errors
+def cluster_add(
+    name: Annotated[str, typer.Argument(help="the cluster's name")],
+    address: Annotated[str, typer.Option(help="the Ray dashboard address (Jobs API), e.g. http://ray-a:8265")],
+    token_file: Annotated[str | None, typer.Option(help="file on the dispatcher's host holding its Ray token")] = None,
+    token_env: Annotated[str | None, typer.Option(help="environment variable of the dispatcher holding it")] = None,
+    label: Annotated[list[str], typer.Option(help="KEY=VALUE, repeatable")] = [],  # noqa: B006
+    api_url: ApiUrl = None,
+    token: Token = None,
+) -> None:
+    """Register a Ray cluster (the token itself is never stored: only where it is read from)."""
+    with Admin(api_url, token) as admin:
+        cluster = admin.add_cluster(name, address, token_file=token_file, token_env=token_env, labels=_labels(label))
+    console.print(f"cluster [bold]{cluster.name}[/] added: {cluster.address}", highlight=False)
+
+
+@cluster_app.command("ls")
+@client_errors
+def cluster_ls(
+    output_json: Annotated[bool, typer.Option("--json")] = False, api_url: ApiUrl = None, token: Token = None
+) -> None:
+    """List the clusters."""
+    with Admin(api_url, token) as admin:
+        clusters = admin.clusters()
+    if output_json:
+        print(json.dumps([cluster.model_dump(mode="json") for cluster in clusters], indent=2))
+        return
+    table = _table("NAME", "ADDRESS", "RAY TOKEN FROM", "LABELS")
+    for cluster in clusters:
+        source = cluster.token_file or (f"${cluster.token_env}" if cluster.token_env else "-")
+        labels = ",".join(f"{k}={v}" for k, v in cluster.labels.items()) or "-"
+        table.add_row(cluster.name, cluster.address, source, labels)
+    console.print(table)
+
+
+@project_app.command("create")
+@client_errors
+def project_create(
+    name: Annotated[str, typer.Argument(help="the project's name")],
+    cluster: Annotated[str, typer.Option(help="the cluster its jobs run on")] = "default",
+    max_priority: Annotated[int, typer.Option(help="highest priority its jobs may ask for, -100..100")] = 100,
+    api_url: ApiUrl = None,
+    token: Token = None,
+) -> None:
+    """Create a project on a cluster."""
+    with Admin(api_url, token) as admin:
+        project = admin.create_project(name, cluster=cluster, max_priority=max_priority)
+    console.print(f"project [bold]{project.name}[/] on cluster {project.cluster}", highlight=False)
+
+
+@project_app.command("ls")
+@client_errors
+def project_ls(
+    output_json: Annotated[bool, typer.Option("--json")] = False, api_url: ApiUrl = None, token: Token = None
+) -> None:
+    """List projects (a project token sees its own)."""
+    with Admin(api_url, token) as admin:
+        projects = admin.projects()
+    if output_json:
+        print(json.dumps([project.model_dump(mode="json") for project in projects], indent=2))
+        return
+    table = _table("NAME", "CLUSTER", "MAX PRIORITY", "CREATED")
+    for project in projects:
+        table.add_row(project.name, project.cluster, str(project.max_priority), _when(project.created_at))
+    console.print(table)
+
+
+@project_app.command("set")
+@client_errors
+def project_set(
+    name: Annotated[str, typer.Argument(help="the project's name")],
+    cluster: Annotated[str | None, typer.Option(help="move it to this cluster")] = None,
+    max_priority: Annotated[int | None, typer.Option(help="highest priority its jobs may ask for")] = None,
+    api_url: ApiUrl = None,
+    token: Token = None,
+) -> None:
+    """Change a project's cluster or max priority."""
+    if cluster is None and max_priority is None:
+        fail("give --cluster or --max-priority")
+    with Admin(api_url, token) as admin:
+        project = admin.set_project(name, cluster=cluster, max_priority=max_priority)
+    console.print(f"project [bold]{project.name}[/]: cluster {project.cluster}, max priority {project.max_priority}")
+
+
+@client_errors
+def token_ls(
+    output_json: Annotated[bool, typer.Option("--json")] = False, api_url: ApiUrl = None, token: Token = None
+) -> None:
+    """List tokens not revoked (an admin sees all; a project token its project's)."""
+    with Admin(api_url, token) as admin:
+        tokens = admin.tokens()
+    if output_json:
+        print(json.dumps([item.model_dump(mode="json") for item in tokens], indent=2))
+        return
+    table = _table("ID", "PROJECT", "SCOPE", "USER", "EXPIRES", "LAST USED")
+    for item in tokens:
+        table.add_row(
+            item.id[:SHORT_ID],
+            item.project,
+            item.scope,
+            item.user or item.description or "-",
+            _when(item.expires_at) if item.expires_at else "never",
+            _when(item.last_used_at),
+        )
+    console.print(table)
+
+
+@client_errors
+def token_revoke(
+    token_id: Annotated[str, typer.Argument(help="a token id, or an unambiguous prefix (ls shows 8 characters)")],
+    api_url: ApiUrl = None,
+    token: Token = None,
+) -> None:
+    """Revoke a token: refused at once by every API process; its open streams end within seconds."""
+    with Admin(api_url, token) as admin:
+        admin.revoke_token(token_id)
+    console.print(f"token {token_id} revoked")
+
+
+def register(app: typer.Typer, token_app: typer.Typer) -> None:
+    app.add_typer(cluster_app, name="cluster")
+    app.add_typer(project_app, name="project")
+    token_app.command("ls")(token_ls)
+    token_app.command("revoke")(token_revoke)

@@ -1,0 +1,96 @@
+"""Clusters, projects and tokens: what an admin manages (`/v1/clusters`, `/v1/projects`, `/v1/tokens`)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints
+
+from trainmaster.models.base import LabelKey, LabelValue, ResponseModel, StoredRequestModel, WholeNumber
+
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", min_length=1, max_length=64)]
+ProjectName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", min_length=1, max_length=128)]
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)]
+Priority = Annotated[WholeNumber, Field(ge=-100, le=100)]
+TokenScope = Literal["admin", "project", "metrics"]
+
+
+class ClusterSpec(StoredRequestModel):
+    """A Ray cluster: its Jobs API address, and where the dispatcher reads its Ray token from (a file on
+    the dispatcher's host or an environment variable of it; never the token itself)."""
+
+    name: Name
+    address: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+    token_file: Annotated[str, StringConstraints(min_length=1, max_length=4096)] | None = None
+    token_env: EnvName | None = None
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+
+
+class Cluster(ResponseModel):
+    name: str
+    address: str
+    token_file: str | None = None
+    token_env: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    created_at: datetime
+
+
+class ClusterList(ResponseModel):
+    items: list[Cluster]
+
+
+class ProjectSpec(StoredRequestModel):
+    name: ProjectName
+    cluster: Name = "default"
+    max_priority: Priority = 100
+
+
+class ProjectPatch(StoredRequestModel):
+    """The fields to change; those left out stay."""
+
+    cluster: Name | None = None
+    max_priority: Priority | None = None
+
+
+class Project(ResponseModel):
+    name: str
+    cluster: str
+    max_priority: int
+    created_at: datetime
+
+
+class ProjectList(ResponseModel):
+    items: list[Project]
+
+
+class TokenSpec(StoredRequestModel):
+    """A new token. `project`: the caller's own when left out. `expires_in_s`: its life; left out, a
+    project token lives 90 days and admin and metrics tokens until revoked; `expires: false` never."""
+
+    project: ProjectName | None = None
+    scope: TokenScope = "project"
+    description: Annotated[str, StringConstraints(max_length=256)] | None = None
+    user: Annotated[str, StringConstraints(max_length=128)] | None = None
+    expires_in_s: Annotated[float, Field(gt=0, le=10 * 365 * 86400)] | None = None
+    expires: bool = True
+
+
+class TokenInfo(ResponseModel):
+    id: str
+    project: str
+    scope: str
+    description: str | None = None
+    user: str | None = None
+    job_id: str | None = None
+    created_at: datetime
+    expires_at: datetime | None = None
+    last_used_at: datetime | None = None
+
+
+class TokenCreated(TokenInfo):
+    token: str  # the secret: shown only in this answer
+
+
+class TokenList(ResponseModel):
+    items: list[TokenInfo]
