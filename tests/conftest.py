@@ -132,6 +132,7 @@ CPU_BOUND = (
     "tests/e2e/test_collectives.py",
     "tests/e2e/test_metrics_live.py",
     "tests/e2e/test_sweeps.py",
+    "tests/e2e/test_cli_run.py",
 )
 # The rest, heaviest first by what each file took on 2 cores (pytest --durations), so that long files
 # start early and short ones fill in at the end; unlisted files follow in their usual order.
