@@ -33,7 +33,6 @@ def main() -> None:
         ("--ray-duration", 20.0, "measured seconds of the Ray Jobs peer"),
         ("--warmup", 3.0, "unmeasured seconds before each phase"),
         ("--api-workers", None, "`trainmaster api --workers` (default: the API's own default)", {"type": int}),
-        ("--ray-cpus", 2, "CPUs the Ray head offers"),
         database=True,
     )
     rows, ids = [], []
@@ -52,7 +51,7 @@ def main() -> None:
             gets = [("GET", f"/v1/jobs/{job_id}", None) for job_id in ids[:5000]]
             phase("GET /v1/jobs/{id}", Phase(api.url, headers, gets, 200, args.warmup, args.duration))
         print("peer: starting a Ray head (token auth)", flush=True)
-        with ray_head(args.ray_cpus) as head:
+        with ray_head(num_cpus=2) as head:
             token = head.token_path.read_text().strip()
             submits = Phase(
                 head.dashboard, {}, [("RAY", "true", None)], 200, args.warmup, args.ray_duration, ray_token=token

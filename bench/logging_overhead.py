@@ -9,8 +9,8 @@ After one unmeasured job: `--reps` repetitions of none and trainmaster (order fl
 ray_report job after each of the first `--report-runs`; then `--alternate-jobs` jobs alternating blocks
 of `--block` steps without and with logging, each logging block divided by the block before it (whole
 jobs move by 20% with this machine's neighbours, neighbouring blocks far less). With `--pin` (default on
-2+ cores) the Ray side runs on `--train-cpu`, the API, dispatcher, PostgreSQL and this script on
-`--platform-cpu` (`taskset`): the figure is what training pays itself, not its share of a shared core.
+2+ cores) the Ray side runs on CPU 0, the API, dispatcher, PostgreSQL and this script on CPU 1
+(`taskset`): the figure is what training pays itself, not its share of a shared core.
 
     .venv/bin/python bench/logging_overhead.py [--reps 3] [--steps 2000] [--report-runs 2] [--no-pin]
 """
@@ -30,6 +30,8 @@ from harness import Record, Stack, load_1m, local_stack, parse_args, run, spread
 
 import trainmaster as tm
 
+TRAIN_CPU, PLATFORM_CPU = 0, 1
+
 
 def run_job(client: tm.Client, stack: Stack, mode: str, label: str, args: argparse.Namespace) -> dict[str, Any]:
     """One job; rank 0's result line, and whether every logged point was stored."""
@@ -42,9 +44,9 @@ def run_job(client: tm.Client, stack: Stack, mode: str, label: str, args: argpar
         entrypoint="train_jobs:step_loop",
         working_dir=stack.home / "job-code",
         scaling=tm.Scaling(num_workers=args.workers),
-        config=config | {k: vars(args)[k] for k in ("block", "batch", "features", "hidden")},
+        config=config | {"block": args.block},
     )
-    wait_job(client, job, args.job_timeout, 0.5)
+    wait_job(client, job, 300, 0.5)
     lines = result_path.read_text().splitlines() if result_path.exists() else []
     if len(lines) != 1:
         raise RuntimeError(f"{result_path}: expected one result line from rank 0, found {len(lines)}")
@@ -72,7 +74,7 @@ def run_job(client: tm.Client, stack: Stack, mode: str, label: str, args: argpar
     return row
 
 
-def pin(stack: Stack, args: argparse.Namespace) -> list[dict[str, Any]]:
+def pin(stack: Stack) -> list[dict[str, Any]]:
     """Every process of the stack onto its side (all threads, with `taskset -a`); children made later
     inherit it. Returns what was pinned where."""
     state = json.loads((stack.home / "stack.json").read_text())
@@ -81,9 +83,9 @@ def pin(stack: Stack, args: argparse.Namespace) -> list[dict[str, Any]]:
     for process in psutil.process_iter(["pid", "cmdline"]):
         cmdline = " ".join(process.info["cmdline"] or [])
         if ray_marker in cmdline:
-            roots[process.pid] = args.train_cpu
+            roots[process.pid] = TRAIN_CPU
         elif home in cmdline or process.pid == state.get("supervisor_pid"):
-            roots.setdefault(process.pid, args.platform_cpu)
+            roots.setdefault(process.pid, PLATFORM_CPU)
     pinned: dict[int, int] = {}
     for pid, cpu in roots.items():
         try:
@@ -91,11 +93,11 @@ def pin(stack: Stack, args: argparse.Namespace) -> list[dict[str, Any]]:
                 pinned.setdefault(process.pid, cpu)
         except psutil.NoSuchProcess:
             continue
-    pinned[os.getpid()] = args.platform_cpu
+    pinned[os.getpid()] = PLATFORM_CPU
     for pid, cpu in pinned.items():
         subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], capture_output=True, check=False)
     return [
-        {"cpu": cpu, "processes": n, "side": "training" if cpu == args.train_cpu else "platform"}
+        {"cpu": cpu, "processes": n, "side": "training" if cpu == TRAIN_CPU else "platform"}
         for cpu, n in Counter(pinned.values()).items()
     ]
 
@@ -153,22 +155,16 @@ def main() -> None:
         ("--alternate-jobs", 1, "jobs alternating blocks without and with logging"),
         ("--block", 100, "steps per block of an alternate job"),
         ("--workers", 2, "Ray Train workers"),
-        ("--batch", 64, "rows of the fixed batch"),
-        ("--features", 256, "MLP input width"),
-        ("--hidden", 256, "MLP hidden width"),
-        ("--job-timeout", 300.0, "seconds one job may take"),
         (
             "--pin",
             (os.cpu_count() or 1) >= 2,
             "split training and platform onto two CPUs with taskset",
             {"action": argparse.BooleanOptionalAction},
         ),
-        ("--train-cpu", 0, "the CPU of the Ray head and the training workers"),
-        ("--platform-cpu", 1, "the CPU of the API, dispatcher and PostgreSQL"),
     )
     with run("logging_overhead", args) as record, local_stack(record) as stack, stack.client() as client:
         if args.pin:
-            record.tables["pinned"] = pin(stack, args)
+            record.tables["pinned"] = pin(stack)
         stack.job_code("train_jobs.py")
         (stack.home / "results").mkdir()
         run_job(client, stack, "none", "warmup", args)

@@ -3,8 +3,9 @@ ratio is the growth), on a scratch database migrated (and its token made) in pro
 
 - admission: the dispatcher's own `Dispatcher.admit_round` against `SimRay` (bench/scale_cluster.py, an
   in-memory Ray of `--nodes` nodes x 8 GPUs x 96 CPUs) at each of `--depths` queued jobs (50 projects,
-  mixed priorities and gangs, vacuumed): rounds until one admits nothing, then `--finish-rounds` rounds
-  each after 5% of the running jobs end; the heap frozen first, as `trainmaster dispatcher` does.
+  mixed priorities and gangs, vacuumed), 50 considered per round: rounds until one admits nothing, then
+  `--finish-rounds` rounds each after 5% of the running jobs end; the heap frozen first, as
+  `trainmaster dispatcher` does.
 - jobs, metrics and logs go through `trainmaster api` (one worker) with a project token, `--requests`
   sequential requests per figure after 10 unmeasured. jobs: GET /v1/jobs (first page, a deep cursor
   page, `status=failed`, `status=queued`) and GET /v1/jobs/{id} of the newest queued job, at 1,000 rows
@@ -67,10 +68,10 @@ def sql(url: str, statement: str, params: Any = None) -> list[Any]:
         return cursor.fetchall() if cursor.description else []
 
 
-def in_chunks(url: str, statement: str, first: int, last: int, chunk: int, *params: Any) -> None:
-    """`statement` for rows first..last (its last two parameters), `chunk` rows at a time."""
-    for lo in range(first, last + 1, chunk):
-        sql(url, statement, (*params, lo, min(lo + chunk - 1, last)))
+def bulk(url: str, statement: str, last: int, *params: Any, first: int = 1) -> None:
+    """`statement` for rows first..last (its last two parameters), 500,000 rows at a time."""
+    for lo in range(first, last + 1, 500_000):
+        sql(url, statement, (*params, lo, min(lo + 499_999, last)))
 
 
 def settle(url: str, *tables: str) -> None:
@@ -80,9 +81,12 @@ def settle(url: str, *tables: str) -> None:
         sql(url, f"VACUUM ANALYZE {table}")
 
 
-def new_job(url: str, project: uuid.UUID) -> str:
+def new_job(url: str, project: uuid.UUID, points: int = 0) -> str:
+    """A running job of `project`, with `points` metric points (20 names) stored."""
     insert = "INSERT INTO jobs (id, project_id, name, status, spec) VALUES (gen_random_uuid(), %s, 'scale', 'running',"
-    return str(sql(url, insert + " %s::jsonb) RETURNING id", (project, SPEC))[0][0])
+    job = str(sql(url, insert + " %s::jsonb) RETURNING id", (project, SPEC))[0][0])
+    bulk(url, POINTS, points, job, NAMES)
+    return job
 
 
 def reads(client: httpx.Client, path: str, params: dict[str, Any], count: int) -> dict[str, float]:
@@ -96,17 +100,11 @@ def reads(client: httpx.Client, path: str, params: dict[str, Any], count: int) -
     return ms(timed(get, count, warmup=10), 50, 99)
 
 
-def growth(record: Record, figure: str, large: dict[str, Any], peer: str, small: dict[str, Any], key: str) -> None:
-    record.ratio(figure, large[key], peer, small[key])
-
-
 # --------------------------------------------------------------------------- the sections
 
 
 def admission(url: str, args: argparse.Namespace, record: Record) -> None:
-    settings = Settings(
-        database_url=url, storage_path="s3://bench", admit_batch=args.admit_batch, db_connect_timeout_s=60
-    )
+    settings = Settings(database_url=url, storage_path="s3://bench", admit_batch=50, db_connect_timeout_s=60)
     rows = []
     for depth in args.depths:
         ray = SimRay(args.nodes)
@@ -116,8 +114,9 @@ def admission(url: str, args: argparse.Namespace, record: Record) -> None:
         rows.append({"queued": depth, "nodes": args.nodes, **asyncio.run(cycles)})
     record.tables["admission rounds (Dispatcher.admit_round, admit_batch per round)"] = rows
     small, large, at = rows[0], rows[-1], f"at {rows[0]['queued']:,} queued"
-    growth(record, f"admission round p99 at {large['queued']:,} queued, ms", large, at, small, "p99_ms")
-    growth(record, f"jobs admitted/s at {large['queued']:,} queued", large, at, small, "jobs_admitted_per_s")
+    record.ratio(f"admission round p99 at {large['queued']:,} queued, ms", large["p99_ms"], at, small["p99_ms"])
+    rate = "jobs_admitted_per_s"
+    record.ratio(f"jobs admitted/s at {large['queued']:,} queued", large[rate], at, small[rate])
 
 
 def jobs(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namespace, record: Record) -> None:
@@ -131,10 +130,8 @@ def jobs(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namesp
             sql(url, JOBS, fixed | {"lo": lo, "hi": min(lo + 99_999, total)})
         settle(url, "jobs")
         rows = sql(url, "SELECT count(*) FROM jobs WHERE project_id = %s", (bench,))[0][0]
-        deep = (
-            "SELECT created_at, id FROM jobs WHERE project_id = %s ORDER BY created_at DESC, id DESC OFFSET %s LIMIT 1"
-        )
-        created_at, deep_id = sql(url, deep, (bench, rows // 2))[0]
+        deep = "SELECT created_at, id FROM jobs WHERE project_id = %s ORDER BY created_at DESC, id DESC OFFSET %s"
+        created_at, deep_id = sql(url, deep + " LIMIT 1", (bench, rows // 2))[0]
         newest = "SELECT id FROM jobs WHERE project_id = %s AND status = 'queued' ORDER BY created_at DESC LIMIT 1"
         cursor = encode_cursor(SimpleNamespace(created_at=created_at, id=deep_id))  # type: ignore[arg-type]
         figures: dict[str, tuple[str, dict[str, Any]]] = {
@@ -149,59 +146,55 @@ def jobs(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namesp
     for name, small in results[1000].items():
         large = results[args.jobs][name]
         table += [{"read": name, "rows": 1000, **small}, {"read": name, "rows": args.jobs, **large}]
-        for pct in ("p50", "p99"):
-            growth(record, f"{name} {pct} at {args.jobs:,} rows, ms", large, "at 1,000 rows", small, f"{pct}_ms")
+        for pct in ("p50_ms", "p99_ms"):
+            figure = f"{name} {pct[:3]} at {args.jobs:,} rows, ms"
+            record.ratio(figure, large[pct], "at 1,000 rows", small[pct])
     record.tables["job reads (sequential, one API worker)"] = table
 
 
-async def ingest_rate(client: httpx.AsyncClient, job_id: str, points: int, senders: int = 4) -> dict[str, float]:
+def ingest(client: httpx.Client, job_id: str, points: int, senders: int = 4) -> dict[str, float]:
     """Points per second through POST /v1/jobs/{id}/metrics, `senders` concurrent batches of 1,000, and
     the batches' latency (a batch that waited on a lock would stand out at p99 and max)."""
     batches, latencies = iter(range(points // 1000)), []
 
-    async def sender() -> None:
+    async def sender(http: httpx.AsyncClient) -> None:
         for index in batches:
             points = [{"step": index * 1000 + i, "values": {"loss": 1.0 / (i + 1)}, "rank": 0} for i in range(1000)]
             sent = time.perf_counter()
-            response = await client.post(
-                f"/v1/jobs/{job_id}/metrics", json={"batch_id": str(uuid.uuid4()), "points": points}
-            )
+            body = {"batch_id": str(uuid.uuid4()), "points": points}
+            response = await http.post(f"/v1/jobs/{job_id}/metrics", json=body)
             latencies.append(time.perf_counter() - sent)
             if response.status_code != 201:
                 raise RuntimeError(f"ingest: {response.status_code} {response.text[:300]}")
 
-    began = time.perf_counter()
-    await asyncio.gather(*(sender() for _ in range(senders)))
-    rate = (points // 1000) * 1000 / (time.perf_counter() - began)
-    return {"points_per_s": rate, **ms(latencies, 50, 99), "max_ms": max(latencies) * 1000}
+    async def senders_together() -> float:
+        headers = {"Authorization": client.headers["Authorization"]}
+        async with httpx.AsyncClient(base_url=str(client.base_url), headers=headers, timeout=120) as http:
+            began = time.perf_counter()
+            await asyncio.gather(*(sender(http) for _ in range(senders)))
+            return time.perf_counter() - began
+
+    seconds = asyncio.run(senders_together())
+    return {"points_per_s": (points // 1000) * 1000 / seconds, **ms(latencies, 50, 99), "max_ms": max(latencies) * 1000}
 
 
 def metrics(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namespace, record: Record) -> None:
-    def ingest() -> dict[str, float]:
-        async def go() -> dict[str, float]:
-            headers = {"Authorization": client.headers["Authorization"]}
-            async with httpx.AsyncClient(base_url=str(client.base_url), headers=headers, timeout=120) as http:
-                return await ingest_rate(http, new_job(url, bench), args.ingest_points)
-
-        return asyncio.run(go())
-
     print("metrics: ingest into an empty table", flush=True)
-    empty = ingest()
-    big = new_job(url, bench)
-    in_chunks(url, POINTS, 1, 1_000_000, 500_000, big, NAMES)
+    empty = ingest(client, new_job(url, bench), args.ingest_points)
+    big = new_job(url, bench, 1_000_000)
     settle(url, "metric_points")
     print("metrics: ingest with 1,000,000 points stored", flush=True)
-    stored = ingest()
+    stored = ingest(client, new_job(url, bench), args.ingest_points)
     record.tables["ingest (4 senders, batches of 1,000 points)"] = [
         {"points stored before": 0, **empty},
         {"points stored before": 1_000_000, **stored},
     ]
-    growth(record, "ingest points/s with 1,000,000 stored", stored, "into an empty table", empty, "points_per_s")
+    rate = "points_per_s"
+    record.ratio("ingest points/s with 1,000,000 stored", stored[rate], "into an empty table", empty[rate])
 
-    small = new_job(url, bench)
-    in_chunks(url, POINTS, 1, 10_000, 500_000, small, NAMES)
+    small = new_job(url, bench, 10_000)
     print(f"metrics: growing one job to {args.points:,} points", flush=True)
-    in_chunks(url, POINTS, 1_000_001, args.points, 500_000, big, NAMES)
+    bulk(url, POINTS, args.points, big, NAMES, first=1_000_001)
     settle(url, "metric_points", "metric_blocks")
     read = {
         size: reads(client, f"/v1/jobs/{job}/metrics", {"max_points": 1000}, args.requests)
@@ -212,21 +205,19 @@ def metrics(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Nam
         {"points": size, "points_returned": returned if size == args.points else None, **figures}
         for size, figures in read.items()
     ]
-    for pct in ("p50", "p99"):
-        figure = f"GET metrics?max_points=1000 {pct} at {args.points:,} points, ms"
-        growth(record, figure, read[args.points], "at 10,000 points", read[10_000], f"{pct}_ms")
+    for pct in ("p50_ms", "p99_ms"):
+        figure = f"GET metrics?max_points=1000 {pct[:3]} at {args.points:,} points, ms"
+        record.ratio(figure, read[args.points][pct], "at 10,000 points", read[10_000][pct])
 
-    finished = new_job(url, bench)
-    in_chunks(url, POINTS, 1, 1_000_000, 500_000, finished, NAMES)
-    sql(
-        url, "UPDATE jobs SET status = 'succeeded', finished_at = now() - interval '30 days' WHERE id = %s", (finished,)
-    )
+    finished = new_job(url, bench, 1_000_000)
+    old = "UPDATE jobs SET status = 'succeeded', finished_at = now() - interval '30 days' WHERE id = %s"
+    sql(url, old, (finished,))
     settle(url, "metric_points")
-    alone = ingest()
+    alone = ingest(client, new_job(url, bench), args.ingest_points)
     print("metrics: ingest while retention purges 1,000,000 points", flush=True)
     purge: dict[str, Any] = {}
 
-    async def purge_round_alone() -> None:  # retention's own purge round (batches of 5,000 rows)
+    async def purge_alone() -> None:  # retention's own purge round (batches of 5,000 rows)
         engine = create_engine(Settings(database_url=url, db_connect_timeout_s=60))
         try:
             began = time.perf_counter()
@@ -235,9 +226,9 @@ def metrics(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Nam
         finally:
             await engine.dispose()
 
-    thread = threading.Thread(target=asyncio.run, args=(purge_round_alone(),), name="retention")
+    thread = threading.Thread(target=asyncio.run, args=(purge_alone(),), name="retention")
     thread.start()
-    during = ingest()
+    during = ingest(client, new_job(url, bench), args.ingest_points)
     purging_at_end = thread.is_alive()
     thread.join()
     record.tables["ingest while retention purges 1,000,000 points of a finished job"] = [
@@ -245,8 +236,8 @@ def metrics(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Nam
         {"ingest": "during the purge", **during, "purge still running at the end": purging_at_end},
     ]
     record.tables["the purge"] = [purge]
-    growth(record, "ingest points/s while retention purges", during, "ingest alone", alone, "points_per_s")
-    growth(record, "ingest batch p99 while retention purges, ms", during, "ingest alone", alone, "p99_ms")
+    record.ratio("ingest points/s while retention purges", during[rate], "ingest alone", alone[rate])
+    record.ratio("ingest batch p99 while retention purges, ms", during["p99_ms"], "ingest alone", alone["p99_ms"])
 
 
 def resumed(client: httpx.Client, job_id: str, after: int) -> float:
@@ -260,19 +251,24 @@ def resumed(client: httpx.Client, job_id: str, after: int) -> float:
 
 
 def logs(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namespace, record: Record) -> None:
-    width, counts = 120, (1000, args.log_bytes // 120)
-    jobs = [new_job(url, bench) for _ in counts]
-    for count, job in zip(counts, jobs, strict=True):
-        print(f"logs: {count:,} lines of {width} characters", flush=True)
-        in_chunks(url, LINES, 1, count, 500_000, job, width)
-    sql(url, "ANALYZE log_lines")
+    width = 120
     table: list[dict[str, Any]] = []
-    for count, job in zip(counts, jobs, strict=True):
+    jobs = {count: new_job(url, bench) for count in (1000, args.log_bytes // 120)}
+    for count, job in jobs.items():
+        print(f"logs: {count:,} lines of {width} characters", flush=True)
+        bulk(url, LINES, count, job, width)
+    sql(url, "ANALYZE log_lines")
+    for count, job in jobs.items():
         last = sql(url, "SELECT max(seq) FROM log_lines WHERE job_id = %s", (job,))[0][0]
-        row: dict[str, Any] = {"lines": count, "bytes": count * width}
-        table.append(row)
-        row["tail_100"] = reads(client, f"/v1/jobs/{job}/logs", {"tail": 100}, args.requests)
-        row["stream_resume"] = ms([resumed(client, job, last - 100) for _ in range(min(args.requests, 30))], 50, 99)
+        resumes = [resumed(client, job, last - 100) for _ in range(min(args.requests, 30))]
+        table.append(
+            {
+                "lines": count,
+                "bytes": count * width,
+                "tail_100": reads(client, f"/v1/jobs/{job}/logs", {"tail": 100}, args.requests),
+                "stream_resume": ms(resumes, 50, 99),
+            }
+        )
     record.tables["logs (one job)"] = table
     small, large = table
     for figure in ("tail_100", "stream_resume"):
@@ -285,7 +281,6 @@ def main() -> None:
         __doc__,
         ("--nodes", 1000, "simulated Ray nodes (8 GPUs, 96 CPUs each)"),
         ("--depths", [100, 1000, 10_000], "queue depths"),
-        ("--admit-batch", 50, "queued jobs considered per round (the setting)"),
         ("--finish-rounds", 20, "rounds after the cluster is full"),
         ("--jobs", 1_000_000, "job rows for the API reads"),
         ("--points", 10_000_000, "points of the big metrics job"),

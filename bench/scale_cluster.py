@@ -12,7 +12,6 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -27,6 +26,7 @@ from api.dispatcher.service import Dispatcher, freeze_heap
 from api.settings import Settings
 from trainmaster.models import JobSpec
 
+NODE = {"CPU": 96.0, "GPU": 8.0}
 # (share of jobs, workers, resources per worker, strategy): an organisation's mix, ~12 GPUs a job.
 GANGS: tuple[tuple[float, int, dict[str, float], str], ...] = (
     (0.25, 1, {"CPU": 8, "GPU": 1}, "PACK"),
@@ -41,21 +41,12 @@ GANGS: tuple[tuple[float, int, dict[str, float], str], ...] = (
 PRIORITIES = (-10, 0, 0, 0, 0, 5, 10)
 
 
-@dataclass
 class SimRay:
-    nodes: int
-    gpus_per_node: float = 8
-    cpus_per_node: float = 96
-    specs: dict[str, JobSpec] = field(default_factory=dict)  # job id -> spec, for placing its gang
-    placed: dict[str, dict[str, list[Resources]]] = field(default_factory=dict)  # job id -> node -> bundles
-    free: list[Node] = field(default_factory=list)
-    view: Cluster | None = None  # the nodes as placement sees them between finishes (see submit)
-
-    def __post_init__(self) -> None:
-        total = {"CPU": self.cpus_per_node, "GPU": self.gpus_per_node}
-        self.free = [
-            Node(f"node{i:05d}", dict(total), dict(total), f"10.0.{i // 250}.{i % 250}") for i in range(self.nodes)
-        ]
+    def __init__(self, nodes: int) -> None:
+        self.free = [Node(f"node{i:05d}", dict(NODE), dict(NODE), f"10.0.{i // 250}.{i % 250}") for i in range(nodes)]
+        self.specs: dict[str, JobSpec] = {}  # job id -> spec, for placing its gang
+        self.placed: dict[str, dict[str, list[Resources]]] = {}  # job id -> node -> bundles
+        self.view: Cluster | None = None  # the nodes as placement sees them between finishes (see submit)
 
     def cluster(self) -> Cluster:
         return Cluster([Node(n.node_id, dict(n.total), dict(n.free), n.ip) for n in self.free])
@@ -74,10 +65,9 @@ class SimRay:
         return True
 
     def finish(self, job_id: str) -> None:
-        placement = self.placed.pop(job_id, {})
         self.view = None  # resources come back: what placement remembered no longer holds
         by_id = {node.node_id: node for node in self.free}
-        for node_id, bundles in placement.items():
+        for node_id, bundles in self.placed.pop(job_id, {}).items():
             for bundle in bundles:
                 for name, amount in bundle.items():
                     by_id[node_id].free[name] = by_id[node_id].free.get(name, 0.0) + amount
@@ -88,31 +78,16 @@ class SimRay:
     def stop(self, submission_id: str) -> None:
         pass
 
+    def gang_placed(self, driver_job_id: str) -> bool:
+        return True
+
     def logs(self, submission_id: str, offset: int = 0, final: bool = False) -> str:
         return ""
 
 
-def job_rows(count: int, project_ids: list[uuid.UUID], rng: random.Random) -> list[tuple[Any, ...]]:
-    """Queued jobs over the projects, mixed gangs and priorities, one second apart in age."""
-    rows = []
-    for i in range(count):
-        _, workers, per_worker, strategy = rng.choices(GANGS, [g[0] for g in GANGS])[0]
-        scaling = {"num_workers": workers, "resources_per_worker": per_worker, "placement_strategy": strategy}
-        body = {
-            "name": f"scale-{i}",
-            "entrypoint": "builtin:mlp",
-            "scaling": scaling,
-            "priority": rng.choice(PRIORITIES),
-        }
-        spec = JobSpec.model_validate(body)
-        gang = {name: amount * workers for name, amount in spec.scaling.worker_resources().items()}
-        row = (uuid.uuid4(), rng.choice(project_ids), spec.name, Jsonb(spec.model_dump(mode="json")), spec.priority)
-        rows.append((*row, gang.get("CPU", 0.0), gang.get("GPU", 0.0), count - i))
-    return rows
-
-
 def fill_queue(database_url: str, count: int, projects: int, rng: random.Random) -> dict[str, JobSpec]:
-    """Empty jobs, then `count` queued ones over `projects` projects; their specs by id."""
+    """Empty jobs, then `count` queued ones over `projects` projects (mixed gangs and priorities, one
+    second apart in age); their specs by id."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("TRUNCATE jobs CASCADE")
         conn.execute(
@@ -120,8 +95,18 @@ def fill_queue(database_url: str, count: int, projects: int, rng: random.Random)
             " ON CONFLICT (name) DO NOTHING",
             (projects,),
         )
-        ids = [row[0] for row in conn.execute("SELECT id FROM projects WHERE name LIKE 'p%'").fetchall()]
-        rows = job_rows(count, ids, rng)
+        project_ids = [row[0] for row in conn.execute("SELECT id FROM projects WHERE name LIKE 'p%'").fetchall()]
+        rows, specs = [], {}
+        for i in range(count):
+            _, workers, per_worker, strategy = rng.choices(GANGS, [g[0] for g in GANGS])[0]
+            scaling = {"num_workers": workers, "resources_per_worker": per_worker, "placement_strategy": strategy}
+            body = {"name": f"scale-{i}", "entrypoint": "builtin:mlp", "scaling": scaling}
+            spec = JobSpec.model_validate(body | {"priority": rng.choice(PRIORITIES)})
+            gang = {name: amount * workers for name, amount in spec.scaling.worker_resources().items()}
+            job_id = uuid.uuid4()
+            specs[str(job_id)] = spec
+            row = (job_id, rng.choice(project_ids), spec.name, Jsonb(spec.model_dump(mode="json")), spec.priority)
+            rows.append((*row, gang.get("CPU", 0.0), gang.get("GPU", 0.0), count - i))
         with conn.cursor() as cursor:
             cursor.executemany(
                 "INSERT INTO jobs (id, project_id, name, status, spec, priority, gang_cpus, gang_gpus, created_at)"
@@ -131,23 +116,15 @@ def fill_queue(database_url: str, count: int, projects: int, rng: random.Random)
         # As autovacuum leaves the table in steady state (migration 0007: after 1,000 changed rows), the
         # claim's per-project reads of ix_jobs_queued_by_project are index-only.
         conn.execute("VACUUM ANALYZE jobs")
-    return {str(row[0]): JobSpec.model_validate(row[3].obj) for row in rows}
-
-
-def finish_some(database_url: str, ray: SimRay, share: float, rng: random.Random) -> int:
-    """A share of the running jobs end (succeeded, as reconcile would record it) and free their nodes."""
-    ending = rng.sample(sorted(ray.placed), max(1, int(len(ray.placed) * share))) if ray.placed else []
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("UPDATE jobs SET status = 'succeeded', finished_at = now() WHERE id = ANY(%s::uuid[])", (ending,))
-    for job_id in ending:
-        ray.finish(job_id)
-    return len(ending)
+    return specs
 
 
 async def admission_cycles(settings: Settings, ray: SimRay, finish_rounds: int, rng: random.Random) -> dict[str, Any]:
     """A dispatcher's rounds until one admits nothing (the cluster is full or the queue empty), then rounds
-    that each follow 5% of the running jobs ending. Time per round and jobs admitted per second."""
+    that each follow 5% of the running jobs ending (succeeded, as reconcile would record it). Time per
+    round and jobs admitted per second."""
     engine = create_engine(settings)
+    durations: list[float] = []
     try:
         dispatcher = Dispatcher(settings=settings, sessions=session_factory(engine), ray=ray, owner="bench")
         async with dispatcher.sessions() as session:  # a warm connection, as a running dispatcher has
@@ -155,30 +132,28 @@ async def admission_cycles(settings: Settings, ray: SimRay, finish_rounds: int, 
         # As `trainmaster dispatcher` does once it is up: what the process holds by now (here also this
         # script's queue of specs, which a dispatcher never holds) is out of the collector's way.
         freeze_heap()
-        return await timed_rounds(dispatcher, ray, settings.database_url, finish_rounds, rng)
+
+        async def one() -> int:
+            began = time.perf_counter()
+            count = await dispatcher.admit_round()
+            durations.append(time.perf_counter() - began)
+            return count
+
+        admitted = filled_in = 0
+        while (count := await one()) > 0:
+            admitted += count
+            filled_in += 1
+        full = sum(node.total["GPU"] - node.free["GPU"] for node in ray.free)
+        for _ in range(finish_rounds):
+            ending = rng.sample(sorted(ray.placed), max(1, int(len(ray.placed) * 0.05))) if ray.placed else []
+            with psycopg.connect(settings.database_url, autocommit=True) as conn:
+                finished = "UPDATE jobs SET status = 'succeeded', finished_at = now() WHERE id = ANY(%s::uuid[])"
+                conn.execute(finished, (ending,))
+            for job_id in ending:
+                ray.finish(job_id)
+            admitted += await one()
     finally:
         await engine.dispose()
-
-
-async def timed_rounds(
-    dispatcher: Dispatcher, ray: SimRay, database_url: str, finish_rounds: int, rng: random.Random
-) -> dict[str, Any]:
-    durations: list[float] = []
-    admitted = filled_in = 0
-
-    async def one() -> int:
-        began = time.perf_counter()
-        count = await dispatcher.admit_round()
-        durations.append(time.perf_counter() - began)
-        return count
-
-    while (count := await one()) > 0:
-        admitted += count
-        filled_in += 1
-    full = sum(node.total["GPU"] - node.free["GPU"] for node in ray.free)
-    for _ in range(finish_rounds):
-        finish_some(database_url, ray, 0.05, rng)
-        admitted += await one()
     total_s = sum(durations)
     return {
         "rounds": len(durations),

@@ -52,11 +52,11 @@ class TimedApi(JobApi):
         super().__init__(*args, **kwargs)
         self.posts: Posts = []
 
-    def post_metrics(self, batch: dict[str, Any]) -> int:
+    def post_metrics(self, batch: dict[str, Any]) -> tuple[int, bytes]:
         started = time.time()
-        status = super().post_metrics(batch)
+        answer = super().post_metrics(batch)
         self.posts.append((started, time.time(), [p["step"] for p in batch["points"] if SENT in p["values"]]))
-        return status
+        return answer
 
 
 def log_points(api_url: str, token: str, job_id: str, rate: float, points: int) -> Produced:

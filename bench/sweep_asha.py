@@ -47,12 +47,10 @@ def grid_figures(steps: int) -> dict[str, Any]:
     }
 
 
-def summary(
-    name: str, seed: int, trials: list[dict[str, Any]], steps: int, grid: dict[str, Any], wall_s: float
-) -> dict[str, Any]:
+def summary(name: str, seed: int, trials: list[dict[str, Any]], steps: int, grid: dict[str, Any]) -> dict[str, Any]:
     used = sum(t["steps"] for t in trials)
     finished = [t for t in trials if t["steps"] >= steps and t["final"] is not None]
-    best = min(finished, key=lambda t: t["final"]) if finished else None
+    best = min(finished, key=lambda t: t["final"]) if finished else {"final": None, "params": None}
     return {
         "sweep": name,
         "seed": seed,
@@ -60,17 +58,12 @@ def summary(
         "trained_to_end": len(finished),
         "steps_used": used,
         "fraction_of_grid_steps": used / grid["steps"],
-        "best_final": best["final"] if best else None,
+        "best_final": best["final"],
         "grid_best_final": grid["best_final"],
-        "reached": best is not None and best["final"] <= grid["best_final"],
+        "reached": best["final"] is not None and best["final"] <= grid["best_final"],
         "within_target": used / grid["steps"] <= TARGET_FRACTION,
-        "best_params": best["params"] if best else None,
-        "wall_s": round(wall_s, 1),
+        "best_params": best["params"],
     }
-
-
-def trial_row(n: int, params: dict[str, Any], steps: int, final: float | None, **more: Any) -> dict[str, Any]:
-    return {"n": n, "params": params, "steps": steps, "final": final, **more}
 
 
 def trainmaster_sweep(client: tm.Client, args: Any, seed: int) -> tuple[list[dict[str, Any]], float]:
@@ -92,14 +85,15 @@ def trainmaster_sweep(client: tm.Client, args: Any, seed: int) -> tuple[list[dic
         seed=seed,
     )
     print(f"sweep {sweep.id} (seed {seed}) started", flush=True)
-    done = sweep.wait(timeout=args.sweep_timeout, poll_interval=2)
+    done = sweep.wait(timeout=3600, poll_interval=2)
     wall = time.monotonic() - began
     trials = []
     for trial in sorted(done.trials, key=lambda t: t.n):
         points = [p for p in client.metrics(trial.job_id, names=["loss"]) if p.step is not None and p.rank == 0]
         last = max(points, key=lambda p: p.step or 0) if points else None
         steps, final = (int(last.step or 0), last.value) if last else (0, None)
-        trials.append(trial_row(trial.n, trial.params, steps, final, status=trial.status, reason=trial.stopped_reason))
+        row = {"n": trial.n, "params": trial.params, "steps": steps, "final": final}
+        trials.append(row | {"status": trial.status, "reason": trial.stopped_reason})
     return trials, wall
 
 
@@ -140,7 +134,8 @@ def ray_tune_sweep(params: list[dict[str, Any]], args: Any) -> tuple[list[dict[s
     trials = []
     for result in (results[index] for index in range(len(results))):
         n, metrics = int((result.config or {})["trial"]), result.metrics or {}
-        trials.append(trial_row(n, params[n], int(metrics.get("training_iteration", 0)), metrics.get("loss")))
+        steps = int(metrics.get("training_iteration", 0))
+        trials.append({"n": n, "params": params[n], "steps": steps, "final": metrics.get("loss")})
     return sorted(trials, key=lambda t: t["n"]), wall
 
 
@@ -156,8 +151,6 @@ def main() -> None:
         ("--max-concurrent", 4, "trials at once"),
         ("--cpus", 0.5, "CPU per trial (the toy mostly sleeps)"),
         ("--poll-s", 0.5, "the dispatcher's poll interval (its sweep round)"),
-        ("--sweep-timeout", 3600, "longest wait for one sweep, in seconds", {"type": float}),
-        ("--skip-ray-tune", False, "measure trainmaster only"),
     )
     grid = grid_figures(args.steps)
     os.environ["TRAINMASTER_POLL_INTERVAL_S"] = str(args.poll_s)  # the stack's dispatcher inherits it
@@ -166,7 +159,7 @@ def main() -> None:
         sampled: dict[int, list[dict[str, Any]]] = {}
 
         def sweep(name: str, seed: int, trials: list[dict[str, Any]], wall: float) -> None:
-            rows.append(summary(name, seed, trials, args.steps, grid, wall))
+            rows.append(summary(name, seed, trials, args.steps, grid) | {"wall_s": round(wall, 1)})
             record.tables[f"{name} trials, seed {seed}"] = trials
             print(rows[-1], flush=True)
 
@@ -175,19 +168,17 @@ def main() -> None:
                 trials, wall = trainmaster_sweep(client, args, seed)
                 sampled[seed] = [t["params"] for t in trials]
                 sweep("trainmaster", seed, trials, wall)
-        for seed in [] if args.skip_ray_tune else args.seeds:
+        for seed in args.seeds:
             sweep("ray tune", seed, *ray_tune_sweep(sampled[seed], args))
         record.tables["grid"] = [grid]
         record.tables["sweeps"] = rows
         for seed in args.seeds:
             by_sweep = {row["sweep"]: row for row in rows if row["seed"] == seed}
-            ours = by_sweep["trainmaster"]
-            record.ratio(
-                f"seed {seed}: grid steps used by trainmaster ASHA", ours["fraction_of_grid_steps"], "full grid", 1.0
-            )
-            if "ray tune" in by_sweep:
-                figure, peer = f"seed {seed}: steps used by trainmaster ASHA", by_sweep["ray tune"]["steps_used"]
-                record.ratio(figure, ours["steps_used"], "Ray Tune ASHA", peer)
+            ours, peer = by_sweep["trainmaster"], by_sweep["ray tune"]
+            figure = f"seed {seed}: grid steps used by trainmaster ASHA"
+            record.ratio(figure, ours["fraction_of_grid_steps"], "full grid", 1.0)
+            figure = f"seed {seed}: steps used by trainmaster ASHA"
+            record.ratio(figure, ours["steps_used"], "Ray Tune ASHA", peer["steps_used"])
         record.facts["load_1m_after_sweeps"] = load_1m()
 
 

@@ -52,13 +52,11 @@ def trainer(path: str, **kwargs: Any) -> Any:
 def main() -> None:
     args = parse_args(__doc__, *RUNS)
     with run("torch_backend_startup", args) as record, tempfile.TemporaryDirectory(prefix="tmtb-") as tmp:
-        imports = {
-            path: statistics.median(import_seconds(statement) for _ in range(3)) for path, statement in IMPORTS.items()
-        }
+        imports = {path: statistics.median(import_seconds(code) for _ in range(3)) for path, code in IMPORTS.items()}
         with ray_head(args.workers) as head:
+            os.environ.update(head.env)  # before Ray's import, which reads its auth mode once
             import ray
 
-            os.environ.update(head.env)
             # The workers import train_jobs and workers.lean_torch by name, as the driver does.
             env = {"env_vars": {"PYTHONPATH": f"{REPO}:{REPO / 'bench'}"}}
             ray.init(head.gcs_address, runtime_env=env, log_to_driver=False, logging_level=logging.WARNING)
@@ -75,9 +73,8 @@ def main() -> None:
                 runs = interleaved(("TorchTrainer", "lean"), args.warmup, args.runs, one)
             finally:
                 ray.shutdown()
-        record.tables["driver import, fresh interpreter (median of 3)"] = [
-            {"trainer": path, "s": seconds} for path, seconds in imports.items()
-        ]
+        imported = [{"trainer": path, "s": seconds} for path, seconds in imports.items()]
+        record.tables["driver import, fresh interpreter (median of 3)"] = imported
         peer, ours = record.tables["fit"] = [
             {
                 "trainer": path,

@@ -6,8 +6,8 @@ latest line is when the whole gang had started), then does `config["steps"]` (de
 steps, checking a gang's process group gives the right sum. It imports nothing from trainmaster, so it
 runs alike under the platform and under a bare `TorchTrainer.fit()` (`fit` here, the peers' driver side).
 
-`step_loop` (logging_overhead.py): every worker trains the same MLP (DDP through `prepare_model`, so each
-step all-reduces the gradients) on one fixed random batch. After `warmup_steps` and a barrier, rank 0
+`step_loop` (logging_overhead.py): every worker trains the same MLP (256 wide, DDP through `prepare_model`,
+so each step all-reduces the gradients) on one fixed random batch of 64. After `warmup_steps` and a barrier, rank 0
 times `steps` steps and appends one JSON line to `config["result_path"]`. `mode` is the one thing that
 differs between jobs, the call after each step (every mode calls `loss.item()`):
 
@@ -95,12 +95,10 @@ def step_loop(config: dict[str, Any]) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     torch.manual_seed(0)
-    features, hidden = int(config.get("features", 256)), int(config.get("hidden", 256))
-    mlp = [nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10)]
+    mlp = [nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)]
     model = ray.train.torch.prepare_model(nn.Sequential(*mlp))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    inputs = torch.randn(int(config.get("batch", 64)), features)
-    labels = torch.randint(0, 10, (len(inputs),))
+    inputs, labels = torch.randn(64, 256), torch.randint(0, 10, (64,))
     loss_fn = nn.CrossEntropyLoss()
 
     def steps(first: int, count: int, mode: str = mode) -> tuple[float, float, list[float]]:
