@@ -20,7 +20,9 @@ event says why, when:
 - its environment differs from the server's where imports read it (PYTHON*, RAY_*, LD_*, ...; the
   job's TRAINMASTER_* variables and Ray's per-job RAY_JOB_CONFIG_JSON_ENV_VAR are applied in the child);
 - its code (working directory, PYTHONPATH) has a top-level module the server has already imported;
-- the server is not single-threaded (a fork would copy a lock some other thread holds).
+- the server is not single-threaded (a fork would copy a lock some other thread holds);
+- Ray's job supervisor did not start it (no RAY_JOB_CONFIG_JSON_ENV_VAR declares its environment);
+- the socket's folder is not private, or the server refused the job (below).
 
 Servers live in TRAINMASTER_WARM_DIR (default /tmp/trainmaster-warm-<uid>), one socket per Python
 executable and installed code (its files' sizes and times) and environment, so an upgrade starts a new
@@ -39,14 +41,17 @@ trust boundary of its cluster):
 - the secret: each server writes a fresh random secret to <socket>.secret (mode 0600, beside its
   socket, before it listens; removed when it exits) and the client presents it in its request; a
   wrong one is refused and logged. It is a file, not a node variable, so it never enters a job's
-  environment (docs/security.md), and each server, so each Ray cluster of a node, has its own.
+  environment, and each server, so each Ray cluster of a node, has its own. Like the folder it keeps
+  out other users only: the server's own user can read it, so the boundary is the uid, and clusters
+  that must not trust each other on one node run their Ray as different users.
 - the environment: the client sends only the job's declared variables (`declared_env`): those the
   dispatcher set for the job (its runtime_env's env_vars, as Ray's RAY_JOB_CONFIG_JSON_ENV_VAR records
   them: the JobContext variables, the spec's `env`, and the platform's RAY_* flags), the spec's `env`,
   and what Ray's job supervisor sets for a driver (RAY_JOB_CONFIG_JSON_ENV_VAR, RAY_ADDRESS,
-  PYTHONUNBUFFERED, PYTHONPATH with the job's working_dir) plus PATH. The child runs with the server's
-  environment (the node's, as the first job found it, less TRAINMASTER_* variables) overlaid with those;
-  nothing else of the client's environment reaches the server or the child.
+  PYTHONUNBUFFERED, PYTHONPATH with the job's working_dir) plus PATH; a request carries nothing else.
+  The child runs with the server's environment (the node's, that Ray gives every process there, as
+  the job that started the server found it, less every TRAINMASTER_* variable and the job's own:
+  client.server_env) overlaid with those.
 """
 
 from __future__ import annotations

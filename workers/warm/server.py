@@ -216,16 +216,22 @@ def _write_secret(path: Path) -> str:
     return secret
 
 
+def peer_credentials(conn: socket.socket) -> tuple[int, int]:
+    """The pid and uid of the process at the other end of `conn`, as the kernel recorded them at connect."""
+    pid, uid, _ = PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))
+    return pid, uid
+
+
 def peer_refusal(conn: socket.socket, uid: int) -> str | None:
     """Why the process at the other end of `conn` may not hand this server a job (None: it may)."""
-    peer_pid, peer_uid, _ = PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))
+    peer_pid, peer_uid = peer_credentials(conn)
     if peer_uid != uid:
         return f"its process {peer_pid} runs as uid {peer_uid}, not the warm server's uid {uid}"
     return None
 
 
 def _refuse(conn: socket.socket, reason: str, fds: list[int] | tuple[int, ...] = ()) -> None:
-    _log("refused", reason=reason)
+    _log("refused", reason=reason, peer_pid=peer_credentials(conn)[0])
     _send(conn, {"cold": f"the warm server refused the job: {reason}"})
     for fd in fds:
         os.close(fd)
