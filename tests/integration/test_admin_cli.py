@@ -1,0 +1,124 @@
+"""The admin verbs against a real API process, as a person runs them: `trainmaster cluster`, `project`,
+`token ls|revoke`; a revoked token's open stream ends within 5 s; a job's token dies with its attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import TRAINMASTER, ApiProcess, start_api, stop
+from tests.factories.auth import job_token, scoped_token
+from tests.factories.jobs import spec
+
+
+@pytest.fixture
+def api(database_url: str, tmp_path: Path) -> Iterator[ApiProcess]:
+    process = start_api(database_url, tmp_path / "api.log")
+    yield process
+    stop(process.process)
+
+
+def cli(api: ApiProcess, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**api.env, "TRAINMASTER_TOKEN": token, "COLUMNS": "200"}
+    return subprocess.run([TRAINMASTER, *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_clusters_projects_and_tokens_from_the_cli(api: ApiProcess, database_url: str) -> None:
+    admin = scoped_token(database_url, "default", "admin")
+    added = cli(api, admin, "cluster", "add", "gpu-a", "--address", "http://ray-a:8265", "--token-env", "RAY_A")
+    assert added.returncode == 0, added.stderr
+    listed = cli(api, admin, "cluster", "ls", "--json")
+    assert {c["name"]: c["token_env"] for c in json.loads(listed.stdout)} == {"default": None, "gpu-a": "RAY_A"}
+
+    created = cli(api, admin, "project", "create", "vision", "--cluster", "gpu-a", "--max-priority", "10")
+    assert created.returncode == 0, created.stderr
+    changed = cli(api, admin, "project", "set", "vision", "--max-priority", "20")
+    assert changed.returncode == 0, changed.stderr
+    projects = {p["name"]: p for p in json.loads(cli(api, admin, "project", "ls", "--json").stdout)}
+    assert projects["vision"]["cluster"] == "gpu-a" and projects["vision"]["max_priority"] == 20
+
+    denied = cli(api, api.token, "cluster", "ls")  # a project token
+    assert denied.returncode == 1 and "403" in denied.stderr
+
+    made = subprocess.run(
+        [TRAINMASTER, "token", "create", "--project", "vision", "--scope", "metrics", "--user", "prom"],
+        env=api.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    secret = made.stdout.strip()
+    assert httpx.get(f"{api.url}/metrics", headers={"Authorization": f"Bearer {secret}"}).status_code == 200
+    tokens = json.loads(cli(api, admin, "token", "ls", "--json").stdout)
+    mine = next(t for t in tokens if t["user"] == "prom")
+    assert mine["scope"] == "metrics" and mine["project"] == "vision" and mine["expires_at"] is None
+    assert mine["last_used_at"] is not None  # the scrape above
+    table = cli(api, admin, "token", "ls").stdout
+    assert mine["id"][:8] in table and "prom" in table
+
+    revoked = cli(api, admin, "token", "revoke", mine["id"][:8])  # a prefix is enough
+    assert revoked.returncode == 0, revoked.stderr
+    assert httpx.get(f"{api.url}/metrics", headers={"Authorization": f"Bearer {secret}"}).status_code == 401
+    assert mine["id"] not in cli(api, admin, "token", "ls", "--json").stdout
+
+
+def test_a_revoked_tokens_open_stream_ends_within_5_s(api: ApiProcess, database_url: str) -> None:
+    headers = {"Authorization": f"Bearer {api.token}"}
+    job = httpx.post(f"{api.url}/v1/jobs", json=spec(), headers=headers).json()
+    admin = {"Authorization": f"Bearer {scoped_token(database_url, 'default', 'admin')}"}
+    token_id = next(t["id"] for t in httpx.get(f"{api.url}/v1/tokens", headers=headers).json()["items"])
+    opened, ended = threading.Event(), threading.Event()
+    lines: list[str] = []
+
+    def read() -> None:
+        url = f"{api.url}/v1/jobs/{job['id']}/metrics/stream"
+        with httpx.stream("GET", url, headers=headers, timeout=httpx.Timeout(30, read=60)) as response:
+            opened.set()
+            lines.extend(response.iter_lines())
+        ended.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert opened.wait(10)
+    time.sleep(0.5)
+    assert not ended.is_set()  # a queued job's stream stays open
+    assert httpx.delete(f"{api.url}/v1/tokens/{token_id}", headers=admin).status_code == 204
+    revoked_at = time.monotonic()
+    assert ended.wait(5), "the stream outlived its token by 5 s"
+    assert time.monotonic() - revoked_at < 5
+    assert not any(line.startswith("event: end") for line in lines)  # cut off, not a job that ended
+    assert httpx.get(f"{api.url}/v1/jobs", headers=headers).status_code == 401
+
+
+def test_the_dispatcher_revokes_a_jobs_tokens_when_its_attempt_is_released(api: ApiProcess, database_url: str) -> None:
+    from api.db.models import Job
+    from api.db.session import create_engine, session_factory
+    from api.dispatcher.ending import release
+    from api.settings import Settings
+
+    headers = {"Authorization": f"Bearer {api.token}"}
+    job_id = httpx.post(f"{api.url}/v1/jobs", json=spec(), headers=headers).json()["id"]
+    secret = {"Authorization": f"Bearer {job_token(database_url, job_id)}"}
+    points = {"points": [{"step": 1, "values": {"loss": 1.0}}]}
+    assert httpx.post(f"{api.url}/v1/jobs/{job_id}/metrics", json=points, headers=secret).status_code == 201
+
+    async def end_attempt() -> None:  # what finish() and fail_launch() do before the status change
+        engine = create_engine(Settings(database_url=database_url))
+        async with session_factory(engine)() as session, session.begin():
+            job = await session.get(Job, uuid.UUID(job_id))
+            assert job is not None
+            await release(session, job)
+        await engine.dispose()
+
+    asyncio.run(end_attempt())
+    assert httpx.post(f"{api.url}/v1/jobs/{job_id}/metrics", json=points, headers=secret).status_code == 401
