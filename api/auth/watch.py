@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from api.auth.principal import Principal
 from api.auth.service import authenticate
+from api.db.unavailable import DATABASE_DOWN
 from api.errors import DatabaseUnavailable, Unauthorized
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from api.db.direct import Direct
 
 RECHECK_S = 2.0
+OUTAGE: tuple[type[Exception], ...] = (DatabaseUnavailable, OSError, *DATABASE_DOWN)
 
 
 class TokenWatch:
@@ -63,10 +65,6 @@ class TokenWatch:
             await authenticate(self.direct, self.authorization, self.cache)
         except Unauthorized:
             return False
-        except (DatabaseUnavailable, OSError):
+        except OUTAGE:
             return True  # an outage is not a revocation: the stream rides it out
-        except Exception as exc:  # psycopg's errors: the same
-            if type(exc).__module__.startswith("psycopg"):
-                return True
-            raise
         return True
