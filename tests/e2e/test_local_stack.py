@@ -36,6 +36,14 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
         assert "trainmaster is up" in up.stdout
         config = json.loads((home / "config").read_text())
         assert config["api_url"].startswith("http://127.0.0.1:") and config["token"].startswith("tm_")
+        # The person who ran `up` owns the stack: the config's token is an admin's (of project default),
+        # and the cluster default is this stack's Ray head.
+        tokens = json.loads(tm("token", "ls", "--json").stdout)
+        assert [(t["scope"], t["project"], t["expires_at"]) for t in tokens] == [("admin", "default", None)]
+        stack = json.loads((home / "stack.json").read_text())
+        clusters = json.loads(tm("cluster", "ls", "--json").stdout)
+        assert [(c["name"], c["address"]) for c in clusters] == [("default", stack["ray_dashboard"])]
+        assert json.loads(tm("project", "ls", "--json").stdout)[0]["cluster"] == "default"
         again = tm("up")
         assert again.returncode == 0 and "already running" in again.stdout
         status = tm("status")
@@ -49,7 +57,7 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         assert "succeeded" in submitted.stdout and "loss" in submitted.stdout
         job = json.loads(tm("ls", "--json").stdout)[0]
-        assert job["status"] == "succeeded"
+        assert job["status"] == "succeeded" and job["cluster"] == "default"
         metrics = json.loads(tm("metrics", job["id"], "--json").stdout)
         assert any(point["name"] == "loss" for point in metrics)
         assert (home / "logs" / "api.log").exists() and (home / "logs" / "dispatcher.log").exists()
