@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,23 @@ def sbatch(slurm: SlurmCluster, env: dict[str, str], name: str) -> str:
     return out.strip().split(";")[0]
 
 
+def environments(chosen: Callable[[str, dict[str, str]], bool]) -> dict[int, dict[str, str]]:
+    """The environment of every process on this machine that `chosen(cmdline, environ)` picks."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            raw = (proc / "environ").read_bytes().decode(errors="replace")
+        except OSError:  # gone, or not ours to read
+            continue
+        environ = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+        if chosen(cmdline, environ):
+            found[int(proc.name)] = environ
+    return found
+
+
 def wait_job(client: tm.Client, job_id: str, predicate: Any, timeout: float, what: str, slurm: SlurmCluster) -> tm.Job:
     def check() -> tm.Job | None:
         job = client.get(job_id).info
@@ -106,6 +123,13 @@ def test_scancel_of_an_allocation_loses_its_running_attempt_and_the_next_allocat
             max_retries=1,
         )
         wait_job(client, job.id, lambda j: j.status is tm.JobStatus.running, 180, "the job to run", slurm)
+        # No Ray process of the allocation, and no process of the job, was given the database URL.
+        ray_nodes = environments(lambda cmdline, _: str(slurm.dir / "ray-first") in cmdline and "raylet" in cmdline)
+        job_processes = environments(lambda _, environ: environ.get("TRAINMASTER_JOB_ID") == job.id)
+        assert ray_nodes and job_processes, (ray_nodes.keys(), job_processes.keys())
+        for pid, environ in {**ray_nodes, **job_processes}.items():
+            assert "TRAINMASTER_DATABASE_URL" not in environ, f"process {pid} holds the database URL"
+            assert database_url not in "\0".join(environ.values()), f"process {pid} holds the database URL"
         slurm.run("scancel", allocations[0])
         wait_until(lambda: slurm.job_state(allocations[0]) == "", 90, interval=0.5, what="the allocation to end")
 

@@ -97,3 +97,20 @@ def test_api_migrates_before_serving_and_images_build_from_platform_docker() -> 
     gpu = SERVICES["ray-worker-gpu"]
     assert gpu["profiles"] == ["gpu"]
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+
+
+PLATFORM_SECRETS = re.compile(r"DATABASE_URL|POSTGRES_PASSWORD|TRAINMASTER_TOKEN|JOB_TOKEN|postgresql://")
+
+
+def test_no_ray_node_is_given_a_platform_secret() -> None:
+    """Every job on a Ray node can read that node's environment: the database URL (and any token of
+    the platform) goes to the api and the dispatcher alone."""
+    ray_nodes = [name for name, s in SERVICES.items() if s.get("command", [""])[0] == "ray"]
+    assert {"ray-head", "ray-worker"} <= set(ray_nodes)
+    for name in ray_nodes:
+        environment = SERVICES[name].get("environment") or {}
+        leaked = [f"{key}={value}" for key, value in environment.items() if PLATFORM_SECRETS.search(f"{key}={value}")]
+        assert not leaked, f"{name} would hand every job {leaked}"
+        assert environment.get("RAY_AUTH_TOKEN"), name  # it still joins with token auth
+    for name in ("api", "dispatcher"):
+        assert "TRAINMASTER_DATABASE_URL" in SERVICES[name]["environment"], name
