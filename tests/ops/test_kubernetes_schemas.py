@@ -145,3 +145,33 @@ def test_kustomize_builds_and_what_it_builds_validates() -> None:
     for doc in docs:
         for version in KUBERNETES_VERSIONS:
             validate(doc, version)
+
+
+def test_no_ray_pod_is_given_a_platform_secret() -> None:
+    """Every job on a Ray pod can read that pod's environment: of trainmaster-secrets, the Ray pods get
+    the Ray token alone; the database URL goes to the api and dispatcher Deployments only."""
+    secret_keys: dict[str, set[str]] = {}
+    for _, doc in MANIFESTS:
+        if doc["kind"] == "RayCluster":
+            spec = doc["spec"]
+            groups = [spec["headGroupSpec"], *spec.get("workerGroupSpecs", [])]
+            pods = [group["template"]["spec"] for group in groups]
+        elif doc["kind"] == "Deployment":
+            pods = [doc["spec"]["template"]["spec"]]
+        else:
+            continue
+        keys = secret_keys.setdefault(f"{doc['kind']}/{doc['metadata']['name']}", set())
+        for pod in pods:
+            for container in pod.get("containers", []) + pod.get("initContainers", []):
+                if doc["kind"] == "RayCluster":
+                    text = yaml.safe_dump(container)
+                    assert "DATABASE_URL" not in text and "postgresql://" not in text, container["name"]
+                for variable in container.get("env", []):
+                    ref = (variable.get("valueFrom") or {}).get("secretKeyRef")
+                    if ref:
+                        keys.add(ref["key"])
+                for source in container.get("envFrom", []):
+                    assert doc["kind"] != "RayCluster" or "secretRef" not in source, "a Ray pod takes a whole Secret"
+    ray = {name: keys for name, keys in secret_keys.items() if name.startswith("RayCluster/")}
+    assert ray and all(keys == {"auth_token"} for keys in ray.values()), ray
+    assert any("database_url" in keys for keys in secret_keys.values()), secret_keys  # the Deployments have it
