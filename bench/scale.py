@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import os
 import random
+import tempfile
 import threading
 import time
 import uuid
@@ -104,7 +105,13 @@ def reads(client: httpx.Client, path: str, params: dict[str, Any], count: int) -
 
 
 def admission(url: str, args: argparse.Namespace, record: Record) -> None:
-    settings = Settings(database_url=url, storage_path="s3://bench", admit_batch=50, db_connect_timeout_s=60)
+    settings = Settings(
+        database_url=url,
+        storage_path="s3://bench",
+        admit_batch=50,
+        db_connect_timeout_s=60,
+        code_cache_path=tempfile.mkdtemp(prefix="tmb-code-"),  # the broken package is never unpacked there
+    )
     rows = []
     for depth in args.depths:
         ray = SimRay(args.nodes)
@@ -117,6 +124,24 @@ def admission(url: str, args: argparse.Namespace, record: Record) -> None:
     record.ratio(f"admission round p99 at {large['queued']:,} queued, ms", large["p99_ms"], at, small["p99_ms"])
     rate = "jobs_admitted_per_s"
     record.ratio(f"jobs admitted/s at {large['queued']:,} queued", large[rate], at, small[rate])
+    # Containment: the same queue with its first 100 jobs naming a code package that cannot be unpacked
+    # (each fails alone, with the reason), against the queue as it is; the better of 3 runs of each.
+    depth = args.depths[1] if len(args.depths) > 1 else args.depths[0]
+    runs: dict[int, list[dict[str, Any]]] = {0: [], 100: []}
+    for _ in range(3):
+        for broken in runs:
+            ray = SimRay(args.nodes)
+            ray.specs = fill_queue(url, depth, 50, random.Random(depth), broken=broken)
+            cycles = admission_cycles(settings, ray, args.finish_rounds, random.Random(1))
+            runs[broken].append({"queued": depth, "failing_launches": broken, **asyncio.run(cycles)})
+    best = {broken: max(rows, key=lambda row: row["rounds_per_s"]) for broken, rows in runs.items()}
+    record.tables["admission rounds with 100 launches that fail in the queue, and without"] = list(best.values())
+    record.ratio(
+        f"admission rounds/s at {depth:,} queued with 100 failing launches",
+        best[100]["rounds_per_s"],
+        "with a clean queue",
+        best[0]["rounds_per_s"],
+    )
 
 
 def jobs(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namespace, record: Record) -> None:
@@ -297,7 +322,11 @@ def main() -> None:
             admission(db.url, args, record)
         sql(db.url, "TRUNCATE projects CASCADE")
         token = admin.project_token(db.url, "bench")
-        sql(db.url, "INSERT INTO projects (id, name) SELECT gen_random_uuid(), 'p' || g FROM generate_series(1, 49) g")
+        sql(
+            db.url,
+            "INSERT INTO projects (id, name, cluster_id) SELECT gen_random_uuid(), 'p' || g,"
+            " (SELECT id FROM clusters WHERE name = 'default') FROM generate_series(1, 49) g",
+        )
         bench = sql(db.url, "SELECT id FROM projects WHERE name = 'bench'")[0][0]
         with (
             api_process(db.url) as api,

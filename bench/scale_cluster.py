@@ -85,22 +85,47 @@ class SimRay:
         return ""
 
 
-def fill_queue(database_url: str, count: int, projects: int, rng: random.Random) -> dict[str, JobSpec]:
+def broken_package() -> tuple[str, bytes]:
+    """A code package whose member data was damaged after the upload, and its id: the launch of a job
+    naming it fails (archive.BadPackage), and with containment that job's alone."""
+    import hashlib
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("train.py", b"print('never unpacked')\n" * 8)
+    content = bytearray(buffer.getvalue())
+    content[content.index(b"print")] ^= 0xFF
+    return f"sha256:{hashlib.sha256(content).hexdigest()}", bytes(content)
+
+
+def fill_queue(database_url: str, count: int, projects: int, rng: random.Random, broken: int = 0) -> dict[str, JobSpec]:
     """Empty jobs, then `count` queued ones over `projects` projects (mixed gangs and priorities, one
-    second apart in age); their specs by id."""
+    second apart in age); their specs by id. The first `broken` (of the same draw, so the rest is the
+    queue a clean run gets) name a code package that cannot be unpacked."""
+    code_id, content = broken_package()
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("TRUNCATE jobs CASCADE")
         conn.execute(
-            "INSERT INTO projects (id, name) SELECT gen_random_uuid(), 'p' || g FROM generate_series(1, %s) g"
+            "INSERT INTO projects (id, name, cluster_id) SELECT gen_random_uuid(), 'p' || g,"
+            " (SELECT id FROM clusters WHERE name = 'default') FROM generate_series(1, %s) g"
             " ON CONFLICT (name) DO NOTHING",
             (projects,),
         )
         project_ids = [row[0] for row in conn.execute("SELECT id FROM projects WHERE name LIKE 'p%'").fetchall()]
+        conn.execute(
+            "INSERT INTO code_packages (project_id, id, size, file_count, content)"
+            " SELECT p, %s, %s, 1, %s FROM unnest(%s::uuid[]) p ON CONFLICT DO NOTHING",
+            (code_id, len(content), content, project_ids),
+        )
         rows, specs = [], {}
         for i in range(count):
             _, workers, per_worker, strategy = rng.choices(GANGS, [g[0] for g in GANGS])[0]
             scaling = {"num_workers": workers, "resources_per_worker": per_worker, "placement_strategy": strategy}
             body = {"name": f"scale-{i}", "entrypoint": "builtin:mlp", "scaling": scaling}
+            if i < broken:
+                body["code"] = code_id
             spec = JobSpec.model_validate(body | {"priority": rng.choice(PRIORITIES)})
             gang = {name: amount * workers for name, amount in spec.scaling.worker_resources().items()}
             job_id = uuid.uuid4()
@@ -165,4 +190,5 @@ async def admission_cycles(settings: Settings, ray: SimRay, finish_rounds: int, 
         # The first round of a process also compiles and prepares every statement (once per dispatcher).
         "p99_after_first_ms": ms(durations[1:], 99)["p99_ms"],
         "jobs_admitted_per_s": admitted / total_s if total_s else 0.0,
+        "rounds_per_s": len(durations) / total_s if total_s else 0.0,
     }

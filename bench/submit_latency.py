@@ -130,5 +130,6 @@ def main() -> None:
             for n, (ours, peer) in enumerate(zip(runs["platform"], runs["direct"], strict=True))
         ]
 
+
 if __name__ == "__main__":
     main()

@@ -57,6 +57,14 @@ class RoundContext:
     ray_down_since: float | None = None  # time.monotonic() when Ray was first found unreachable
     launch_backoff: Backoff = field(default_factory=Backoff)  # submission id -> when to send it again
     errors: Counter[uuid.UUID] = field(default_factory=Counter)  # a job's rounds that raised in a row
+    # Code packages found unusable (digest -> why): content-addressed, so what is wrong stays wrong;
+    # the next job naming one fails without reading it again. Cleared past 1,000 entries.
+    bad_code: dict[str, str] = field(default_factory=dict)
+
+    def remember_bad_code(self, digest: str, why: str) -> None:
+        if len(self.bad_code) >= 1000:
+            self.bad_code.clear()
+        self.bad_code[digest] = why
 
     def leased(self, job_id: uuid.UUID, submission_id: str | None = None) -> AbstractAsyncContextManager[Held | None]:
         return leased(self.sessions, job_id, self.owner, submission_id)

@@ -21,7 +21,6 @@ from api.auth.service import create_job_token, hash_token, new_token
 from api.code_packages import archive
 from api.code_packages import repository as code_repository
 from api.db.models import Job
-from api.dispatcher import ending
 from api.dispatcher import repository as repo
 from api.dispatcher.backend import Launch, LaunchRefused, RayBackend, RayUnavailable
 from api.dispatcher.context import RoundContext
@@ -150,6 +149,8 @@ async def with_code(context: RoundContext, launch: Launch) -> Launch:
     package can never be used; anything else (a full disk, the database) may pass."""
     if launch.code is None:
         return launch
+    if (known := context.bad_code.get(launch.code)) is not None:
+        raise BadCode(known)
     settings = context.settings
     folder = Path(settings.code_cache_path).expanduser() / launch.code.removeprefix("sha256:")
     if not folder.is_dir():
@@ -167,6 +168,7 @@ async def with_code(context: RoundContext, launch: Launch) -> Launch:
                 max_unpacked_bytes=settings.max_code_unpacked_bytes,
             )
         except archive.BadPackage as exc:
+            context.remember_bad_code(launch.code, str(exc))  # its next jobs fail without a read
             raise BadCode(str(exc)) from exc
     return replace(launch, runtime_env={**launch.runtime_env, "working_dir": str(folder)})
 
@@ -267,18 +269,24 @@ class Outcome:
 
 
 async def _record_failures(context: RoundContext, failed: Mapping[uuid.UUID, Outcome]) -> None:
-    """In one leased transaction: permanent failures end their jobs; passing ones leave the attempt
-    pending with the error (an event the first time) and a backoff before the next try."""
-    async with context.leased_many({job_id: o.launch.submission_id for job_id, o in failed.items()}) as held:
+    """Permanent failures end their jobs in one statement (repository.fail_launches); passing ones
+    leave the attempt pending with the error (an event the first time) and a backoff before the next
+    try, in one leased transaction."""
+    permanent = {job_id: o for job_id, o in failed.items() if o.permanent and o.error is not None}
+    for job_id, outcome in permanent.items():
+        context.launch_backoff.forget(outcome.launch.submission_id)
+        log.warning(json.dumps({"event": "launch_failed", "job_id": str(job_id), "error": (outcome.error or "")[:300]}))
+    if permanent:
+        async with context.sessions() as session, session.begin():
+            failures = {job_id: (o.launch.submission_id, o.error or "") for job_id, o in permanent.items()}
+            await repo.fail_launches(session, failures, context.owner, JOB_CHANNEL)
+    passing = {job_id: o for job_id, o in failed.items() if job_id not in permanent}
+    if not passing:
+        return
+    async with context.leased_many({job_id: o.launch.submission_id for job_id, o in passing.items()}) as held:
         for one in held:
-            outcome = failed[one.job.id]
+            outcome = passing[one.job.id]
             if one.attempt is None or one.attempt.status is not AttemptStatus.pending or outcome.error is None:
-                continue
-            if outcome.permanent:
-                context.launch_backoff.forget(outcome.launch.submission_id)
-                event = {"event": "launch_failed", "job_id": str(one.job.id), "error": outcome.error[:300]}
-                log.warning(json.dumps(event))
-                await ending.fail_launch(one.session, one.job, one.attempt, one.now, outcome.error)
                 continue
             delay = context.launch_backoff.defer(outcome.launch.submission_id)
             if one.attempt.error is None:

@@ -15,7 +15,7 @@ from sqlalchemy.orm import aliased, selectinload
 
 from api.db.models import ApiToken, Checkpoint, Job, JobAttempt, JobEvent, LogLine, Project, ProjectUsage
 from api.jobs.repository import ACTIVE
-from api.jobs.status import sources
+from api.jobs.status import can_transition, sources
 from trainmaster.models import JobStatus
 
 ADMISSION_LOCK = 0x746D_6164  # "tmad": one admission round at a time across every dispatcher
@@ -247,6 +247,75 @@ async def mark_submitted(session: AsyncSession, submissions: Mapping[uuid.UUID, 
         MARK_SUBMITTED,
         {"job_ids": list(submissions), "submission_ids": list(submissions.values()), "owner": owner},
     )
+
+
+# Launches that can never be made (their code package, Ray calling them invalid), failed in one
+# statement under the same fencing as MARK_SUBMITTED: only a job still leased by this dispatcher whose
+# latest attempt is still that pending submission changes. Each job moves as `moves` (its status ->
+# the target the status machine allows: cancelling -> cancelled, else failed) says, or not at all;
+# its attempt fails with the error, its lease and job tokens go, and its status event and NOTIFY are
+# written, as `transition` and ending.finish would one job at a time. Returns the ids that moved.
+FAIL_LAUNCHES = text(
+    """
+    WITH f AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS f(at int, job_id uuid, submission_id text, error text)
+    ),
+    held AS MATERIALIZED (
+        SELECT j.id, j.status, m.target FROM jobs j
+        JOIN jsonb_each_text(CAST(:moves AS jsonb)) AS m(source, target) ON m.source = j.status::text
+        WHERE j.id IN (SELECT job_id FROM f) AND j.lease_owner = :owner ORDER BY j.id FOR UPDATE OF j
+    ),
+    attempts AS (
+        UPDATE job_attempts a SET status = 'failed', finished_at = now(), error = f.error
+        FROM held JOIN f ON f.job_id = held.id
+        WHERE a.job_id = held.id AND a.ray_submission_id = f.submission_id AND a.status = 'pending'
+          AND a.n = (SELECT max(l.n) FROM job_attempts l WHERE l.job_id = held.id)
+        RETURNING a.job_id, a.n, f.at, f.error
+    ),
+    moved AS (
+        UPDATE jobs j SET status = CAST(held.target AS job_status),
+                          error = CASE WHEN held.target = 'failed' THEN attempts.error ELSE j.error END,
+                          finished_at = now(), pending_reason = NULL, lease_owner = NULL, lease_expires_at = NULL,
+                          preempted_by = NULL, preempt_requested_at = NULL
+        FROM attempts JOIN held ON held.id = attempts.job_id
+        WHERE j.id = attempts.job_id
+        RETURNING j.id, held.target, held.status AS left_status, attempts.n, attempts.at, attempts.error
+    ),
+    tokens AS (
+        UPDATE api_tokens SET revoked_at = now() WHERE job_id IN (SELECT id FROM moved) AND revoked_at IS NULL
+    ),
+    events AS (
+        INSERT INTO job_events (job_id, kind, status, message, data)
+        SELECT m.id, 'status', CAST(m.target AS job_status),
+               CASE WHEN m.target = 'failed' THEN 'attempt ' || m.n || ' could not be launched: ' || m.error
+                    ELSE 'cancelled before launch' END,
+               jsonb_build_object('from', m.left_status)
+        FROM moved m ORDER BY m.at
+    )
+    SELECT m.id, pg_notify(:channel, json_build_object('job_id', m.id, 'status', m.target)::text) FROM moved m
+    """
+)
+
+
+async def fail_launches(
+    session: AsyncSession, failures: Mapping[uuid.UUID, tuple[str, str]], owner: str, channel: str
+) -> set[uuid.UUID]:
+    """FAIL_LAUNCHES for `failures` (job id -> (submission id, error)); the ids of the jobs that moved."""
+    if not failures:
+        return set()
+    rows = [
+        {"at": at, "job_id": str(job_id), "submission_id": submission, "error": error}
+        for at, (job_id, (submission, error)) in enumerate(failures.items())
+    ]
+    moves = {
+        source.value: (JobStatus.cancelled if source is JobStatus.cancelling else JobStatus.failed).value
+        for source in JobStatus
+        if can_transition(source, JobStatus.cancelled if source is JobStatus.cancelling else JobStatus.failed)
+    }
+    result = await session.execute(
+        FAIL_LAUNCHES, {"rows": json.dumps(rows), "moves": json.dumps(moves), "owner": owner, "channel": channel}
+    )
+    return {row[0] for row in result.all()}
 
 
 async def claim_active(session: AsyncSession, owner: str, lease_s: float, limit: int = 200) -> list[uuid.UUID]:

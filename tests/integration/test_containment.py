@@ -18,7 +18,7 @@ from sqlalchemy import func, text, update
 
 from api.auth.repository import get_or_create_project
 from api.code_packages import repository as code_repository
-from api.db.models import JobAttempt
+from api.db.models import Job, JobAttempt
 from api.dispatcher.backend import LaunchRefused, RayJobState
 from tests.integration.test_dispatcher import World, one_worker, run
 from trainmaster.models import JobStatus
@@ -272,5 +272,47 @@ def test_a_final_log_read_that_fails_is_retried_then_recorded(database_url: str)
             assert job.status is JobStatus.succeeded
             [event] = [e for e in await world.events(other) if e.kind == "logs_incomplete"]
             assert "could not be read from Ray" in (event.message or "")
+
+    run(scenario())
+
+
+def test_launches_that_can_never_be_made_end_in_one_write_that_keeps_the_status_rules(database_url: str) -> None:
+    """repository.FAIL_LAUNCHES: a job being cancelled ends cancelled, a job another dispatcher took
+    over is left alone, the rest fail with the reason, an event, no lease and no live job token."""
+    from api.dispatcher import launch
+
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            world.ray.cpus = 4
+            plain, cancelling, taken = [await world.submit(**one_worker()) for _ in range(3)]
+            world.ray.refuse_submit = True  # Ray busy: every attempt stays pending
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+            await world.execute(
+                lambda s: s.execute(
+                    update(Job).where(Job.id == cancelling).values(status="cancelling", cancel_requested=True)
+                )
+            )
+            await world.execute(lambda s: s.execute(update(Job).where(Job.id == taken).values(lease_owner="d2")))
+            refusals = [
+                launch.refused(await world.job(job_id), 1, "code package sha256:00 cannot be unpacked: x: bad")
+                for job_id in (plain, cancelling, taken)
+            ]
+            await launch.submit_all(dispatcher, refusals)
+
+            job = await world.job(plain)
+            assert job.status is JobStatus.failed and job.lease_owner is None
+            assert job.error == "code package sha256:00 cannot be unpacked: x: bad"
+            [attempt] = await world.attempts(plain)
+            assert attempt.status == "failed" and attempt.finished_at is not None
+            [event] = [e for e in await world.events(plain) if e.status is JobStatus.failed]
+            assert event.message == f"attempt 1 could not be launched: {job.error}"
+            assert event.data == {"from": "starting"}
+            assert (await world.job(cancelling)).status is JobStatus.cancelled
+            assert (await world.job(taken)).status is JobStatus.starting  # not ours to end
+            live = text("SELECT count(*) FROM api_tokens WHERE job_id = :id AND revoked_at IS NULL")
+            async with world.sessions() as session:
+                assert (await session.execute(live, {"id": plain})).scalar_one() == 0
+                assert (await session.execute(live, {"id": taken})).scalar_one() == 1
 
     run(scenario())
