@@ -63,7 +63,8 @@ def test_points_go_with_their_job_its_project_and_a_truncate(
         conn.execute("DELETE FROM jobs WHERE id = %s", (deleted,))
         assert (stored_rows(database_url, deleted), stored_rows(database_url, kept)) == (0, 6)
         other = conn.execute(
-            "INSERT INTO projects (id, name) VALUES (gen_random_uuid(), 'gone') RETURNING id"
+            "INSERT INTO projects (id, name, cluster_id)"
+            " SELECT gen_random_uuid(), 'gone', id FROM clusters WHERE name = 'default' RETURNING id"
         ).fetchone()
         assert other is not None
         conn.execute("UPDATE jobs SET project_id = %s WHERE id = %s", (other[0], by_project))
