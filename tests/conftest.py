@@ -133,6 +133,7 @@ CPU_BOUND = (
     "tests/e2e/test_metrics_live.py",
     "tests/e2e/test_sweeps.py",
     "tests/e2e/test_cli_run.py",
+    "tests/reliability/test_fault_campaign.py",
 )
 # The rest, heaviest first by what each file took on 2 cores (pytest --durations), so that long files
 # start early and short ones fill in at the end; unlisted files follow in their usual order.

@@ -43,7 +43,11 @@ class ApiProcess:
 
 
 def start_api(
-    database_url: str, log_path: Path, extra_env: dict[str, str] | None = None, port: int | None = None
+    database_url: str,
+    log_path: Path,
+    extra_env: dict[str, str] | None = None,
+    port: int | None = None,
+    ready_s: float = 30,
 ) -> ApiProcess:
     port = port or free_port()
     env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url, **(extra_env or {})}
@@ -65,7 +69,7 @@ def start_api(
         except httpx.TransportError:
             return False
 
-    wait_until(ready, 30, what="trainmaster api to be ready")
+    wait_until(ready, ready_s, what="trainmaster api to be ready")
     token = project_token(database_url, "e2e")
     client_env = {**env, "TRAINMASTER_API_URL": url, "TRAINMASTER_TOKEN": token}
     return ApiProcess(url=url, token=token, env=client_env, process=process, log_path=log_path)
