@@ -211,16 +211,9 @@ def test_awkward_metric_names_survive_copy(http: TestClient, auth: dict[str, str
 
 
 def test_sdk_reads_every_page_of_metrics(sdk, http: TestClient, auth: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
-    from trainmaster import client as client_module
-
     job_id = new_job(http, auth)
     assert post(http, job_id, auth, {"points": points(0, 25)}).status_code == 201
-    original = client_module.METRICS_PAGE
-    client_module.METRICS_PAGE = 7  # pages of 7 over 50 values
-    try:
-        values = sdk.metrics(job_id)
-    finally:
-        client_module.METRICS_PAGE = original
+    values = list(sdk.iter_metrics(job_id, page_size=7))  # pages of 7 over 50 values
     assert len(values) == 50 and len({v.seq for v in values}) == 50
 
 
