@@ -23,7 +23,7 @@ from tests.e2e.conftest import TRAINMASTER, Stack
 pytestmark = pytest.mark.ray
 
 SCRIPT = """\
-import argparse, sys, time
+import argparse, os, sys, time
 from pathlib import Path
 
 import torch
@@ -42,6 +42,10 @@ if args.hang:
     sys.exit(1)
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
+# torchrun's environment, as script mode sets it for every worker
+names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+master = "set" if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT") else "missing"
+print("torchrun env " + " ".join(f"{n}={os.environ.get(n)}" for n in names) + f" MASTER={master}", flush=True)
 total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
 trainmaster.log({"sum": total.item()}, step=1)
@@ -133,6 +137,9 @@ def test_run_ships_the_folder_follows_the_job_live_and_exits_with_its_outcome(st
     short_id = next(line.split()[1] for line in cli.lines if line.startswith("submitted "))
     assert "released" in cli.output and f"{short_id} succeeded" in cli.output, cli.output
     assert "latest metrics: sum 3" in cli.output, cli.output  # the job's own metric, from the metric stream
+    for rank in (0, 1):  # each worker's own line, forwarded live: what torchrun would have given it
+        expected = f"torchrun env RANK={rank} LOCAL_RANK={rank} WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER=set"
+        assert expected in cli.output, cli.output
     with stack.client() as client:
         job = client.get(client.resolve_id(short_id)).info
     assert job.status.value == "succeeded" and job.spec["args"] == ["--release", str(release)]

@@ -6,8 +6,6 @@ they share one Ray head. Launches are counted from a ledger the training code ap
 
 from __future__ import annotations
 
-import json
-import textwrap
 import threading
 import time
 from collections import Counter
@@ -80,52 +78,6 @@ def test_drivers_after_the_first_on_a_node_are_forked_warm(stack: Stack) -> None
     assert first.data["warm"] or "warm server" in first.data["cold_reason"], first.data
     assert second.data["warm"] is True, second.data
     assert "forked by the warm server" in second.message
-
-
-UNMODIFIED_SCRIPT = textwrap.dedent(
-    """
-    import argparse, json, os
-    import torch
-    import torch.distributed as dist
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    dist.init_process_group("gloo")
-    value = torch.tensor([float(dist.get_rank() + 1)])
-    dist.all_reduce(value)
-    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    record = {"sum": value.item(), "env": {k: os.environ.get(k) for k in names}}
-    with open(os.path.join(args.out, f"rank{dist.get_rank()}.json"), "w") as f:
-        json.dump(record, f)
-    dist.destroy_process_group()
-    """
-)
-
-
-def test_script_mode_runs_an_unmodified_torchrun_script(stack: Stack, tmp_path: Path) -> None:
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "train.py").write_text(UNMODIFIED_SCRIPT)
-    out = tmp_path / "out"
-    out.mkdir()
-    with stack.client() as client:
-        job = client.submit(
-            name="script",
-            entrypoint="script:train.py",
-            args=["--out", str(out)],
-            working_dir=code,
-            scaling=tm.Scaling(num_workers=2),
-        )
-        done = wait_for(client, job.id, TERMINAL)
-        assert done.status is tm.JobStatus.succeeded, done.error
-    records = {p.name: json.loads(p.read_text()) for p in out.glob("rank*.json")}
-    assert set(records) == {"rank0.json", "rank1.json"}
-    for rank, record in enumerate([records["rank0.json"], records["rank1.json"]]):
-        assert record["sum"] == 3.0  # 1 + 2: the two ranks really talked
-        assert record["env"]["RANK"] == str(rank)
-        assert record["env"]["WORLD_SIZE"] == "2" and record["env"]["LOCAL_WORLD_SIZE"] == "2"
-        assert record["env"]["MASTER_ADDR"] and record["env"]["MASTER_PORT"]
 
 
 def test_cancel_running_job_frees_its_resources(stack: Stack) -> None:
