@@ -219,7 +219,7 @@ async def submit_all(context: RoundContext, launches: Sequence[Launch]) -> None:
     and whatever goes wrong is that job's alone.
     - accepted: marked submitted in one statement under the lease check (repository.mark_submitted);
     - refused for good (its code package, Ray calls it invalid): the attempt and the job fail with
-      the reason (ending.fail_launch);
+      the reason, in one statement beside the accepted ones' (repository.fail_launches);
     - refused for now (Ray busy or unreachable, the disk, a bug): the attempt stays pending and
       reconcile submits it again under the same id, after a backoff, until launch_timeout_s.
     An admission round commits once for all its launches, not once per launch. A crash in between
@@ -243,16 +243,24 @@ async def submit_all(context: RoundContext, launches: Sequence[Launch]) -> None:
     if ready:
         outcomes.update(await asyncio.to_thread(_submit_each, context.ray, ready))
     accepted = {o.job_id: o.launch.submission_id for o in outcomes.values() if o.error is None}
-    for submission in accepted.values():
-        context.launch_backoff.forget(submission)
-    if accepted:
+    permanent = {o.job_id: o for o in outcomes.values() if o.error is not None and o.permanent}
+    for outcome in outcomes.values():
+        if outcome.error is None or outcome.permanent:
+            context.launch_backoff.forget(outcome.launch.submission_id)
+    for job_id, outcome in permanent.items():
+        log.warning(json.dumps({"event": "launch_failed", "job_id": str(job_id), "error": str(outcome.error)[:300]}))
+    if accepted or permanent:
         async with context.sessions() as session:
-            # One statement is its own transaction: no BEGIN and COMMIT round trips around it.
+            # Each statement is its own transaction: no BEGIN and COMMIT round trips around them.
             await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
-            await repo.mark_submitted(session, accepted, context.owner)
-    failed = {o.job_id: o for o in outcomes.values() if o.error is not None}
-    if failed:
-        await _record_failures(context, failed)
+            if accepted:
+                await repo.mark_submitted(session, accepted, context.owner)
+            if permanent:  # their jobs end, in one statement (repository.FAIL_LAUNCHES)
+                failures = {job_id: (o.launch.submission_id, str(o.error)) for job_id, o in permanent.items()}
+                await repo.fail_launches(session, failures, context.owner, JOB_CHANNEL)
+    passing = {o.job_id: o for o in outcomes.values() if o.error is not None and not o.permanent}
+    if passing:
+        await _retry_later(context, passing)
 
 
 @dataclass(frozen=True)
@@ -268,21 +276,9 @@ class Outcome:
         return uuid.UUID(self.launch.metadata["trainmaster_job_id"])
 
 
-async def _record_failures(context: RoundContext, failed: Mapping[uuid.UUID, Outcome]) -> None:
-    """Permanent failures end their jobs in one statement (repository.fail_launches); passing ones
-    leave the attempt pending with the error (an event the first time) and a backoff before the next
-    try, in one leased transaction."""
-    permanent = {job_id: o for job_id, o in failed.items() if o.permanent and o.error is not None}
-    for job_id, outcome in permanent.items():
-        context.launch_backoff.forget(outcome.launch.submission_id)
-        log.warning(json.dumps({"event": "launch_failed", "job_id": str(job_id), "error": (outcome.error or "")[:300]}))
-    if permanent:
-        async with context.sessions() as session, session.begin():
-            failures = {job_id: (o.launch.submission_id, o.error or "") for job_id, o in permanent.items()}
-            await repo.fail_launches(session, failures, context.owner, JOB_CHANNEL)
-    passing = {job_id: o for job_id, o in failed.items() if job_id not in permanent}
-    if not passing:
-        return
+async def _retry_later(context: RoundContext, passing: Mapping[uuid.UUID, Outcome]) -> None:
+    """Launches that failed for a passing reason: the attempt stays pending with the error (an event
+    the first time) and a backoff before the next try, in one leased transaction."""
     async with context.leased_many({job_id: o.launch.submission_id for job_id, o in passing.items()}) as held:
         for one in held:
             outcome = passing[one.job.id]
