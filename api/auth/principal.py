@@ -9,8 +9,8 @@ from enum import StrEnum
 
 class Scope(StrEnum):
     """What a token may do. `admin` manages clusters, projects and tokens and acts as a project token of
-    its own project; `project` is a project's; `job` writes one job's metrics, events and checkpoint records (the
-    platform's own, made per attempt); `metrics` only reads /metrics."""
+    its own project; `project` is a project's; `job` writes one job's metrics, events and checkpoint
+    records (the platform's own, made per attempt); `metrics` only reads /metrics."""
 
     admin = "admin"
     project = "project"
