@@ -263,7 +263,7 @@ FAIL_LAUNCHES = text(
     held AS MATERIALIZED (
         SELECT j.id, j.status, m.target FROM jobs j
         JOIN jsonb_each_text(CAST(:moves AS jsonb)) AS m(source, target) ON m.source = j.status::text
-        WHERE j.id IN (SELECT job_id FROM f) AND j.lease_owner = :owner ORDER BY j.id FOR UPDATE OF j
+        WHERE j.id = ANY(CAST(:job_ids AS uuid[])) AND j.lease_owner = :owner ORDER BY j.id FOR UPDATE OF j
     ),
     attempts AS (
         UPDATE job_attempts a SET status = 'failed', finished_at = now(), error = f.error
@@ -313,7 +313,14 @@ async def fail_launches(
         if can_transition(source, JobStatus.cancelled if source is JobStatus.cancelling else JobStatus.failed)
     }
     result = await session.execute(
-        FAIL_LAUNCHES, {"rows": json.dumps(rows), "moves": json.dumps(moves), "owner": owner, "channel": channel}
+        FAIL_LAUNCHES,
+        {
+            "rows": json.dumps(rows),
+            "job_ids": list(failures),  # the primary key's index finds them (a join on `rows` scanned jobs)
+            "moves": json.dumps(moves),
+            "owner": owner,
+            "channel": channel,
+        },
     )
     return {row[0] for row in result.all()}
 
