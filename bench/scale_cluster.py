@@ -9,9 +9,12 @@ resources; `finish()` gives a finished job's resources back. Nothing here talks 
 
 from __future__ import annotations
 
+import hashlib
+import io
 import random
 import time
 import uuid
+import zipfile
 from typing import Any
 
 import psycopg
@@ -88,10 +91,6 @@ class SimRay:
 def broken_package() -> tuple[str, bytes]:
     """A code package whose member data was damaged after the upload, and its id: the launch of a job
     naming it fails (archive.BadPackage), and with containment that job's alone."""
-    import hashlib
-    import io
-    import zipfile
-
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         archive.writestr("train.py", b"print('never unpacked')\n" * 8)

@@ -6,7 +6,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.db.direct import Direct
+from api.db.direct import Direct, pyformat
 from api.db.models import CodePackage
 
 
@@ -40,6 +40,9 @@ _NAMED = text(
 )
 
 
+_NAMED_DIRECT = pyformat(_NAMED)
+
+
 async def exists(session: AsyncSession, project_id: uuid.UUID, code_id: str) -> bool:
     """Whether the project stores this package (and it is now safe from retention: `_NAMED`)."""
     return (await session.execute(_NAMED, {"project": project_id, "code": code_id})).first() is not None
@@ -47,8 +50,7 @@ async def exists(session: AsyncSession, project_id: uuid.UUID, code_id: str) -> 
 
 async def exists_direct(direct: Direct, project_id: uuid.UUID, code_id: str) -> bool:
     """`exists` on a direct connection (the fast submit path)."""
-    query = str(_NAMED).replace(":project", "%(project)s").replace(":code", "%(code)s")
-    return await direct.one(query, {"project": project_id, "code": code_id}) is not None
+    return await direct.one(_NAMED_DIRECT, {"project": project_id, "code": code_id}) is not None
 
 
 async def content(session: AsyncSession, project_id: uuid.UUID, code_id: str) -> bytes | None:

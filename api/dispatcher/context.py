@@ -23,10 +23,11 @@ from api.settings import Settings
 
 @dataclass
 class Backoff:
-    """When a launch that failed for a passing reason (Ray busy or unreachable, the disk, a bug) may
-    be tried again: after 1 s, then twice as long each time up to `most_s`. Per dispatcher process;
-    the bound on the whole is the attempt's `launch_timeout_s`. Entries leave on success or failure,
-    and the map is cleared past `cap` (a dispatcher that lost those jobs' leases keeps no state)."""
+    """When something that failed for a passing reason may be tried again (a launch: Ray busy or
+    unreachable, the disk, a bug; a finished attempt's final log read): after 1 s, then twice as
+    long each time up to `most_s`. Per dispatcher process; the bound on the whole is the attempt's
+    `launch_timeout_s` (for a log read, FINAL_LOGS_WAIT_S). Entries leave on success or failure, and
+    the map is cleared past `cap` (a dispatcher that lost those jobs' leases keeps no state)."""
 
     most_s: float = 30.0
     cap: int = 10_000
@@ -55,7 +56,8 @@ class RoundContext:
     ray: RayBackend
     owner: str  # this dispatcher's lease owner name
     ray_down_since: float | None = None  # time.monotonic() when Ray was first found unreachable
-    launch_backoff: Backoff = field(default_factory=Backoff)  # submission id -> when to send it again
+    # When to try again: a launch (by submission id) and a finished attempt's final log read (`logs:<id>`).
+    backoff: Backoff = field(default_factory=Backoff)
     errors: Counter[uuid.UUID] = field(default_factory=Counter)  # a job's rounds that raised in a row
     # Code packages found unusable (digest -> why): content-addressed, so what is wrong stays wrong;
     # the next job naming one fails without reading it again. Cleared past 1,000 entries.

@@ -138,38 +138,37 @@ class LaunchSpec:
         return cls(json.dumps(spec), spec.get("env") or {}, spec.get("pip") or [], spec.get("code"))
 
 
-class BadCode(Exception):
-    """The job's code package can never be unpacked here (missing, or refused by the checks)."""
-
-
 async def with_code(context: RoundContext, launch: Launch) -> Launch:
     """`launch` with its code package unpacked and set as its working directory; Ray uploads it to
     the cluster. Unpacked once per package into a content-addressed folder (archive.unpacked):
-    a package already there costs a stat, not a read of the database. Raises BadCode when the
-    package can never be used; anything else (a full disk, the database) may pass."""
+    a package already there costs a stat, not a read of the database. Raises archive.BadPackage when
+    the package can never be used (not stored, or refused by the checks); anything else (a full
+    disk, the database) may pass."""
     if launch.code is None:
         return launch
     if (known := context.bad_code.get(launch.code)) is not None:
-        raise BadCode(known)
+        raise archive.BadPackage(known)
     settings = context.settings
-    folder = Path(settings.code_cache_path).expanduser() / launch.code.removeprefix("sha256:")
-    if not folder.is_dir():
-        async with context.sessions() as session:
-            content = await code_repository.content(session, uuid.UUID(launch.project_id), launch.code)
+    cache = Path(settings.code_cache_path).expanduser()
+    folder = cache / launch.code.removeprefix("sha256:")
+    if folder.is_dir():
+        return replace(launch, runtime_env={**launch.runtime_env, "working_dir": str(folder)})
+    async with context.sessions() as session:
+        content = await code_repository.content(session, uuid.UUID(launch.project_id), launch.code)
+    try:
         if content is None:
-            raise BadCode(f"code package {launch.code} is not stored for this job's project: upload it and resubmit")
-        try:
-            folder = await asyncio.to_thread(
-                archive.unpacked,
-                Path(settings.code_cache_path).expanduser(),
-                launch.code,
-                content,
-                max_files=settings.max_code_files,
-                max_unpacked_bytes=settings.max_code_unpacked_bytes,
-            )
-        except archive.BadPackage as exc:
-            context.remember_bad_code(launch.code, str(exc))  # its next jobs fail without a read
-            raise BadCode(str(exc)) from exc
+            raise archive.BadPackage(f"code package {launch.code} is not stored for this job's project: upload it")
+        folder = await asyncio.to_thread(
+            archive.unpacked,
+            cache,
+            launch.code,
+            content,
+            max_files=settings.max_code_files,
+            max_unpacked_bytes=settings.max_code_unpacked_bytes,
+        )
+    except archive.BadPackage as exc:
+        context.remember_bad_code(launch.code, str(exc))  # its next jobs fail without a read
+        raise
     return replace(launch, runtime_env={**launch.runtime_env, "working_dir": str(folder)})
 
 
@@ -234,7 +233,7 @@ async def submit_all(context: RoundContext, launches: Sequence[Launch]) -> None:
             continue
         try:
             ready.append(await with_code(context, launch))
-        except BadCode as exc:
+        except archive.BadPackage as exc:
             outcomes[launch.submission_id] = Outcome(launch, error=str(exc), permanent=True)
         except Exception as exc:
             log.exception(json.dumps({"event": "code_failed", "submission_id": launch.submission_id}))
@@ -246,7 +245,7 @@ async def submit_all(context: RoundContext, launches: Sequence[Launch]) -> None:
     permanent = {o.job_id: o for o in outcomes.values() if o.error is not None and o.permanent}
     for outcome in outcomes.values():
         if outcome.error is None or outcome.permanent:
-            context.launch_backoff.forget(outcome.launch.submission_id)
+            context.backoff.forget(outcome.launch.submission_id)
     for job_id, outcome in permanent.items():
         log.warning(json.dumps({"event": "launch_failed", "job_id": str(job_id), "error": str(outcome.error)[:300]}))
     if accepted or permanent:
@@ -284,7 +283,7 @@ async def _retry_later(context: RoundContext, passing: Mapping[uuid.UUID, Outcom
             outcome = passing[one.job.id]
             if one.attempt is None or one.attempt.status is not AttemptStatus.pending or outcome.error is None:
                 continue
-            delay = context.launch_backoff.defer(outcome.launch.submission_id)
+            delay = context.backoff.defer(outcome.launch.submission_id)
             if one.attempt.error is None:
                 await record_event(
                     one.session, one.job, "launch_retry", f"{outcome.error}; trying again in {delay:.0f} s"

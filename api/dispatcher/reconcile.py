@@ -105,24 +105,24 @@ async def reconcile_job(context: RoundContext, job_id: uuid.UUID, nodes: NodesFr
         starting_for = (held.now - held.attempt.created_at).total_seconds()
     info = await asyncio.to_thread(context.ray.info, sub_id)
     if info is None and attempt_status is AttemptStatus.pending:
-        if context.launch_backoff.due(sub_id):
+        if context.backoff.due(sub_id):
             await _resubmit_pending(context, job_id, sub_id, JobSpec.model_validate(spec))
         return
     wants_stop = await _stop_if_asked(context, job_id, sub_id, info)
     final = info is not None and info.state.terminal
     gang = Gang(reported=bool(context.settings.api_url))
     new_output = ""
-    if final and not context.launch_backoff.due(f"logs:{sub_id}"):
+    if final and not context.backoff.due(f"logs:{sub_id}"):
         return  # its whole log could not be read last time: read again after the backoff
     if info is not None:
         try:
             new_output = await asyncio.to_thread(context.ray.logs, sub_id, log_offset, final)
         except RayUnavailable as exc:  # only a final read raises: the job's end waits for its logs
-            if context.launch_backoff.defer(f"logs:{sub_id}") < FINAL_LOGS_WAIT_S:
+            if context.backoff.defer(f"logs:{sub_id}") < FINAL_LOGS_WAIT_S:
                 log.warning(json.dumps({"event": "final_logs_retry", "job_id": str(job_id), "error": str(exc)}))
                 return
             gang.logs_missing = str(exc)
-        context.launch_backoff.forget(f"logs:{sub_id}")
+        context.backoff.forget(f"logs:{sub_id}")
     if starting and gang.reported and info is not None and info.state is RayJobState.RUNNING:
         gang.pending_reason = f"placement group pending: {describe(JobSpec.model_validate(spec))}{await nodes.text()}"
         if starting_for > context.settings.starting_timeout_s and info.driver_job_id:

@@ -297,6 +297,14 @@ FAIL_LAUNCHES = text(
 )
 
 
+def _fail_target(status: JobStatus) -> JobStatus:
+    return JobStatus.cancelled if status is JobStatus.cancelling else JobStatus.failed
+
+
+# FAIL_LAUNCHES's `moves`: each status the status machine lets end that way, and its end.
+FAIL_MOVES = json.dumps({s.value: _fail_target(s).value for s in JobStatus if can_transition(s, _fail_target(s))})
+
+
 async def fail_launches(
     session: AsyncSession, failures: Mapping[uuid.UUID, tuple[str, str]], owner: str, channel: str
 ) -> set[uuid.UUID]:
@@ -307,17 +315,12 @@ async def fail_launches(
         {"at": at, "job_id": str(job_id), "submission_id": submission, "error": error}
         for at, (job_id, (submission, error)) in enumerate(failures.items())
     ]
-    moves = {
-        source.value: (JobStatus.cancelled if source is JobStatus.cancelling else JobStatus.failed).value
-        for source in JobStatus
-        if can_transition(source, JobStatus.cancelled if source is JobStatus.cancelling else JobStatus.failed)
-    }
     result = await session.execute(
         FAIL_LAUNCHES,
         {
             "rows": json.dumps(rows),
             "job_ids": list(failures),  # the primary key's index finds them (a join on `rows` scanned jobs)
-            "moves": json.dumps(moves),
+            "moves": FAIL_MOVES,
             "owner": owner,
             "channel": channel,
         },

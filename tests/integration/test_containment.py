@@ -121,7 +121,7 @@ def test_a_submit_that_raises_is_retried_with_backoff_and_never_stops_the_others
             await dispatcher.reconcile_round()  # within the backoff: not sent again
             assert world.ray.submit_calls[sub_id] == 1
             del world.ray.submit_errors[sub_id]
-            dispatcher.launch_backoff.delays[sub_id] = (0.0, 1.0)  # the backoff has passed
+            dispatcher.backoff.delays[sub_id] = (0.0, 1.0)  # the backoff has passed
             await dispatcher.reconcile_round()
             assert world.ray.submit_calls[sub_id] == 2 and sub_id in world.ray.jobs
 
@@ -255,7 +255,7 @@ def test_a_final_log_read_that_fails_is_retried_then_recorded(database_url: str)
             assert (await world.job(job_id)).status is JobStatus.starting  # waits for its logs
 
             world.ray.final_logs_down = False
-            dispatcher.launch_backoff.forget(f"logs:{sub_id}")
+            dispatcher.backoff.forget(f"logs:{sub_id}")
             await dispatcher.reconcile_round()
             assert (await world.job(job_id)).status is JobStatus.succeeded
             assert "logs_incomplete" not in [e.kind for e in await world.events(job_id)]
@@ -266,7 +266,7 @@ def test_a_final_log_read_that_fails_is_retried_then_recorded(database_url: str)
             other_sub = f"tm-{other}-1"
             world.ray.jobs[other_sub] = RayJobState.SUCCEEDED
             world.ray.final_logs_down = True
-            dispatcher.launch_backoff.delays[f"logs:{other_sub}"] = (0.0, 60.0)  # it has waited long enough
+            dispatcher.backoff.delays[f"logs:{other_sub}"] = (0.0, 60.0)  # it has waited long enough
             await dispatcher.reconcile_round()
             job = await world.job(other)
             assert job.status is JobStatus.succeeded
