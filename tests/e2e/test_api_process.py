@@ -28,7 +28,7 @@ def test_cli_submit_ls_get_cancel(api_process: ApiProcess) -> None:
         "submit",
         "builtin:mlp",
         "--name",
-        "cli-job",
+        "cli-job [/]",  # brackets are shown as written, never read as markup
         "--workers",
         "2",
         "--label",
@@ -43,10 +43,10 @@ def test_cli_submit_ls_get_cancel(api_process: ApiProcess) -> None:
     listed = json.loads(cli(api_process, "ls", "--label", "via=cli", "--json").stdout)
     assert [j["id"] for j in listed] == [job["id"]]
     table = cli(api_process, "ls").stdout
-    assert job["id"][:8] in table and "cli-job" in table  # ls shows 8-character ids
+    assert job["id"][:8] in table and "cli-job [/]" in table  # ls shows 8-character ids
 
     shown = cli(api_process, "get", job["id"]).stdout
-    assert "builtin:mlp" in shown and "queued" in shown
+    assert "builtin:mlp" in shown and "queued" in shown and "cli-job [/]" in shown
 
     assert "cancelled" in cli(api_process, "cancel", job["id"]).stdout
     again = cli(api_process, "cancel", job["id"], check=False)

@@ -60,7 +60,7 @@ def test_worker_killed_after_a_checkpoint(stack: Stack, tmp_path: Path, max_fail
             with pytest.raises(tm.JobFailed) as caught:
                 client.wait(job.id, timeout=5)
             assert done.error in str(caught.value)
-            shown = subprocess.run(
+            shown_run = subprocess.run(
                 [TRAINMASTER, "get", job.id],
                 capture_output=True,
                 text=True,
@@ -71,8 +71,8 @@ def test_worker_killed_after_a_checkpoint(stack: Stack, tmp_path: Path, max_fail
                     "TRAINMASTER_TOKEN": stack.api.token,
                     "COLUMNS": "400",
                 },
-            ).stdout
-            assert done.error.splitlines()[0][:60] in shown
+            )
+            assert done.error.splitlines()[0][:60] in shown_run.stdout, shown_run.stderr
     wait_until(lambda: stack.ray.free_cpus() == stack.ray.total_cpus(), 60, interval=0.5, what="every CPU free again")
     from ray.util.state import list_placement_groups
 

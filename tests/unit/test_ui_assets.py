@@ -12,8 +12,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from trainmaster.cli.output import jobs_table
-from trainmaster.models import Job
+from trainmaster.cli.output import job_detail, jobs_table, wide_jobs_table
+from trainmaster.models import Job, JobEvent
 from workers.job_output import PlatformRequests
 
 UI = Path(__file__).resolve().parents[2] / "api" / "ui"
@@ -71,6 +71,30 @@ def test_ls_table_fits_80_columns_with_short_ids() -> None:
     assert lines[1].startswith("0123abcd ") and "0123abcd-" not in lines[1]
     assert "#1234 needs" in lines[1] and "…" in lines[1]
     assert lines[2].startswith("ffffabcd ") and "timed_out" in lines[2]
+
+
+def test_text_from_jobs_is_shown_as_written_never_read_as_markup() -> None:
+    # Ray's errors, job names and event messages hold brackets: "[/]" once made `get` crash with empty output.
+    now = datetime.now(timezone.utc)
+    job = Job(
+        id="0123abcd-0000-4000-8000-000000000000",
+        project="p",
+        name="[b]loud[/b] [/]",
+        status="failed",
+        spec={"entrypoint": "builtin:mlp"},
+        created_at=now,
+        error="training failed: WorkerGroupError: [rank 1] died [/] see [link=x]",
+    )
+    event = JobEvent(id=1, job_id=job.id, created_at=now, kind="note", message="exit [red]1[/]", count=1)
+    for table in (job_detail(job, [event]), jobs_table([job], width=400), wide_jobs_table([job])):
+        console = Console(width=400, record=True)
+        console.print(table)
+        shown = console.export_text()
+        assert "[b]loud[/b] [/]" in shown
+        assert "[rank 1] died [/] see [link=x]" in shown
+    console = Console(width=400, record=True)
+    console.print(job_detail(job, [event]))
+    assert "exit [red]1[/]" in console.export_text()
 
 
 def test_platform_request_lines_are_dropped_and_others_kept() -> None:

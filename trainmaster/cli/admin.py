@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from trainmaster.admin import Admin
@@ -53,7 +54,7 @@ def cluster_add(
     """Register a Ray cluster (the token itself is never stored: only where it is read from)."""
     with Admin(api_url, token) as admin:
         cluster = admin.add_cluster(name, address, token_file=token_file, token_env=token_env, labels=_labels(label))
-    console.print(f"cluster [bold]{cluster.name}[/] added: {cluster.address}", highlight=False)
+    console.print(f"cluster [bold]{escape(cluster.name)}[/] added: {escape(cluster.address)}", highlight=False)
 
 
 @cluster_app.command("ls")
@@ -71,7 +72,7 @@ def cluster_ls(
     for cluster in clusters:
         source = cluster.token_file or (f"${cluster.token_env}" if cluster.token_env else "-")
         labels = ",".join(f"{k}={v}" for k, v in cluster.labels.items()) or "-"
-        table.add_row(cluster.name, cluster.address, source, labels)
+        table.add_row(*map(escape, (cluster.name, cluster.address, source, labels)))
     console.print(table)
 
 
@@ -140,7 +141,7 @@ def token_ls(
             item.id[:SHORT_ID],
             item.project,
             item.scope,
-            item.user or item.description or "-",
+            escape(item.user or item.description or "-"),
             _when(item.expires_at) if item.expires_at else "never",
             _when(item.last_used_at),
         )

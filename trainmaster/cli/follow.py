@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from trainmaster.cli.output import console
@@ -29,7 +30,7 @@ def metrics_table(latest: dict[str, MetricValue], history: dict[str, deque[float
     for name in sorted(latest):
         point = latest[name]
         value = "nan" if point.value is None else f"{point.value:.5g}"
-        table.add_row(name, str(point.step if point.step is not None else "-"), value, sparkline(history[name]))
+        table.add_row(escape(name), str(point.step if point.step is not None else "-"), value, sparkline(history[name]))
     return table
 
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from rich.live import Live
+from rich.markup import escape
 from rich.text import Text
 
 from trainmaster.cli.output import SHORT_ID, STATUS_STYLE, console, styled_status
@@ -99,7 +100,7 @@ class JobWatch:
                 self.job = job = client.get(self.job.id).info
                 if (job.status, job.pending_reason) != seen:
                     seen = (job.status, job.pending_reason)
-                    reason = f": {job.pending_reason}" if job.pending_reason else ""
+                    reason = f": {escape(job.pending_reason)}" if job.pending_reason else ""
                     console.print(f"[dim]──[/] {self.short_id} {styled_status(job.status)}{reason}", highlight=False)
                 if job.status.terminal:
                     return

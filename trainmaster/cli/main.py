@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from trainmaster import jobfile
 from trainmaster.cli.bench import bench_app
@@ -112,7 +113,7 @@ def submit(
     with Client(api_url, token) as client:
         if package is not None:
             for warning in package.warnings():
-                err_console.print(f"[yellow]warning:[/] {warning}")
+                err_console.print(f"[yellow]warning:[/] {escape(warning)}")
             upload_unless_stored(package, api_url, token)
             spec = spec.model_copy(update={"code": package.digest})
         job = submit_with_code(client, spec, package, api_url, token) if package else client.submit(spec).info
@@ -120,7 +121,8 @@ def submit(
         if output_json:
             print(job.model_dump_json(indent=2))
         else:
-            console.print(f"submitted [bold]{short}[/] ({job.name}): {styled_status(job.status)}", highlight=False)
+            name = escape(job.name)
+            console.print(f"submitted [bold]{short}[/] ({name}): {styled_status(job.status)}", highlight=False)
             if not (wait or follow):
                 console.print(
                     f"  follow it: trainmaster logs -f {short}  ·  trainmaster metrics -f {short}\n"

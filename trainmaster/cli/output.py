@@ -10,6 +10,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
@@ -35,7 +36,7 @@ Token = Annotated[
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {message}")
+    err_console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code)
 
 
@@ -127,7 +128,7 @@ def jobs_table(jobs: Iterable[Job], width: int = 80) -> Table:
     for header, size in zip(("ID", "NAME", "STATUS", "W", "AGE", "DETAIL"), [*fixed, detail_width], strict=True):
         table.add_column(header, no_wrap=True, overflow="ellipsis", max_width=size)
     for job_id, name, status, workers, age, detail in rows:
-        table.add_row(job_id, name, styled_status(status), workers, age, detail)
+        table.add_row(job_id, escape(name), styled_status(status), workers, age, escape(detail))
     return table
 
 
@@ -144,14 +145,14 @@ def wide_jobs_table(jobs: Iterable[Job]) -> Table:
             detail = f"#{job.queue_position} {detail}"
         table.add_row(
             job.id,
-            job.name.replace("\n", " "),
+            escape(job.name.replace("\n", " ")),
             styled_status(job.status),
             str(scaling.get("num_workers", 1)),
             f"{gpus:g}",
             str(job.spec.get("priority", 0)),
             f"{job.created_at:%Y-%m-%d %H:%M:%S}",
             ran_for(job),
-            detail.replace("\n", " "),
+            escape(detail.replace("\n", " ")),
         )
     return table
 
@@ -181,24 +182,25 @@ def job_detail(job: Job, events: list[JobEvent]) -> Table:
     table.add_column(style="bold")
     table.add_column()
     table.add_row("id", job.id)
-    table.add_row("name", job.name)
-    table.add_row("project", job.project)
+    table.add_row("name", escape(job.name))
+    table.add_row("project", escape(job.project))
     table.add_row("status", styled_status(job.status))
-    table.add_row("entrypoint", str(job.spec.get("entrypoint")))
-    table.add_row("scaling", json.dumps(job.spec.get("scaling", {})))
+    table.add_row("entrypoint", escape(str(job.spec.get("entrypoint"))))
+    table.add_row("scaling", escape(json.dumps(job.spec.get("scaling", {}))))
     table.add_row("created", f"{job.created_at:%Y-%m-%d %H:%M:%S} ({ago(job.created_at)})")
     if job.queue_position:
         table.add_row("queue position", str(job.queue_position))
     if job.pending_reason:
-        table.add_row("pending reason", job.pending_reason)
+        table.add_row("pending reason", escape(job.pending_reason))
     if job.error:
-        table.add_row("error", f"[red]{job.error}[/]")
+        table.add_row("error", f"[red]{escape(job.error)}[/]")
     if job.latest_metrics:
-        table.add_row("latest metrics", json.dumps(job.latest_metrics))
+        table.add_row("latest metrics", escape(json.dumps(job.latest_metrics)))
     for attempt in job.attempts:
-        table.add_row(f"attempt {attempt.n}", f"{attempt.status} ({attempt.ray_submission_id}) {attempt.error or ''}")
+        shown = f"{attempt.status} ({attempt.ray_submission_id}) {attempt.error or ''}"
+        table.add_row(f"attempt {attempt.n}", escape(shown))
     for event in events[-10:]:
         what = event.status.value if event.status else event.kind
         repeated = f" ({event.count} times)" if event.count > 1 else ""
-        table.add_row(f"{event.created_at:%H:%M:%S}", f"{what}: {event.message or ''}{repeated}")
+        table.add_row(f"{event.created_at:%H:%M:%S}", escape(f"{what}: {event.message or ''}{repeated}"))
     return table

@@ -18,6 +18,7 @@ from typing import Annotated, Any, NoReturn
 
 import httpx
 import typer
+from rich.markup import escape
 
 from trainmaster import config, jobfile
 from trainmaster.cli.live import JobWatch
@@ -141,7 +142,7 @@ def run(
     if shipped not in package.files:
         fail(f"{shipped} is not shipped: .gitignore or .trainmasterignore leaves it out (or it looks like a secret)")
     for warning in package.warnings():
-        err_console.print(f"[yellow]warning:[/] {warning}")
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}")
     _follow_to_the_end(body, package, api_url, token)
 
 
@@ -154,17 +155,17 @@ def _follow_to_the_end(body: dict[str, Any], package: Package, api_url: str | No
         console.print(f"{what} {len(package.files)} files ({human_bytes(len(package.content))}, {package.digest[:15]})")
         spec = jobfile.validated({**body, "code": package.digest})
         job = submit_with_code(client, spec, package, api_url, token)
-        console.print(f"submitted [bold]{job.id[:8]}[/] ({job.name}): {styled_status(job.status)}")
+        console.print(f"submitted [bold]{job.id[:8]}[/] ({escape(job.name)}): {styled_status(job.status)}")
         watch = JobWatch(job, lambda: Client(api_url, token))
         watch.start()
         try:
             final = _follow(client, watch)
         finally:
             watch.stop()
-    reason = f": {final.error}" if final.error and final.status is not JobStatus.succeeded else ""
+    reason = f": {escape(final.error)}" if final.error and final.status is not JobStatus.succeeded else ""
     console.print(f"{watch.short_id} {styled_status(final.status)}{reason}", highlight=False)
     if watch.metrics:
-        console.print(f"latest metrics: {watch.metrics_summary()}", highlight=False, soft_wrap=True)
+        console.print(f"latest metrics: {escape(watch.metrics_summary())}", highlight=False, soft_wrap=True)
     if final.status is JobStatus.failed:
         short = watch.short_id
         err_console.print(f"its output: trainmaster logs {short}  ·  details: trainmaster get {short}")

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
+from rich.markup import escape
 from rich.table import Table
 
 from trainmaster.cli.output import SHORT_ID, ApiUrl, Token, client_errors, console, fail
@@ -113,7 +114,7 @@ def start(
             early_stopping=request.early_stopping.model_dump(),
             seed=request.seed,
         )
-        console.print(f"sweep [bold]{sweep.id}[/] ({sweep.info.name}): {sweep.info.max_trials} trials")
+        console.print(f"sweep [bold]{sweep.id}[/] ({escape(sweep.info.name)}): {sweep.info.max_trials} trials")
         if wait:
             with console.status(f"waiting for sweep {sweep.id[:SHORT_ID]} to end…"):
                 sweep.wait()
@@ -161,7 +162,7 @@ def list_sweeps(
     for sweep in sweeps:
         counts = " ".join(f"{n} {status}" for status, n in sorted(sweep.trial_counts.items()))
         best = f"{sweep.metric} {sweep.best.metric:.4g}" if sweep.best and sweep.best.metric is not None else "-"
-        table.add_row(sweep.id[:SHORT_ID], sweep.name, sweep.status.value, counts, best)
+        table.add_row(sweep.id[:SHORT_ID], escape(sweep.name), sweep.status.value, counts, escape(best))
     console.print(table if sweeps else "no sweeps yet: start one with `trainmaster sweep start`")
 
 
@@ -176,16 +177,17 @@ def cancel(sweep_id: SweepId, api_url: ApiUrl = None, token: Token = None) -> No
 
 def sweep_table(sweep: Sweep) -> Table:
     """Trials ranked best first, within 80 columns."""
-    table = Table(title=f"{sweep.name} · {sweep.status.value} · {sweep.mode} {sweep.metric}", box=None, pad_edge=False)
+    title = escape(f"{sweep.name} · {sweep.status.value} · {sweep.mode} {sweep.metric}")
+    table = Table(title=title, box=None, pad_edge=False)
     table.add_column("#", justify="right")
     table.add_column("job")
     table.add_column("status", no_wrap=True)
-    table.add_column(sweep.metric, justify="right", max_width=12, overflow="ellipsis", no_wrap=True)
+    table.add_column(escape(sweep.metric), justify="right", max_width=12, overflow="ellipsis", no_wrap=True)
     table.add_column("step", justify="right")
     table.add_column("params", overflow="ellipsis", no_wrap=True, max_width=36)
     for trial in sweep.trials:
         params = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
         metric = "-" if trial.metric is None else f"{trial.metric:.4g}"
         step = "-" if trial.step is None else str(trial.step)
-        table.add_row(str(trial.n), trial.job_id[:SHORT_ID], trial.status, metric, step, params)
+        table.add_row(str(trial.n), trial.job_id[:SHORT_ID], trial.status, metric, step, escape(params))
     return table
