@@ -41,14 +41,20 @@ async def admit_round(context: RoundContext) -> int:
         warning = storage_warning(settings.storage_path, cluster)  # the same for every job of the round
         admitted: list[QueuedJob] = []  # their attempts are written together, see start_attempts
         reasons: dict[uuid.UUID, str] = {}  # the waiting jobs' new reasons, written together
-        broken: dict[uuid.UUID, str] = {}  # jobs whose admission raised: they fail, the round goes on
+        # Jobs that fail here, the round going on: their admission raised, or their code package is one
+        # this dispatcher found cannot be unpacked (content-addressed: the same digest, the same bytes).
+        failures: dict[uuid.UUID, tuple[str, str]] = {}  # job id -> (error, event message)
         for job in await repo.lock_queued(session, settings.admit_batch):
+            if (code := job.spec.get("code")) is not None and (why := context.bad_code.get(code)) is not None:
+                failures[job.id] = (why, f"not launched: {why}")
+                continue
             try:
                 # Placement reads only the scaling: the whole spec is validated for the launch alone.
                 admission = admit(Scaling.model_validate(job.spec.get("scaling", {})), cluster, driver)
             except Exception as exc:  # a stored spec placement cannot read, or a bug: this job's alone
                 log.exception(json.dumps({"event": "admission_failed", "job_id": str(job.id)}))
-                broken[job.id] = f"could not be placed: {type(exc).__name__}: {str(exc)[:500]}"
+                error = f"could not be placed: {type(exc).__name__}: {str(exc)[:500]}"
+                failures[job.id] = (error, "admission_failed")
                 continue
             if admission.decision is Decision.admit and not _within(budget, job):
                 admission.decision = Decision.wait
@@ -76,10 +82,7 @@ async def admit_round(context: RoundContext) -> int:
                     reasons[job.id] = reason
             else:
                 await _infeasible(context, session, job, admission.reason, now)
-        for job_id, error in broken.items():
-            failed = await session.get_one(Job, job_id)  # locked already, by lock_queued
-            await transition(session, failed, JobStatus.failed, error=error, message="admission_failed")
-        launches += await launch.start_attempts(context, session, admitted, now, warning, reasons)
+        launches += await launch.start_attempts(context, session, admitted, now, warning, reasons, failures)
     # The attempt rows are committed: only now may Ray hear of them.
     await launch.submit_all(context, launches)
     return len(launches)

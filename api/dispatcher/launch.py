@@ -57,11 +57,13 @@ async def start_attempts(
     now: datetime,
     warning: str | None = None,
     reasons: Mapping[uuid.UUID, str] | None = None,
+    failures: Mapping[uuid.UUID, tuple[str, str]] | None = None,
 ) -> list[Launch]:
     """New attempt rows for the gangs an admission round admitted (committed by the caller before any
     submit) and the launches that go with them. Each job's status change to starting, attempt, events
     (the round's storage `warning` first) and job token, the waiting jobs' new `reasons`, and every
-    NOTIFY, are one statement for the whole round (repository.ROUND_WRITES). It moves only the jobs
+    NOTIFY, the jobs that fail before a launch (`failures`: job id -> (error, event message)), are one
+    statement for the whole round (repository.ROUND_WRITES). It moves only the jobs
     the status machine lets become starting; one that may not (it left `queued` after the claim) gets
     nothing and is not launched, and the round goes on with the others. Nothing here reads or unpacks
     code (that waits for the commit: `submit_all`), and a launch that cannot be built is returned
@@ -83,6 +85,7 @@ async def start_attempts(
         gangs=gangs,
         warning=warning,
         reasons=reasons,
+        failures=failures,
         owner=context.owner,
         lease_expires_at=now + timedelta(seconds=settings.lease_s),
         channel=JOB_CHANNEL,
@@ -155,9 +158,9 @@ async def with_code(context: RoundContext, launch: Launch) -> Launch:
         return replace(launch, runtime_env={**launch.runtime_env, "working_dir": str(folder)})
     async with context.sessions() as session:
         content = await code_repository.content(session, uuid.UUID(launch.project_id), launch.code)
+    if content is None:  # this project's alone (another may hold the same digest): not remembered
+        raise archive.BadPackage(f"code package {launch.code} is not stored for this job's project: upload it")
     try:
-        if content is None:
-            raise archive.BadPackage(f"code package {launch.code} is not stored for this job's project: upload it")
         folder = await asyncio.to_thread(
             archive.unpacked,
             cache,
@@ -167,7 +170,7 @@ async def with_code(context: RoundContext, launch: Launch) -> Launch:
             max_unpacked_bytes=settings.max_code_unpacked_bytes,
         )
     except archive.BadPackage as exc:
-        context.remember_bad_code(launch.code, str(exc))  # its next jobs fail without a read
+        context.remember_bad_code(launch.code, str(exc))  # its next jobs fail in admission, unlaunched
         raise
     return replace(launch, runtime_env={**launch.runtime_env, "working_dir": str(folder)})
 

@@ -20,6 +20,7 @@ from trainmaster.models import JobStatus
 
 ADMISSION_LOCK = 0x746D_6164  # "tmad": one admission round at a time across every dispatcher
 STARTING_SOURCES = sources(JobStatus.starting)  # what ROUND_WRITES may move to starting
+FAILED_SOURCES = sources(JobStatus.failed)  # and to failed
 
 
 async def db_now(session: AsyncSession) -> datetime:
@@ -117,10 +118,12 @@ async def lock_queued(session: AsyncSession, limit: int) -> list[QueuedJob]:
 # under this dispatcher's lease, but only those whose status may still legally become starting
 # (`sources`, from the status machine's table: api/jobs/status.py); each gang that moved, and only
 # those, gets its attempt row (pending), job token, events (the round's storage `warning` first, then
-# each status change with the status it left) and NOTIFY (sent by PostgreSQL at commit). The waiting
-# jobs get their new reasons (`reasons`). The rows come as JSON documents, one parameter each. The
-# self-join on `jobs AS old` reads each row as it was before the UPDATE (its status left). Returns
-# the ids of the jobs that moved.
+# each status change with the status it left) and NOTIFY (sent by PostgreSQL at commit). The jobs the
+# round could not place or knows cannot launch (`failures`) fail, each with its error, status event
+# and NOTIFY, as `transition` would write them one at a time. The waiting jobs get their new reasons
+# (`reasons`). The rows come as JSON documents, one parameter each. The self-join on `jobs AS old`
+# reads each row as it was before the UPDATE (its status left). Returns the ids of the jobs that moved,
+# each with whether it started (else it failed).
 ROUND_WRITES = text(
     """
     WITH started AS (
@@ -131,6 +134,13 @@ ROUND_WRITES = text(
              jobs old
         WHERE j.id = g.job_id AND old.id = g.job_id AND old.status = ANY(CAST(:sources AS job_status[]))
         RETURNING g.*, old.status AS left_status
+    ),
+    failed AS (
+        UPDATE jobs j SET status = 'failed', error = f.error, finished_at = now(), pending_reason = NULL
+        FROM jsonb_to_recordset(CAST(:failures AS jsonb)) AS f(at int, job_id uuid, error text, message text),
+             jobs old
+        WHERE j.id = f.job_id AND old.id = f.job_id AND old.status = ANY(CAST(:failed_sources AS job_status[]))
+        RETURNING f.*, old.status AS left_status
     ),
     attempts AS (
         INSERT INTO job_attempts (job_id, n, ray_submission_id, status)
@@ -153,6 +163,9 @@ ROUND_WRITES = text(
             UNION ALL
             SELECT 1, s.at, s.job_id, 'status', 'starting', s.message, jsonb_build_object('from', s.left_status)
             FROM started s
+            UNION ALL
+            SELECT 2, f.at, f.job_id, 'status', 'failed', f.message, jsonb_build_object('from', f.left_status)
+            FROM failed f
         ) AS e
         ORDER BY e.part, e.at
     ),
@@ -162,7 +175,10 @@ ROUND_WRITES = text(
         FROM jsonb_to_recordset(CAST(:reasons AS jsonb)) AS r(job_id uuid, reason text)
         WHERE j.id = r.job_id
     )
-    SELECT s.job_id, pg_notify(:channel, s.payload) FROM started s
+    SELECT s.job_id, true, pg_notify(:channel, s.payload) FROM started s
+    UNION ALL
+    SELECT f.job_id, false, pg_notify(:channel, json_build_object('job_id', f.job_id, 'status', 'failed')::text)
+    FROM failed f
     """
 )
 
@@ -184,15 +200,17 @@ async def write_round(
     gangs: Sequence[Gang] = (),
     warning: str | None = None,
     reasons: Mapping[uuid.UUID, str] | None = None,
+    failures: Mapping[uuid.UUID, tuple[str, str]] | None = None,
     clear_infeasible: bool = True,
     owner: str = "",
     lease_expires_at: datetime | None = None,
     channel: str = "",
 ) -> set[uuid.UUID]:
-    """ROUND_WRITES; `warning` is an event for every gang that starts; with `clear_infeasible` the
-    waiting jobs are no longer marked infeasible (they can fit the cluster). Returns the ids of the
-    gangs that moved to starting: a gang whose job left `queued` since the claim is left as it is."""
-    if not gangs and not reasons:
+    """ROUND_WRITES; `warning` is an event for every gang that starts; `failures` (job id -> (error,
+    event message)) fail; with `clear_infeasible` the waiting jobs are no longer marked infeasible
+    (they can fit the cluster). Returns the ids of the gangs that moved to starting: a gang whose job
+    left `queued` since the claim is left as it is."""
+    if not gangs and not reasons and not failures:
         return set()
     gang_rows = [
         {
@@ -209,11 +227,17 @@ async def write_round(
         for at, gang in enumerate(gangs)
     ]
     reason_rows = [{"job_id": str(job_id), "reason": reason} for job_id, reason in (reasons or {}).items()]
+    failure_rows = [
+        {"at": at, "job_id": str(job_id), "error": error, "message": message}
+        for at, (job_id, (error, message)) in enumerate((failures or {}).items())
+    ]
     result = await session.execute(
         ROUND_WRITES,
         {
             "gangs": json.dumps(gang_rows),
             "sources": STARTING_SOURCES,
+            "failures": json.dumps(failure_rows),
+            "failed_sources": FAILED_SOURCES,
             "warning": warning,
             "reasons": json.dumps(reason_rows),
             "clear_infeasible": clear_infeasible,
@@ -222,7 +246,7 @@ async def write_round(
             "channel": channel,
         },
     )
-    return {row[0] for row in result.all()}
+    return {job_id for job_id, started, _ in result.all() if started}
 
 
 # The launches Ray accepted, marked submitted under the fencing check of `leased_many` in one

@@ -85,6 +85,22 @@ def test_a_package_that_cannot_be_unpacked_fails_its_job_and_others_start(databa
             assert (await world.job(broken)).status is JobStatus.failed
             assert len(await world.attempts(broken)) == 1
 
+            # A later job naming the same package fails in admission with the same reason: no attempt,
+            # no launch, no read of the package; the job beside it starts in the same round.
+            again = await world.submit("alpha", priority=100, code=bad, **one_worker())
+            beside = await world.submit("gamma", **one_worker())
+            await world.execute(  # gone from the store: a read would now say "not stored"
+                lambda s: s.execute(text("DELETE FROM code_packages WHERE id = :id"), {"id": bad})
+            )
+            await dispatcher.admit_round()
+            job = await world.job(again)
+            assert job.status is JobStatus.failed and job.error == (await world.job(broken)).error
+            assert await world.attempts(again) == []
+            assert not any(launch.code == bad for launch in world.ray.launches.values())
+            assert (await world.job(beside)).status is JobStatus.starting
+            [event] = [e for e in await world.events(again) if e.status is JobStatus.failed]
+            assert event.message == f"not launched: {job.error}" and event.data == {"from": "queued"}
+
     run(scenario())
 
 
