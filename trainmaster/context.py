@@ -4,6 +4,11 @@ The dispatcher builds the environment of every attempt with `JobContext.to_env`;
 Ray Train controller callback, every worker and `trainmaster.log()` read it back with
 `JobContext.from_env`. The variable names are defined here and nowhere else.
 
+A launch carries its job token's single-use claim (TRAINMASTER_JOB_CLAIM), never the token: every job
+on a Ray cluster can read every launch's environment through Ray's Jobs API. The driver exchanges the
+claim once (`JobContext.claimed`) and keeps the token in its own environment; the Ray Train controller
+and workers get it from the driver inside Ray (workers/callbacks.py: JobTokenCallback).
+
 `JobApi` is the job's one HTTP client (job token, timeouts on): events, checkpoints and metric
 batches. Reporting must never fail a training run, so its callers swallow and print errors.
 Metric batches, sent several times a second from inside the training process, go on a kept-alive
@@ -17,8 +22,9 @@ import http.client
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,6 +35,7 @@ ENV_ATTEMPT = "TRAINMASTER_ATTEMPT"
 ENV_JOB_SPEC = "TRAINMASTER_JOB_SPEC"
 ENV_API_URL = "TRAINMASTER_API_URL"
 ENV_JOB_TOKEN = "TRAINMASTER_JOB_TOKEN"
+ENV_JOB_CLAIM = "TRAINMASTER_JOB_CLAIM"
 ENV_STORAGE_PATH = "TRAINMASTER_STORAGE_PATH"
 ENV_COLLECTIVE_TIMEOUT_S = "TRAINMASTER_COLLECTIVE_TIMEOUT_S"
 ENV_SYSTEM_METRICS_INTERVAL_S = "TRAINMASTER_SYSTEM_METRICS_INTERVAL_S"
@@ -53,6 +60,7 @@ class JobContext:
     attempt: int = 1
     api_url: str | None = None
     token: str | None = None
+    claim: str | None = None
     spec_json: str | None = None
     storage_path: str = DEFAULT_STORAGE_PATH
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
@@ -71,6 +79,7 @@ class JobContext:
             attempt=int(_float(env.get(ENV_ATTEMPT), 1)),
             api_url=env.get(ENV_API_URL) or None,
             token=env.get(ENV_JOB_TOKEN) or None,
+            claim=env.get(ENV_JOB_CLAIM) or None,
             spec_json=env.get(ENV_JOB_SPEC),
             storage_path=env.get(ENV_STORAGE_PATH) or DEFAULT_STORAGE_PATH,
             collective_timeout_s=_float(env.get(ENV_COLLECTIVE_TIMEOUT_S), DEFAULT_COLLECTIVE_TIMEOUT_S),
@@ -82,16 +91,48 @@ class JobContext:
         except the collective timeout, which a job may set for itself."""
         env = {
             ENV_COLLECTIVE_TIMEOUT_S: str(self.collective_timeout_s),
-            **self.extra_env,
+            **{name: value for name, value in self.extra_env.items() if name not in (ENV_JOB_TOKEN, ENV_JOB_CLAIM)},
             ENV_JOB_ID: self.job_id,
             ENV_ATTEMPT: str(self.attempt),
             ENV_STORAGE_PATH: self.storage_path,
             ENV_SYSTEM_METRICS_INTERVAL_S: str(self.system_metrics_interval_s),
         }
-        for name, value in ((ENV_API_URL, self.api_url), (ENV_JOB_TOKEN, self.token), (ENV_JOB_SPEC, self.spec_json)):
+        for name, value in (
+            (ENV_API_URL, self.api_url),
+            (ENV_JOB_TOKEN, self.token),
+            (ENV_JOB_CLAIM, self.claim),
+            (ENV_JOB_SPEC, self.spec_json),
+        ):
             if value:
                 env[name] = value
         return env
+
+    def claimed(self, *, tries: int = 7, transport: httpx.BaseTransport | None = None) -> JobContext:
+        """This context with its job token in place of the claim, exchanged with the API once, and the
+        token set in this process's environment (for `from_env` and its children) in place of the
+        claim. Unchanged when it holds no claim. A refused claim raises ClaimRefused; an API that does
+        not answer is asked `tries` times, a second apart and doubling to 15 s (about 45 s in all)."""
+        if not (self.claim and self.api_url):
+            return self
+        url = f"{self.api_url.rstrip('/')}/v1/tokens/claim"
+        delay = 1.0
+        with httpx.Client(timeout=10, transport=transport) as http:
+            for attempt in range(tries):
+                try:
+                    response = http.post(url, json={"job_id": self.job_id, "claim": self.claim})
+                    break
+                except httpx.TransportError:
+                    if attempt == tries - 1:
+                        raise
+                    time.sleep(delay)
+                    delay = min(delay * 2, 15.0)
+        if response.status_code != 201:
+            refusal = f"{response.status_code}: {response.text[:300]}"
+            raise ClaimRefused(f"the API refused this job's token claim ({refusal})")
+        token = response.json()["token"]
+        os.environ[ENV_JOB_TOKEN] = token
+        os.environ.pop(ENV_JOB_CLAIM, None)
+        return replace(self, token=token, claim=None)
 
     @property
     def can_report(self) -> bool:
@@ -101,6 +142,10 @@ class JobContext:
         if not (self.api_url and self.token):
             raise RuntimeError(f"job {self.job_id} has no API address or token to report with")
         return JobApi(self.api_url, self.token, self.job_id, self.attempt, transport=transport)
+
+
+class ClaimRefused(RuntimeError):
+    """The API would not exchange the job's claim: used already, expired, or not this job's."""
 
 
 class JobApi:

@@ -1,8 +1,12 @@
 """What Ray Train's controller sees, forwarded to trainmaster.
 
 Runs inside the TrainController actor (registered through RunConfig.callbacks), whose environment
-carries the job's id and token like every other process of the job.
+carries the job's id like every other process of the job. The job token is not in that environment
+(a launch carries only its claim, which the driver exchanged): `JobTokenCallback` brings it.
 
+- `JobTokenCallback`: the driver's job token, set in the controller's environment as the callback is
+  unpickled there, and in each worker's before its training function starts (an actor call, inside
+  Ray: never in a runtime environment or train_loop_config, which Ray shows to every job).
 - `TrainmasterCallback` (Ray's public `UserCallback`): reported metrics and checkpoints.
 - `PlacementCallback` (Ray Train's controller and worker-group hooks, pinned with ray 2.60.*): when
   the gang waits for its placement group, which node each worker landed on (the event
@@ -13,15 +17,33 @@ carries the job's id and token like every other process of the job.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from ray.train import UserCallback
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 
 import trainmaster
-from trainmaster.context import post_event, record_checkpoint
+from trainmaster.context import ENV_JOB_TOKEN, post_event, record_checkpoint
 
 MAX_LISTED_WORKERS = 64  # event data stays small for a gang of 1,024
+
+
+def _set_job_token(token: str | None) -> None:
+    if token:
+        os.environ[ENV_JOB_TOKEN] = token
+
+
+class JobTokenCallback(WorkerGroupCallback):
+    def __init__(self, token: str | None) -> None:
+        self.token = token
+
+    def __setstate__(self, state: dict[str, Any]) -> None:  # unpickled in the controller actor
+        self.__dict__.update(state)
+        _set_job_token(self.token)
+
+    def after_worker_group_start(self, worker_group: Any) -> None:
+        worker_group.execute(_set_job_token, self.token)
 
 
 class TrainmasterCallback(UserCallback):

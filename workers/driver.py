@@ -18,8 +18,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 import trainmaster
-from trainmaster.context import ENV_WORKER_RANK, JobContext, post_event
+from trainmaster.context import ENV_WORKER_RANK, ClaimRefused, JobContext, post_event
 from trainmaster.models import JobSpec
 from workers import entrypoints, frameworks, job_output, system_metrics, warm
 from workers.collectives.timeout import collective_timeout_s, explain_failure
@@ -75,7 +77,7 @@ def build_trainer(spec: JobSpec, context: JobContext) -> Any:
     """The framework's Ray trainer (workers/frameworks/) with the gang, storage and callbacks of every job."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
-    from workers.callbacks import PlacementCallback, TrainmasterCallback
+    from workers.callbacks import JobTokenCallback, PlacementCallback, TrainmasterCallback
 
     framework = frameworks.require(spec.framework)  # fail here, naming the install line, not in every worker
     if spec.entrypoint.startswith("script:"):
@@ -104,7 +106,8 @@ def build_trainer(spec: JobSpec, context: JobContext) -> Any:
             storage_path=storage_path(context),
             failure_config=FailureConfig(max_failures=spec.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.num_to_keep),
-            callbacks=[TrainmasterCallback(), PlacementCallback()],  # type: ignore[list-item]
+            # JobTokenCallback first: the controller and the workers hold the job token before anything reports
+            callbacks=[JobTokenCallback(context.token), TrainmasterCallback(), PlacementCallback()],  # type: ignore[list-item]
         ),
     )
 
@@ -122,6 +125,17 @@ def main(argv: list[str] | None = None) -> int:
     spec = JobSpec.model_validate_json(context.spec_json)
     job_output.quiet_platform_requests(context.api_url)
     print(f"[trainmaster] job {args.job_id} attempt {args.attempt}: {spec.entrypoint}", flush=True)
+    try:
+        context = context.claimed()  # the job token for the launch's single-use claim, before any report
+    except (ClaimRefused, httpx.HTTPError) as exc:
+        print(
+            f"[trainmaster] error: this attempt cannot report to the API, so it stops: {exc}. "
+            "A claim is refused when it was used already (another process may hold this job's token: "
+            "it is revoked now) or when the attempt started later than launch_timeout_s + starting_timeout_s.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 2
     threading.Thread(target=_report_driver_up, name="driver-up", daemon=True).start()
     started = time.monotonic()
     try:

@@ -12,7 +12,7 @@ from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.principal import Scope
-from api.auth.service import create_job_token, create_project_token, create_token, expiry
+from api.auth.service import claim_job_token, create_job_token, create_project_token, create_token, expiry
 from api.db.models import Cluster, Job
 from api.db.session import create_engine, session_factory
 from api.settings import Settings
@@ -77,12 +77,13 @@ def point_cluster(database_url: str, name: str, address: str, token_file: str | 
 
 
 def job_token(database_url: str, job_id: str) -> str:
-    """A job-scoped token, as the dispatcher makes for each attempt."""
+    """A job-scoped token, as the dispatcher makes for each attempt and its driver claims."""
 
     async def make(session: AsyncSession) -> str:
         job = await session.get(Job, uuid.UUID(job_id))
         if job is None:
             raise LookupError(f"no job {job_id}")
-        return await create_job_token(session, job.project_id, job.id)
+        claim = await create_job_token(session, job.project_id, job.id)
+        return await claim_job_token(session, job_id, claim, ttl_s=60)
 
     return _in_transaction(database_url, make)

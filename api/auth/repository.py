@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -50,12 +50,48 @@ async def add_token(
 
 
 # Who an active token belongs to, on a direct connection: (token id, job id, project id, project name,
-# scope, expiry as epoch seconds, cluster name, max priority). An expired token is not found.
+# scope, expiry as epoch seconds, cluster name, max priority). An expired token is not found, nor a job
+# token not yet claimed (its hash is its claim's: a claim authenticates nothing).
 FIND_ACTIVE_TOKEN = """
     SELECT t.id, t.job_id, p.id, p.name, t.scope, extract(epoch FROM t.expires_at)::float8, c.name, p.max_priority
     FROM api_tokens t JOIN projects p ON p.id = t.project_id JOIN clusters c ON c.id = p.cluster_id
     WHERE t.token_hash = %(hash)s AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())
+      AND (t.job_id IS NULL OR t.claimed_at IS NOT NULL)
 """
+
+# A job token's claim exchanged for the token, once: only an unclaimed, unrevoked row of that job made
+# less than `ttl_s` ago matches; its hash becomes the new token's and the claim's is kept.
+CLAIM_JOB_TOKEN = text(
+    """
+    UPDATE api_tokens SET token_hash = :token_hash, claim_hash = token_hash, claimed_at = now()
+    WHERE token_hash = :claim_hash AND job_id = :job_id AND claimed_at IS NULL AND revoked_at IS NULL
+      AND created_at > now() - make_interval(secs => :ttl_s)
+    RETURNING id
+    """
+)
+
+# A claim presented after its use: whoever holds that token may not be the job, so it is revoked.
+REVOKE_REPLAYED_CLAIM = text(
+    """
+    UPDATE api_tokens SET revoked_at = now()
+    WHERE claim_hash = :claim_hash AND job_id = :job_id AND revoked_at IS NULL
+    RETURNING id
+    """
+)
+
+
+async def claim_job_token(
+    session: AsyncSession, job_id: uuid.UUID, claim_hash: str, token_hash: str, ttl_s: float
+) -> str:
+    """'claimed', 'replayed' (a used claim: its token is revoked now) or 'refused' (unknown, expired,
+    revoked, or another job's)."""
+    params = {"job_id": job_id, "claim_hash": claim_hash}
+    if (await session.execute(CLAIM_JOB_TOKEN, {**params, "token_hash": token_hash, "ttl_s": ttl_s})).first():
+        return "claimed"
+    if (await session.execute(REVOKE_REPLAYED_CLAIM, params)).first():
+        return "replayed"
+    return "refused"
+
 
 # At most once a minute per token, whichever API process asks (the WHERE), and never a revocation's
 # NOTIFY: the trigger of 0006 fires on other columns only.

@@ -11,8 +11,9 @@ from api.auth.deps import ProjectPrincipal
 from api.auth.principal import Scope
 from api.db.models import ApiToken
 from api.db.session import Session
+from api.deps import AppSettings
 from api.errors import error_responses
-from trainmaster.models import TokenCreated, TokenInfo, TokenList, TokenSpec
+from trainmaster.models import JobTokenClaim, JobTokenClaimed, TokenCreated, TokenInfo, TokenList, TokenSpec
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=error_responses(401, 403, 404, 422, 503))
 
@@ -38,6 +39,15 @@ async def create_token(spec: TokenSpec, session: Session, principal: ProjectPrin
         user_name=spec.user,
     )
     return TokenCreated(**to_wire(row, project).model_dump(), token=token)
+
+
+@router.post("/claim", response_model=JobTokenClaimed, status_code=status.HTTP_201_CREATED)
+async def claim_job_token(body: JobTokenClaim, session: Session, settings: AppSettings) -> JobTokenClaimed:
+    """A job's driver exchanges its launch's single-use claim for its job token (no bearer token: the
+    claim is the credential). A claim works once, within the launch and starting timeouts; presented
+    again, 401, and the token it gave is revoked."""
+    ttl_s = settings.launch_timeout_s + settings.starting_timeout_s
+    return JobTokenClaimed(token=await service.claim_job_token(session, body.job_id, body.claim, ttl_s))
 
 
 @router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT)

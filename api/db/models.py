@@ -88,9 +88,14 @@ class Project(Base):
 
 class ApiToken(Base):
     """A bearer token. Only its SHA-256 is stored; `job_id` set means a job-scoped token. `scope`:
-    admin (also its project's rights), project, job, metrics (reads /metrics only)."""
+    admin (also its project's rights), project, job, metrics (reads /metrics only). A job token is
+    written with the hash of a single-use claim and authenticates nothing until its driver claims it
+    (`claimed_at`; `claim_hash` then keeps the claim's hash, to catch a claim presented again)."""
 
     __tablename__ = "api_tokens"
+    __table_args__ = (
+        Index("ix_api_tokens_claim_hash", "claim_hash", unique=True, postgresql_where=text("claim_hash IS NOT NULL")),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True, default=uuid.uuid4)
     project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
@@ -103,6 +108,8 @@ class ApiToken(Base):
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # at most a minute stale
     user_name: Mapped[str | None] = mapped_column(String(128))
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    claim_hash: Mapped[str | None] = mapped_column(String(64))
 
 
 class Job(Base):

@@ -69,16 +69,16 @@ async def start_attempts(
     code (that waits for the commit: `submit_all`), and a launch that cannot be built is returned
     refused, for `submit_all` to fail its job alone."""
     settings = context.settings
-    tokens = [new_token() for _ in admitted]
+    claims = [new_token() for _ in admitted]  # each job token row is written with its claim's hash
     gangs = [
         repo.Gang(
             job,
             job.attempts + 1,
             submission_id(job.id, job.attempts + 1),
-            hash_token(token),
+            hash_token(claim),
             f"admitted; attempt {job.attempts + 1} ({submission_id(job.id, job.attempts + 1)})",
         )
-        for job, token in zip(admitted, tokens, strict=True)
+        for job, claim in zip(admitted, claims, strict=True)
     ]
     started = await repo.write_round(
         session,
@@ -91,12 +91,12 @@ async def start_attempts(
         channel=JOB_CHANNEL,
     )
     launches = []
-    for gang, token in zip(gangs, tokens, strict=True):
+    for gang, claim in zip(gangs, claims, strict=True):
         if gang.job.id not in started:
             log.warning(json.dumps({"event": "start_refused", "job_id": str(gang.job.id), "reason": "not queued"}))
             continue
         try:
-            launches.append(build(settings, gang.job, LaunchSpec.stored(gang.job.spec), gang.n, token))
+            launches.append(build(settings, gang.job, LaunchSpec.stored(gang.job.spec), gang.n, claim))
         except Exception as exc:  # this job's spec, or a bug: its job fails, the round goes on
             log.exception(json.dumps({"event": "build_failed", "job_id": str(gang.job.id)}))
             launches.append(refused(gang.job, gang.n, f"the launch could not be built: {type(exc).__name__}: {exc}"))
@@ -104,10 +104,10 @@ async def start_attempts(
 
 
 async def prepare(settings: Settings, session: AsyncSession, job: Job, spec: JobSpec, n: int) -> Launch:
-    """A fresh job token for one submit of attempt `n` (first or repeated); the code is unpacked by
-    `submit_all`, outside the caller's transaction."""
-    token = await create_job_token(session, job.project_id, job.id)
-    return build(settings, job, spec, n, token)
+    """A fresh job token claim for one submit of attempt `n` (first or repeated); the code is unpacked
+    by `submit_all`, outside the caller's transaction."""
+    claim = await create_job_token(session, job.project_id, job.id)
+    return build(settings, job, spec, n, claim)
 
 
 def refused(job: JobRef, n: int, why: str) -> Launch:
@@ -175,14 +175,17 @@ async def with_code(context: RoundContext, launch: Launch) -> Launch:
     return replace(launch, runtime_env={**launch.runtime_env, "working_dir": str(folder)})
 
 
-def build(settings: Settings, job: JobRef, spec: JobSpec | LaunchSpec, n: int, token: str) -> Launch:
+def build(settings: Settings, job: JobRef, spec: JobSpec | LaunchSpec, n: int, claim: str) -> Launch:
+    """Attempt `n`'s launch. It carries the claim of its job token, never the token: every job on the
+    cluster can read a launch's environment through Ray's Jobs API, and the driver exchanges the claim
+    once (JobContext.claimed)."""
     if isinstance(spec, JobSpec):
         spec = LaunchSpec.of(spec)
     context = JobContext(
         job_id=str(job.id),
         attempt=n,
         api_url=settings.api_url,
-        token=token,
+        claim=claim,
         spec_json=spec.spec_json,
         storage_path=settings.storage_path,
         collective_timeout_s=settings.collective_timeout_s,

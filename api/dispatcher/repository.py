@@ -190,7 +190,7 @@ class Gang:
     job: QueuedJob
     n: int
     submission_id: str
-    token_hash: str
+    token_hash: str  # of its job token's claim (launch.build): the row authenticates nothing until claimed
     message: str
 
 

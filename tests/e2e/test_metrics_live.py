@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 
+import httpx
 import pytest
 
 import trainmaster as tm
@@ -34,6 +35,18 @@ def test_metrics_arrive_over_sse_before_the_job_ends(stack: Stack) -> None:
         assert {v.rank for v in losses} == {0, 1}
         assert len({v.seq for v in values}) == len(values)
         assert done.latest_metrics and "loss" in done.latest_metrics
+
+    # What every job on the cluster can read of this one through Ray's Jobs API holds no job token,
+    # only the claim the driver exchanged, which is worthless now.
+    from ray.job_submission import JobSubmissionClient
+
+    seen = JobSubmissionClient(stack.ray.dashboard, headers=stack.ray.headers()).get_job_info(f"tm-{job.id}-1")
+    env = (seen.runtime_env or {}).get("env_vars", {})
+    assert "TRAINMASTER_JOB_TOKEN" not in env and env.get("TRAINMASTER_JOB_CLAIM", "").startswith("tm_")
+    replay = httpx.post(
+        f"{stack.api.url}/v1/tokens/claim", json={"job_id": job.id, "claim": env["TRAINMASTER_JOB_CLAIM"]}, timeout=30
+    )
+    assert replay.status_code == 401
 
 
 def test_api_killed_and_restarted_mid_job_loses_no_point(stack: Stack) -> None:

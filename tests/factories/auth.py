@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth import admin
 from api.auth.principal import Scope
+from api.auth.service import create_job_token
+from api.db.models import Job
 
 
 def project_token(database_url: str, project: str = "alpha") -> str:
@@ -19,3 +24,14 @@ def job_token(database_url: str, job_id: str) -> str:
 def scoped_token(database_url: str, project: str = "default", scope: str = "admin", **options: Any) -> str:
     """A token of `scope` (admin, project, metrics), as `trainmaster token create --scope` makes it."""
     return admin.token(database_url, project, scope=Scope(scope), **options)
+
+
+def job_claim(database_url: str, job_id: str) -> str:
+    """A job token's claim, as an admission round writes it into a launch (not yet exchanged)."""
+
+    async def make(session: AsyncSession) -> str:
+        job = await session.get(Job, uuid.UUID(job_id))
+        assert job is not None, job_id
+        return await create_job_token(session, job.project_id, job.id)
+
+    return admin._in_transaction(database_url, make)

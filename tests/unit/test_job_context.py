@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import os
+import time
 import uuid
+from typing import Any
+
+import httpx
+import pytest
 
 from api.db.models import Job
 from api.dispatcher import launch
 from api.settings import Settings
-from trainmaster.context import JobContext
+from trainmaster.context import ClaimRefused, JobContext
 from trainmaster.models import JobSpec
 
 
 def launched_env(settings: Settings, spec: JobSpec) -> dict[str, str]:
     job = Job(id=uuid.uuid4(), name=spec.name, spec=spec.model_dump(mode="json"))
-    built = launch.build(settings, job, spec, 3, "tm_job_token")
+    built = launch.build(settings, job, spec, 3, "tm_job_claim")
     env = built.runtime_env["env_vars"]
     assert isinstance(env, dict)
     return env
@@ -31,7 +38,9 @@ def test_what_the_dispatcher_writes_is_what_a_worker_reads() -> None:
     context = JobContext.from_env(env)
     assert context is not None
     assert context.attempt == 3
-    assert context.api_url == "http://api:8000" and context.token == "tm_job_token"
+    assert context.api_url == "http://api:8000"
+    # The launch carries the claim, never a token: every job on the cluster can read it (Ray's Jobs API).
+    assert context.claim == "tm_job_claim" and context.token is None and "TRAINMASTER_JOB_TOKEN" not in env
     assert context.storage_path == "/mnt/ckpt"
     assert context.collective_timeout_s == 90
     assert context.system_metrics_interval_s == 0.5  # the documented setting reaches the workers
@@ -43,11 +52,17 @@ def test_a_jobs_env_cannot_impersonate_another_job_but_may_set_its_collective_ti
     spec = JobSpec(
         name="ctx",
         entrypoint="builtin:mlp",
-        env={"TRAINMASTER_JOB_ID": "someone-else", "TRAINMASTER_COLLECTIVE_TIMEOUT_S": "12"},
+        env={
+            "TRAINMASTER_JOB_ID": "someone-else",
+            "TRAINMASTER_COLLECTIVE_TIMEOUT_S": "12",
+            "TRAINMASTER_JOB_TOKEN": "tm_forged",
+            "TRAINMASTER_JOB_CLAIM": "tm_forged",
+        },
     )
     context = JobContext.from_env(launched_env(Settings(), spec))
     assert context is not None
     assert context.job_id != "someone-else"
+    assert context.token is None and context.claim == "tm_job_claim"
     assert context.collective_timeout_s == 12
 
 
@@ -73,3 +88,32 @@ def test_an_admission_round_launches_from_the_stored_spec_what_the_model_would_l
         from_model.entrypoint,
         from_model.metadata,
     )
+
+
+def test_the_driver_exchanges_its_claim_once_and_holds_the_token_in_its_environment(monkeypatch: Any) -> None:
+    monkeypatch.setenv("TRAINMASTER_JOB_ID", "job-1")
+    monkeypatch.setenv("TRAINMASTER_API_URL", "http://api:8000")
+    monkeypatch.setenv("TRAINMASTER_JOB_CLAIM", "tm_claim")
+    monkeypatch.setenv("TRAINMASTER_JOB_TOKEN", "")  # recorded, so the token claimed() sets is undone
+    monkeypatch.setattr(time, "sleep", lambda _: None)
+    asked: list[dict[str, Any]] = []
+    answers = iter([httpx.ConnectError("down"), httpx.Response(201, json={"token": "tm_token"})])
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(json.loads(request.content))
+        reply = next(answers)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    context = JobContext.from_env()
+    assert context is not None
+    claimed = context.claimed(transport=httpx.MockTransport(answer))
+    assert claimed.token == "tm_token" and claimed.claim is None
+    assert asked == [{"job_id": context.job_id, "claim": "tm_claim"}] * 2  # the API down once: asked again
+    assert os.environ["TRAINMASTER_JOB_TOKEN"] == "tm_token" and "TRAINMASTER_JOB_CLAIM" not in os.environ
+    assert claimed.claimed() is claimed  # nothing left to claim
+
+    refused = JobContext(job_id="j", api_url="http://api", claim="tm_used")
+    with pytest.raises(ClaimRefused, match="401"):
+        refused.claimed(transport=httpx.MockTransport(lambda _: httpx.Response(401, json={"error": "Unauthorized"})))

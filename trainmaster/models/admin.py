@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
-from trainmaster.models.base import LabelKey, LabelValue, ResponseModel, StoredRequestModel, WholeNumber
+from trainmaster.models.base import LabelKey, LabelValue, RequestModel, ResponseModel, StoredRequestModel, WholeNumber
 
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", min_length=1, max_length=64)]
 ProjectName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", min_length=1, max_length=128)]
@@ -94,3 +94,14 @@ class TokenCreated(TokenInfo):
 
 class TokenList(ResponseModel):
     items: list[TokenInfo]
+
+
+class JobTokenClaim(RequestModel):
+    """A job's single-use claim (its launch's TRAINMASTER_JOB_CLAIM), exchanged once by its driver."""
+
+    job_id: Annotated[str, StringConstraints(min_length=36, max_length=36)]
+    claim: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+
+
+class JobTokenClaimed(ResponseModel):
+    token: str  # the job token: in this answer only
