@@ -11,7 +11,6 @@ import pytest
 from aiohttp import web
 
 from api.dispatcher.log_tail import LogTails
-from trainmaster.ports import free_port
 
 
 class FakeRayLogs:
@@ -40,18 +39,19 @@ class FakeRayLogs:
 
 @pytest.fixture
 def ray_logs() -> Iterator[tuple[FakeRayLogs, str]]:
-    fake, port = FakeRayLogs(), free_port()
+    fake = FakeRayLogs()
     app = web.Application()
     app.router.add_get("/api/jobs/{job}/logs/tail", fake.tail)
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app)
     loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())  # the kernel's free port: no race
+    port = runner.addresses[0][1]
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     yield fake, f"http://127.0.0.1:{port}"
     fake.ended |= set(fake.chunks)  # let open sockets close
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)  # a loaded machine is slow to close
     loop.call_soon_threadsafe(loop.stop)
 
 
