@@ -77,7 +77,8 @@ def inspect(content: bytes, *, max_files: int, max_unpacked_bytes: int) -> Archi
 
 
 def unpacked(cache_root: Path, digest: str, content: bytes, *, max_files: int, max_unpacked_bytes: int) -> Path:
-    """`<cache_root>/<hex digest>`, unpacked from `content` the first time it is asked for.
+    """`<cache_root>/<hex digest>`, holding exactly `content`'s files: unpacked the first time, and
+    again when the folder there holds anything else (a file changed, added or removed since).
 
     `digest` is `sha256:<hex>` (or the bare hex) and must be the archive's. Raises `BadPackage` when the
     content does not match it or cannot be unpacked (a permanent fault of the package); an `OSError`
@@ -89,14 +90,57 @@ def unpacked(cache_root: Path, digest: str, content: bytes, *, max_files: int, m
         raise BadPackage(f"code package {digest!r} has no sha256 digest")
     hex_digest = match.group(1)
     destination = cache_root / hex_digest
-    if destination.is_dir():
-        return destination
     if hashlib.sha256(content).hexdigest() != hex_digest:
         raise BadPackage(f"code package sha256:{hex_digest} cannot be unpacked: its content has another digest")
     try:
+        if destination.is_dir():
+            if tree_digest(destination) == members_digest(content, max_files, max_unpacked_bytes):
+                return destination
+            discard(cache_root, hex_digest)  # altered on disk: unpacked again from the store
         return extract(content, destination, max_files=max_files, max_unpacked_bytes=max_unpacked_bytes)
     except Refused as exc:
         raise BadPackage(f"code package sha256:{hex_digest} cannot be unpacked: {exc}") from None
+
+
+def tree_digest(folder: Path) -> str:
+    """What a folder holds, as one digest: every file's path, executable bit and bytes, and every link
+    and special file as such. Equal to `members_digest` of the archive it was unpacked from, until
+    anything in it changes."""
+    entries = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files) + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            path = Path(root, name)
+            relative = path.relative_to(folder).as_posix()
+            info = path.lstat()
+            if not stat.S_ISREG(info.st_mode):
+                entries.append(f"{relative}\0other")
+                continue
+            entries.append(f"{relative}\0{bool(info.st_mode & 0o111):d}\0{_file_digest(path)}")
+    return hashlib.sha256("\n".join(sorted(entries)).encode()).hexdigest()
+
+
+def members_digest(content: bytes, max_files: int, max_unpacked_bytes: int) -> str:
+    """`tree_digest` of the folder `extract` makes of `content`, computed from the archive."""
+    entries = []
+    with _open(content) as archive:
+        for member in _members(archive, max_files=max_files, max_unpacked_bytes=max_unpacked_bytes):
+            if member.is_dir:
+                continue
+            digest = hashlib.sha256()
+            for chunk in _read(archive, member):
+                digest.update(chunk)
+            executable = bool((member.entry.external_attr >> 16) & 0o111)
+            entries.append(f"{member.path}\0{executable:d}\0{digest.hexdigest()}")
+    return hashlib.sha256("\n".join(sorted(entries)).encode()).hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as source:
+        while chunk := source.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def discard(cache_root: Path, digest: str) -> None:

@@ -62,11 +62,19 @@ class RoundContext:
     # Code packages found unusable (digest -> why): content-addressed, so what is wrong stays wrong;
     # the next job naming one fails without reading it again. Cleared past 1,000 entries.
     bad_code: dict[str, str] = field(default_factory=dict)
+    # What each package's cache folder must hold (digest -> archive.members_digest), learnt from the
+    # store by this process: a folder that holds anything else is unpacked again. Cleared past 1,000.
+    code_trees: dict[str, str] = field(default_factory=dict)
 
     def remember_bad_code(self, digest: str, why: str) -> None:
         if len(self.bad_code) >= 1000:
             self.bad_code.clear()
         self.bad_code[digest] = why
+
+    def remember_code_tree(self, digest: str, tree: str) -> None:
+        if len(self.code_trees) >= 1000:
+            self.code_trees.clear()
+        self.code_trees[digest] = tree
 
     def leased(self, job_id: uuid.UUID, submission_id: str | None = None) -> AbstractAsyncContextManager[Held | None]:
         return leased(self.sessions, job_id, self.owner, submission_id)

@@ -143,10 +143,13 @@ class LaunchSpec:
 
 async def with_code(context: RoundContext, launch: Launch) -> Launch:
     """`launch` with its code package unpacked and set as its working directory; Ray uploads it to
-    the cluster. Unpacked once per package into a content-addressed folder (archive.unpacked):
-    a package already there costs a stat, not a read of the database. Raises archive.BadPackage when
-    the package can never be used (not stored, or refused by the checks); anything else (a full
-    disk, the database) may pass."""
+    the cluster. Unpacked once per package into a content-addressed folder (archive.unpacked). The
+    folder is trusted only as far as its files' digest (archive.tree_digest) equals what this process
+    learnt from the store: a package already there costs hashing its files (as Ray's upload does), not
+    a read of the database; a folder changed since (a job on a host that shares the cache, a crash)
+    or not yet checked by this process is checked against the store, and unpacked again if it
+    differs. Raises archive.BadPackage when the package can never be used (not stored, or refused by
+    the checks); anything else (a full disk, the database) may pass."""
     if launch.code is None:
         return launch
     if (known := context.bad_code.get(launch.code)) is not None:
@@ -154,24 +157,23 @@ async def with_code(context: RoundContext, launch: Launch) -> Launch:
     settings = context.settings
     cache = Path(settings.code_cache_path).expanduser()
     folder = cache / launch.code.removeprefix("sha256:")
-    if folder.is_dir():
+    expected = context.code_trees.get(launch.code)
+    if expected is not None and folder.is_dir() and await asyncio.to_thread(archive.tree_digest, folder) == expected:
         return replace(launch, runtime_env={**launch.runtime_env, "working_dir": str(folder)})
     async with context.sessions() as session:
         content = await code_repository.content(session, uuid.UUID(launch.project_id), launch.code)
     if content is None:  # this project's alone (another may hold the same digest): not remembered
         raise archive.BadPackage(f"code package {launch.code} is not stored for this job's project: upload it")
+    files, size = settings.max_code_files, settings.max_code_unpacked_bytes
     try:
         folder = await asyncio.to_thread(
-            archive.unpacked,
-            cache,
-            launch.code,
-            content,
-            max_files=settings.max_code_files,
-            max_unpacked_bytes=settings.max_code_unpacked_bytes,
+            archive.unpacked, cache, launch.code, content, max_files=files, max_unpacked_bytes=size
         )
+        tree = await asyncio.to_thread(archive.members_digest, content, files, size)
     except archive.BadPackage as exc:
         context.remember_bad_code(launch.code, str(exc))  # its next jobs fail in admission, unlaunched
         raise
+    context.remember_code_tree(launch.code, tree)
     return replace(launch, runtime_env={**launch.runtime_env, "working_dir": str(folder)})
 
 

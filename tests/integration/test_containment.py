@@ -104,6 +104,42 @@ def test_a_package_that_cannot_be_unpacked_fails_its_job_and_others_start(databa
     run(scenario())
 
 
+def test_what_launches_is_the_stored_package_whatever_was_left_in_its_cache_folder(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Where jobs can reach the cache (one uid for everything, a volume the Ray nodes mount), a job could
+    rewrite another project's unpacked code before its next launch: each launch checks the folder."""
+
+    async def scenario() -> None:
+        async with world_with_cache(database_url, tmp_path) as world:
+            world.ray.cpus = 8
+            code = await stored_code(world, "beta", zipped({"train.py": b"print('ok')\n"}))
+
+            def launched(job_id: uuid.UUID) -> dict[str, bytes]:
+                [sent] = [x for x in world.ray.launches.values() if x.metadata["trainmaster_job_id"] == str(job_id)]
+                folder = Path(sent.runtime_env["working_dir"])
+                return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+            first = await world.submit("beta", code=code, **one_worker())
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+            assert launched(first) == {"train.py": b"print('ok')\n"}
+            folder = tmp_path / "code" / code.removeprefix("sha256:")
+            (folder / "train.py").write_bytes(b"print('another project was here')\n")
+            (folder / "sitecustomize.py").write_bytes(b"print('planted')\n")
+
+            second = await world.submit("beta", code=code, **one_worker())
+            await dispatcher.admit_round()  # the same dispatcher: it knows what the folder must hold
+            assert launched(second) == {"train.py": b"print('ok')\n"}
+
+            (folder / "train.py").write_bytes(b"print('again')\n")
+            third = await world.submit("beta", code=code, **one_worker())
+            await world.dispatcher().admit_round()  # a new one (a restart): it checks against the store
+            assert launched(third) == {"train.py": b"print('ok')\n"}
+
+    run(scenario())
+
+
 def test_a_launch_ray_calls_invalid_fails_that_job_alone(database_url: str) -> None:
     async def scenario() -> None:
         async with World(database_url) as world:

@@ -40,10 +40,36 @@ def test_unpacks_once_into_the_digest_folder(tmp_path: Path) -> None:
     folder = unpacked(tmp_path, digest(content), content, **LIMITS)
     assert folder == tmp_path / hashlib.sha256(content).hexdigest()
     assert files(folder) == {"train.py": b"x = 1\n", "pkg/mod.py": b"y = 2\n"}
-    (folder / "train.py").write_bytes(b"changed")  # a second call must not unpack again
+    inode = folder.stat().st_ino
     assert unpacked(tmp_path, digest(content).removeprefix("sha256:"), content, **LIMITS) == folder
-    assert (folder / "train.py").read_bytes() == b"changed"
+    assert folder.stat().st_ino == inode  # as it was: not unpacked again
     assert [p.name for p in tmp_path.iterdir()] == [folder.name]  # no staging folder left
+
+
+@pytest.mark.parametrize(
+    "alter",
+    [
+        lambda folder: (folder / "train.py").write_bytes(b"import os; os.system('steal')\n"),
+        lambda folder: (folder / "sitecustomize.py").write_bytes(b"print('planted')\n"),
+        lambda folder: (folder / "pkg" / "mod.py").unlink(),
+        lambda folder: (folder / "train.py").chmod(0o755),
+        lambda folder: (folder / "pkg" / "link.py").symlink_to("/etc/passwd"),
+    ],
+    ids=["changed", "added", "removed", "made executable", "linked"],
+)
+def test_a_folder_altered_on_disk_is_found_and_unpacked_again(tmp_path: Path, alter: Any) -> None:
+    """A host whose cache jobs can reach (one uid for everything, a shared volume): what launches is
+    the package's content, never what was left in its folder."""
+    content = make_zip({"train.py": b"x = 1\n", "pkg/mod.py": b"y = 2\n"})
+    folder = unpacked(tmp_path, digest(content), content, **LIMITS)
+    expected = archive.members_digest(content, **LIMITS)
+    assert archive.tree_digest(folder) == expected
+    alter(folder)
+    assert archive.tree_digest(folder) != expected
+    assert unpacked(tmp_path, digest(content), content, **LIMITS) == folder
+    assert files(folder) == {"train.py": b"x = 1\n", "pkg/mod.py": b"y = 2\n"}
+    assert archive.tree_digest(folder) == expected and not (folder / "pkg" / "link.py").is_symlink()
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name]
 
 
 def _unpack_in_another_process(root: str, code: str, content: bytes, barrier: Any, results: Any) -> None:

@@ -114,3 +114,27 @@ def test_no_ray_node_is_given_a_platform_secret() -> None:
         assert environment.get("RAY_AUTH_TOKEN"), name  # it still joins with token auth
     for name in ("api", "dispatcher"):
         assert "TRAINMASTER_DATABASE_URL" in SERVICES[name]["environment"], name
+
+
+def test_the_unpacked_code_is_on_a_volume_no_ray_node_mounts() -> None:
+    """Ray uploads each job's folder from the dispatcher; a cache on a volume the Ray nodes mount would
+    let any job alter another project's unpacked code before its next launch."""
+
+    def volume(mount: str) -> str:
+        return mount.split(":", 1)[0]
+
+    cache = SERVICES["dispatcher"]["environment"]["TRAINMASTER_CODE_CACHE_PATH"]
+    assert SERVICES["api"]["environment"]["TRAINMASTER_CODE_CACHE_PATH"] == cache  # retention removes it there
+    holding = {
+        name: {
+            volume(m)
+            for m in SERVICES[name]["volumes"]
+            if cache.startswith(m.split(":", 1)[1].rstrip("/") + "/") or m.split(":", 1)[1] == cache
+        }
+        for name in ("api", "dispatcher")
+    }
+    assert holding["api"] == holding["dispatcher"] and len(holding["dispatcher"]) == 1, holding
+    ray_nodes = [name for name, s in SERVICES.items() if s.get("command", [""])[0] == "ray"]
+    for name in ray_nodes:
+        mounted = {volume(m) for m in SERVICES[name].get("volumes", [])}
+        assert not mounted & holding["dispatcher"], f"{name} mounts the code cache {holding['dispatcher']}"
