@@ -1,5 +1,6 @@
 """trainmaster: submit PyTorch training jobs to a Ray cluster and watch them live."""
 
+from trainmaster.admin import Admin
 from trainmaster.async_client import AsyncClient, AsyncJobHandle
 from trainmaster.client import Client, JobHandle
 from trainmaster.control import should_checkpoint
@@ -8,6 +9,7 @@ from trainmaster.errors import (
     ApiError,
     Conflict,
     ConnectionFailed,
+    Forbidden,
     JobFailed,
     JobNotFound,
     NotFound,
@@ -34,6 +36,7 @@ from trainmaster.models import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Admin",
     "AmbiguousJobId",
     "ApiError",
     "AsyncClient",
@@ -43,6 +46,7 @@ __all__ = [
     "Client",
     "Conflict",
     "ConnectionFailed",
+    "Forbidden",
     "Framework",
     "Job",
     "JobEvent",

@@ -36,6 +36,13 @@ class Unauthorized(ApiError):
     status_code = 401
 
 
+class Forbidden(ApiError):
+    """The token is valid but may not do this (an admin's route, another project's token, a priority
+    above the project's limit)."""
+
+    status_code = 403
+
+
 class NotFound(ApiError):
     status_code = 404
 
@@ -98,6 +105,7 @@ class WaitTimeout(TrainmasterError):
 _BY_STATUS: dict[int, type[ApiError]] = {
     400: BadRequest,
     401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     409: Conflict,
     413: PayloadTooLarge,

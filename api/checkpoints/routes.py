@@ -14,7 +14,7 @@ from trainmaster.models import CheckpointIn, CheckpointList
 router = APIRouter(
     prefix="/v1/jobs/{job_id}/checkpoints",
     tags=["checkpoints"],
-    responses=error_responses(400, 401, 404, 413, 415, 422, 503),
+    responses=error_responses(400, 401, 403, 404, 413, 415, 422, 503),
 )
 
 

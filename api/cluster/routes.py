@@ -18,7 +18,7 @@ def cluster_reader(request: Request) -> service.ClusterReader:
 
 Reader = Annotated[service.ClusterReader, Depends(cluster_reader)]
 
-router = APIRouter(prefix="/v1/cluster", tags=["cluster"], responses=error_responses(401, 503))
+router = APIRouter(prefix="/v1/cluster", tags=["cluster"], responses=error_responses(401, 403, 503))
 
 
 @router.get("", response_model=ClusterInfo)

@@ -15,7 +15,9 @@ from api.jobs import service
 from api.wire import json_response
 from trainmaster.models import EventList, Job, JobControl, JobEvent, JobEventIn, JobList, JobSpec, JobStatus
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(400, 401, 404, 409, 413, 415, 422, 503))
+router = APIRouter(
+    prefix="/v1/jobs", tags=["jobs"], responses=error_responses(400, 401, 403, 404, 409, 413, 415, 422, 503)
+)
 
 
 async def require_json(request: Request) -> None:

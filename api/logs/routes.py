@@ -14,7 +14,7 @@ from api.streaming.sse import EventStream
 from trainmaster.models import LogList
 
 router = APIRouter(
-    prefix="/v1/jobs/{job_id}/logs", tags=["logs"], responses=error_responses(400, 401, 404, 413, 422, 429, 503)
+    prefix="/v1/jobs/{job_id}/logs", tags=["logs"], responses=error_responses(400, 401, 403, 404, 413, 422, 429, 503)
 )
 
 

@@ -35,7 +35,7 @@ BATCH_SCHEMA = _inlined(MetricBatchIn.model_json_schema())
 router = APIRouter(
     prefix="/v1/jobs/{job_id}/metrics",
     tags=["metrics"],
-    responses=error_responses(400, 401, 404, 413, 415, 422, 429, 503),
+    responses=error_responses(400, 401, 403, 404, 413, 415, 422, 429, 503),
 )
 
 

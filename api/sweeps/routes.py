@@ -15,7 +15,9 @@ from trainmaster.models import Sweep, SweepList, SweepSpec, SweepStatus
 
 PAGE_MAX = 100  # a sweep in a list carries its trial counts, read from every trial
 
-router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], responses=error_responses(401, 404, 409, 413, 415, 422, 503))
+router = APIRouter(
+    prefix="/v1/sweeps", tags=["sweeps"], responses=error_responses(401, 403, 404, 409, 413, 415, 422, 503)
+)
 
 
 def require_json(request: Request) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import trainmaster as tm
 from tests.e2e.conftest import TRAINMASTER, ApiProcess, start_api, stop
 from tests.factories.auth import job_token, scoped_token
 from tests.factories.jobs import spec
@@ -47,7 +48,9 @@ def test_clusters_projects_and_tokens_from_the_cli(api: ApiProcess, database_url
     assert projects["vision"]["cluster"] == "gpu-a" and projects["vision"]["max_priority"] == 20
 
     denied = cli(api, api.token, "cluster", "ls")  # a project token
-    assert denied.returncode == 1 and "403" in denied.stderr
+    assert denied.returncode == 1 and "403" in denied.stderr and "next: this needs another token" in denied.stderr
+    with tm.Admin(api.url, api.token) as sdk, pytest.raises(tm.Forbidden):  # the SDK's own class for a 403
+        sdk.clusters()
 
     made = subprocess.run(
         [TRAINMASTER, "token", "create", "--project", "vision", "--scope", "metrics", "--user", "prom"],

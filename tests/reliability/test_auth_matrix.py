@@ -26,6 +26,7 @@ JOB_WRITES = {
 }
 JOB_READS = {("GET", "/v1/jobs/{job_id}/control")}
 PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+CLAIM = "/v1/tokens/claim"  # its credential is the claim in the body, not a bearer token: tested on its own
 
 BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/jobs"): spec(),
@@ -49,7 +50,9 @@ BODIES: dict[tuple[str, str], Any] = {
 def endpoints(client: TestClient) -> list[tuple[str, str]]:
     """Every operation the API documents (the OpenAPI schema is generated from the routes)."""
     paths = client.get("/openapi.json").json()["paths"]
-    return [(method.upper(), path) for path, ops in paths.items() if path not in PUBLIC for method in sorted(ops)]
+    return [
+        (method.upper(), path) for path, ops in paths.items() if path not in PUBLIC | {CLAIM} for method in sorted(ops)
+    ]
 
 
 def call(client: TestClient, method: str, path: str, job_id: str, headers: dict[str, str]) -> int:
@@ -150,6 +153,16 @@ def test_admin_routes_refuse_project_tokens_and_admit_admin_tokens(
         assert call(app_client, method, path, jobs["mine"], bearer(tokens["alpha"])) == 403, (method, path)
         assert call(app_client, method, path, jobs["mine"], admin) in (200, 201, 409), (method, path)
     assert app_client.get("/metrics", headers=bearer(tokens["alpha"])).status_code == 403
+
+
+def test_the_claim_route_refuses_a_bad_claim_whatever_token_comes_with_it(
+    app_client: TestClient, jobs: dict[str, str], tokens: dict[str, str], database_url: str
+) -> None:
+    assert CLAIM in app_client.get("/openapi.json").json()["paths"]
+    admin = bearer(scoped_token(database_url, "default", "admin"))
+    for headers in ({}, bearer(tokens["alpha"]), admin, bearer(job_token(database_url, jobs["mine"]))):
+        body = {"job_id": jobs["mine"], "claim": "tm_not-a-claim"}
+        assert app_client.post(CLAIM, json=body, headers=headers).status_code == 401, headers
 
 
 def test_unknown_job_ids_are_404_not_500(app_client: TestClient, tokens: dict[str, str]) -> None:

@@ -15,6 +15,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from trainmaster.errors import (
+    Forbidden,
     JobFailed,
     JobNotFound,
     PayloadTooLarge,
@@ -46,6 +47,11 @@ def next_step(exc: TrainmasterError) -> str | None:
         return (
             "give a project token: --token or TRAINMASTER_TOKEN (`trainmaster token create` makes one; "
             "`trainmaster up` writes one to ~/.trainmaster/config)"
+        )
+    if isinstance(exc, Forbidden):
+        return (
+            "this needs another token: an admin token (`trainmaster up` writes one to ~/.trainmaster/config), "
+            "or one of that project"
         )
     if isinstance(exc, JobNotFound):
         return "`trainmaster ls` lists your project's jobs (a token sees its own project only)"
