@@ -353,5 +353,7 @@ async def count_by_status(session: AsyncSession) -> dict[JobStatus, int]:
     return {status: int(count) for status, count in rows.all()}
 
 
-async def project_name(session: AsyncSession, project_id: uuid.UUID) -> str:
-    return (await session.execute(select(Project.name).where(Project.id == project_id))).scalar_one()
+async def project_name_and_max_priority(session: AsyncSession, project_id: uuid.UUID) -> tuple[str, int]:
+    query = select(Project.name, Project.max_priority).where(Project.id == project_id)
+    name, max_priority = (await session.execute(query)).one()
+    return name, max_priority

@@ -50,9 +50,10 @@ def trial_spec(request: SweepSpec, sweep_id: str, n: int, params: dict[str, Any]
 
 
 async def principal_of(session: AsyncSession, sweep: SweepRow) -> Principal:
-    return Principal(
-        project_id=sweep.project_id, project_name=await jobs_repository.project_name(session, sweep.project_id)
-    )
+    """The sweep's project as its trials are submitted: with the project's max_priority as it is now,
+    so a trial made after an admin lowered it is refused like any job (and the sweep fails, saying why)."""
+    name, max_priority = await jobs_repository.project_name_and_max_priority(session, sweep.project_id)
+    return Principal(project_id=sweep.project_id, project_name=name, max_priority=max_priority)
 
 
 async def advance(session: AsyncSession, sweep: SweepRow, principal: Principal) -> None:

@@ -130,6 +130,23 @@ def test_controller_keeps_max_concurrent_running_until_max_trials_then_completes
     assert len(sweep_jobs(database_url, sweep["id"])) == 4
 
 
+def test_a_trial_made_after_the_projects_max_priority_was_lowered_is_refused_and_the_sweep_says_why(
+    http: TestClient, auth: dict[str, str], database_url: str, control: Controller
+) -> None:
+    spec = {"name": "toy", "entrypoint": "builtin:toy-curve", "config": {"steps": 10, "step_s": 0.0}, "priority": 50}
+    sweep = create(http, auth, max_concurrent=1, spec=spec)
+    with psycopg.connect(libpq(database_url), autocommit=True) as conn:  # an admin's PATCH, as its statement
+        conn.execute(
+            "UPDATE projects SET max_priority = 10 WHERE id = (SELECT project_id FROM sweeps WHERE id = %s)",
+            (sweep["id"],),
+        )
+    set_status(database_url, trial(sweep, 0)["job_id"], "succeeded")
+    control.round()
+    failed = get(http, auth, sweep["id"])
+    assert failed["status"] == "failed" and "at most 10, the max_priority of project" in (failed["error"] or "")
+    assert len(sweep_jobs(database_url, sweep["id"])) == 1  # no trial above the limit was queued
+
+
 def test_sampled_parameters_stay_in_their_ranges_and_a_seed_repeats_them(
     http: TestClient, auth: dict[str, str]
 ) -> None:
