@@ -50,10 +50,19 @@ def ray_port_flags() -> list[str]:
 
 
 def ray_env(token_path: Path) -> dict[str, str]:
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
+    """The environment of a Ray process started here: the shell's, less the platform's secrets (every
+    job on a node can read its node's environment), with Ray's token auth."""
+    env = {k: v for k, v in os.environ.items() if not platform_secret(k, v)}
+    env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)})
     for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
         env.pop(name, None)
     return env
+
+
+def platform_secret(name: str, value: str) -> bool:
+    """A database URL or a token of the platform, which no Ray node may be given."""
+    ours = name.startswith("TRAINMASTER_") and (name.endswith("DATABASE_URL") or "TOKEN" in name)
+    return ours or "postgresql://" in value or "postgres://" in value
 
 
 @dataclass

@@ -1,0 +1,72 @@
+"""A hostile job's code: what it tries against the platform and the other tenants on its cluster, each
+attempt and its outcome written as one JSON line to $PROBE_OUT (tests/security/test_hostile_tenant.py
+asserts every one was refused). Run as a trainmaster job in script mode; it never fails the job."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import httpx
+from ray.job_submission import JobSubmissionClient
+
+API = os.environ["TRAINMASTER_API_URL"].rstrip("/")
+VICTIM = os.environ["PROBE_VICTIM_JOB"]  # a job of another project
+OUT = os.environ["PROBE_OUT"]
+FINISHED = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+def record(attempt: str, outcome: object, **details: object) -> None:
+    with open(OUT, "a") as sink:
+        sink.write(json.dumps({"attempt": attempt, "outcome": outcome, **details}) + "\n")
+
+
+def status(method: str, path: str, token: str | None, **kwargs: object) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.request(method, f"{API}{path}", headers=headers, timeout=30, **kwargs).status_code  # type: ignore[arg-type]
+
+
+def main() -> None:
+    own = os.environ.get("TRAINMASTER_JOB_TOKEN")
+    mine = os.environ["TRAINMASTER_JOB_ID"]
+    record("job token handed to this worker inside Ray", bool(own))
+    named = ("TRAINMASTER_DATABASE_URL", "TRAINMASTER_TOKEN")
+    secrets = sorted(k for k, v in os.environ.items() if "postgresql://" in v or k in named)
+    record("platform secrets in this process's environment", secrets)
+
+    # The job token, valid, opens nothing of another project and nothing but its own job's reports.
+    event = {"kind": "runtime", "message": "probe", "data": {"backend": "gloo"}}
+    victim_events = f"/v1/jobs/{VICTIM}/events"
+    record("job token: write an event to its own job", status("POST", f"/v1/jobs/{mine}/events", own, json=event))
+    record("job token: another project's job, write an event", status("POST", victim_events, own, json=event))
+    record("job token: read another project's job", status("GET", f"/v1/jobs/{VICTIM}", own))
+    record("job token: list jobs", status("GET", "/v1/jobs", own))
+    submit = {"name": "x", "entrypoint": "builtin:mlp", "priority": 100}
+    record("job token: submit a job at priority 100", status("POST", "/v1/jobs", own, json=submit))
+    record("job token: list clusters", status("GET", "/v1/clusters", own))
+    record("no token: list tokens", status("GET", "/v1/tokens", None))
+
+    # Every job on the cluster can read every launch through Ray's Jobs API.
+    ray_jobs = JobSubmissionClient(os.environ["PROBE_RAY_DASHBOARD"]).list_jobs()
+    tokens_seen: list[str] = []
+    replays: dict[str, int] = {}
+    for job in ray_jobs:
+        env = (job.runtime_env or {}).get("env_vars", {})
+        tokens_seen += [f"{job.submission_id}:{k}" for k in env if k.startswith("TRAINMASTER") and k.endswith("_TOKEN")]
+        claim, job_id = env.get("TRAINMASTER_JOB_CLAIM"), env.get("TRAINMASTER_JOB_ID")
+        # Only claims of jobs that ended, and this one's: a live neighbour's fresh claim is not ours to burn.
+        if claim and job_id and (job.status in FINISHED or job_id == mine) and len(replays) < 5:
+            body = {"job_id": job_id, "claim": claim}
+            replays[job_id] = httpx.post(f"{API}/v1/tokens/claim", json=body, timeout=30).status_code
+    record("Ray jobs listed through the Jobs API", len(ray_jobs))
+    record("job tokens read from any Ray job's runtime env", tokens_seen)
+    record("claims read from Ray jobs, replayed", replays)
+    # Its own claim was claimed by its driver: the replay revoked the token it gave.
+    record("own token after its claim was replayed", status("POST", f"/v1/jobs/{mine}/events", own, json=event))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as exc:  # the test reads what is missing
+        record("probe crashed", repr(exc))
