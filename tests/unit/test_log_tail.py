@@ -23,7 +23,7 @@ class FakeRayLogs:
 
     async def tail(self, request: web.Request) -> web.WebSocketResponse:
         self.tokens.append(request.headers.get("Authorization"))
-        socket = web.WebSocketResponse()
+        socket = web.WebSocketResponse(timeout=1.0)  # a client that was cancelled never answers the close
         await socket.prepare(request)
         job, sent = request.match_info["job"], 0
         while True:
@@ -43,7 +43,7 @@ def ray_logs() -> Iterator[tuple[FakeRayLogs, str]]:
     app = web.Application()
     app.router.add_get("/api/jobs/{job}/logs/tail", fake.tail)
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, shutdown_timeout=5.0)
     loop.run_until_complete(runner.setup())
     loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())  # the kernel's free port: no race
     port = runner.addresses[0][1]
@@ -51,7 +51,7 @@ def ray_logs() -> Iterator[tuple[FakeRayLogs, str]]:
     thread.start()
     yield fake, f"http://127.0.0.1:{port}"
     fake.ended |= set(fake.chunks)  # let open sockets close
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)  # a loaded machine is slow to close
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(60)  # a loaded machine is slow to close
     loop.call_soon_threadsafe(loop.stop)
 
 
