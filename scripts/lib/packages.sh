@@ -41,6 +41,8 @@ for url in $(pip_setting extra-index-url); do UV_SOURCES+=(--extra-index-url "$u
 UV_SOURCES+=(--index-strategy unsafe-best-match)
 cert=$(pip_setting cert)
 if [ -n "$cert" ] && [ -z "${SSL_CERT_FILE:-}" ]; then export SSL_CERT_FILE=$cert; fi
+timeout=$(pip_setting default-timeout)
+if [ -n "$timeout" ] && [ -z "${UV_HTTP_TIMEOUT:-}" ]; then export UV_HTTP_TIMEOUT=${timeout%.*}; fi
 
 # Sets UV to a uv to run: one on PATH, else the one pinned in requirements/uv.txt, put into .venv.
 # Fails (status 1) when neither can be had; the caller then uses pip.
