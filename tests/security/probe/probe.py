@@ -56,7 +56,8 @@ def main() -> None:
         tokens_seen += [f"{job.submission_id}:{k}" for k in env if k.startswith("TRAINMASTER") and k.endswith("_TOKEN")]
         claim, job_id = env.get("TRAINMASTER_JOB_CLAIM"), env.get("TRAINMASTER_JOB_ID")
         # Only claims of jobs that ended, and this one's: a live neighbour's fresh claim is not ours to burn.
-        if claim and job_id and (job.status in FINISHED or job_id == mine) and len(replays) < 5:
+        # Its own always; at most 5 others (a shared cluster lists many).
+        if claim and job_id and (job_id == mine or (job.status in FINISHED and len(replays) < 5)):
             body = {"job_id": job_id, "claim": claim}
             replays[job_id] = httpx.post(f"{API}/v1/tokens/claim", json=body, timeout=30).status_code
     record("Ray jobs listed through the Jobs API", len(ray_jobs))
