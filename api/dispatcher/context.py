@@ -67,17 +67,20 @@ class RoundContext:
     code_trees: dict[str, str] = field(default_factory=dict)
 
     def remember_bad_code(self, digest: str, why: str) -> None:
-        if len(self.bad_code) >= 1000:
-            self.bad_code.clear()
-        self.bad_code[digest] = why
+        _remember(self.bad_code, digest, why)
 
     def remember_code_tree(self, digest: str, tree: str) -> None:
-        if len(self.code_trees) >= 1000:
-            self.code_trees.clear()
-        self.code_trees[digest] = tree
+        _remember(self.code_trees, digest, tree)
 
     def leased(self, job_id: uuid.UUID, submission_id: str | None = None) -> AbstractAsyncContextManager[Held | None]:
         return leased(self.sessions, job_id, self.owner, submission_id)
 
     def leased_many(self, submissions: Mapping[uuid.UUID, str]) -> AbstractAsyncContextManager[list[Held]]:
         return leased_many(self.sessions, submissions, self.owner)
+
+
+def _remember(memo: dict[str, str], key: str, value: str, limit: int = 1000) -> None:
+    """A per-dispatcher memo of packages, bounded: cleared whole past `limit` entries."""
+    if len(memo) >= limit:
+        memo.clear()
+    memo[key] = value

@@ -90,9 +90,7 @@ def _who() -> str:
 
 def server_env(state: StackState) -> dict[str, str]:
     """The API's and the dispatcher's: the shell's settings, Ray's auth and the stack's own."""
-    env = {**os.environ, **ray_head.ray_env(ray_token_path())}
-    for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
-        env.pop(name, None)
+    env = ray_head.with_ray_auth(dict(os.environ), ray_token_path())
     env.update(
         {
             "TRAINMASTER_DATABASE_URL": state.database_url,

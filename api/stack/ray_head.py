@@ -52,8 +52,12 @@ def ray_port_flags() -> list[str]:
 def ray_env(token_path: Path) -> dict[str, str]:
     """The environment of a Ray process started here: the shell's, less the platform's secrets (every
     job on a node can read its node's environment), with Ray's token auth."""
-    env = {k: v for k, v in os.environ.items() if not platform_secret(k, v)}
-    env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)})
+    return with_ray_auth({k: v for k, v in os.environ.items() if not platform_secret(k, v)}, token_path)
+
+
+def with_ray_auth(env: dict[str, str], token_path: Path) -> dict[str, str]:
+    """`env` with this stack's Ray token auth and no other cluster's address."""
+    env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
     for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
         env.pop(name, None)
     return env
