@@ -5,7 +5,7 @@ What an admin token manages, and what a project token may read of its own: `trai
 
     with trainmaster.admin.Admin() as admin:
         admin.add_cluster("gpu-a", "http://ray-a:8265", token_file="/etc/trainmaster/ray-a.token")
-        admin.create_project("vision", cluster="gpu-a", max_priority=50)
+        admin.create_project("vision", cluster="gpu-a", max_priority=50, quota={"GPU": 8}, cohort="research")
 """
 
 from __future__ import annotations
@@ -22,6 +22,33 @@ from trainmaster.models import Cluster, Project, TokenCreated, TokenInfo
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class Unset:
+    """A keyword argument left out (where None means "clear it")."""
+
+
+UNSET = Unset()
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def parse_resources(text: str, option: str = "--quota") -> dict[str, float]:
+    """`GPU=8,CPU=64` -> {"GPU": 8.0, "CPU": 64.0}; `none` (or empty) -> {}."""
+    if text.strip().lower() in ("", "none"):
+        return {}
+    amounts: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, amount = part.partition("=")
+        try:
+            amounts[name.strip()] = float(amount)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise TrainmasterError(f"{option} takes RESOURCE=AMOUNT[,...] (e.g. GPU=8,CPU=64), not {part!r}")
+    return amounts
 
 
 def parse_duration(text: str) -> timedelta | None:
@@ -88,8 +115,19 @@ class Admin:
 
     # -- projects ---------------------------------------------------------------------------------
 
-    def create_project(self, name: str, *, cluster: str = "default", max_priority: int = 100) -> Project:
-        body = {"name": name, "cluster": cluster, "max_priority": max_priority}
+    def create_project(
+        self,
+        name: str,
+        *,
+        cluster: str = "default",
+        max_priority: int = 100,
+        quota: dict[str, float] | None = None,
+        cohort: str | None = None,
+        borrowing_limit: dict[str, float] | None = None,
+        lending_limit: dict[str, float] | None = None,
+    ) -> Project:
+        body: dict[str, Any] = {"name": name, "cluster": cluster, "max_priority": max_priority, "quota": quota or {}}
+        body.update(_given(cohort=cohort, borrowing_limit=borrowing_limit, lending_limit=lending_limit))
         return Project.model_validate(self._call("POST", "/v1/projects", body))
 
     def projects(self) -> list[Project]:
@@ -98,10 +136,30 @@ class Admin:
     def project(self, name: str) -> Project:
         return Project.model_validate(self._call("GET", f"/v1/projects/{name}"))
 
-    def set_project(self, name: str, *, cluster: str | None = None, max_priority: int | None = None) -> Project:
-        body = {
-            key: value for key, value in (("cluster", cluster), ("max_priority", max_priority)) if value is not None
-        }
+    def set_project(
+        self,
+        name: str,
+        *,
+        cluster: str | None = None,
+        max_priority: int | None = None,
+        quota: dict[str, float] | None = None,
+        cohort: str | Unset | None = UNSET,
+        borrowing_limit: dict[str, float] | Unset | None = UNSET,
+        lending_limit: dict[str, float] | Unset | None = UNSET,
+    ) -> Project:
+        """Change what is given; `cohort`, `borrowing_limit` and `lending_limit` given as None are cleared."""
+        body = _given(cluster=cluster, max_priority=max_priority, quota=quota)
+        body.update(
+            {
+                key: value
+                for key, value in (
+                    ("cohort", cohort),
+                    ("borrowing_limit", borrowing_limit),
+                    ("lending_limit", lending_limit),
+                )
+                if not isinstance(value, Unset)
+            }
+        )
         return Project.model_validate(self._call("PATCH", f"/v1/projects/{name}", body))
 
     # -- tokens -----------------------------------------------------------------------------------

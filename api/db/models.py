@@ -84,6 +84,12 @@ class Project(Base):
     # The one cluster the project's jobs run on (0013); a job's priority is at most max_priority.
     cluster_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("clusters.id", ondelete="RESTRICT"), index=True)
     max_priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("100"))
+    # Quotas (0015): resource -> nominal amount (`{}` limits nothing); projects of one cohort lend each
+    # other what they leave unused, each up to its limits (NULL: no limit). api/dispatcher/quotas.py.
+    quota: Mapped[dict[str, float]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    cohort: Mapped[str | None] = mapped_column(String(64))
+    borrowing_limit: Mapped[dict[str, float] | None] = mapped_column(JSONB)
+    lending_limit: Mapped[dict[str, float] | None] = mapped_column(JSONB)
 
 
 class ApiToken(Base):

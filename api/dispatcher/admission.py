@@ -1,5 +1,6 @@
-"""One admission round: queued jobs in priority and fair-share order, each admitted, kept waiting
-with a reason, or failed as infeasible once `infeasible_timeout_s` has passed."""
+"""One admission round: queued jobs in priority and fair-share order (those that would borrow quota
+last), each admitted, kept waiting with a reason (its project's quota, or the cluster's resources), or
+failed as infeasible once `infeasible_timeout_s` has passed."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import json
 import logging
 import uuid
+from collections.abc import Iterator
 from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -17,6 +19,7 @@ from api.dispatcher import repository as repo
 from api.dispatcher.backend import Launch, RayUnavailable
 from api.dispatcher.context import RoundContext
 from api.dispatcher.placement import Cluster, Decision, admit
+from api.dispatcher.quotas import Book
 from api.dispatcher.repository import QueuedJob
 from api.jobs.status import record_event, transition
 from trainmaster.models import JobStatus, Scaling
@@ -36,6 +39,7 @@ async def admit_round(context: RoundContext) -> int:
     async with context.sessions() as session, session.begin():
         await repo.lock_admission(session)
         now, held_cpus, held_gpus = await repo.held_resources(session)
+        book = await repo.quota_book(session)
         total = cluster.total()
         budget = {"CPU": total.get("CPU", 0.0) - held_cpus, "GPU": total.get("GPU", 0.0) - held_gpus}
         warning = storage_warning(settings.storage_path, cluster)  # the same for every job of the round
@@ -44,7 +48,7 @@ async def admit_round(context: RoundContext) -> int:
         # Jobs that fail here, the round going on: their admission raised, or their code package is one
         # this dispatcher found cannot be unpacked (content-addressed: the same digest, the same bytes).
         failures: dict[uuid.UUID, tuple[str, str]] = {}  # job id -> (error, event message)
-        for job in await repo.lock_queued(session, settings.admit_batch):
+        for job in _borrowers_last(await repo.lock_queued(session, settings.admit_batch), book):
             if (code := job.spec.get("code")) is not None and (why := context.bad_code.get(code)) is not None:
                 failures[job.id] = (why, f"not launched: {why}")
                 continue
@@ -56,6 +60,12 @@ async def admit_round(context: RoundContext) -> int:
                 error = f"could not be placed: {type(exc).__name__}: {str(exc)[:500]}"
                 failures[job.id] = (error, "admission_failed")
                 continue
+            need = {"CPU": job.gang_cpus, "GPU": job.gang_gpus}
+            held_by_quota = False
+            if admission.decision is not Decision.infeasible and (refusal := book.refusal(job.project_id, need)):
+                # The project's quota holds it: no placement is taken, and nothing is preempted for it.
+                admission.decision, admission.reason = Decision.wait, refusal[0]
+                held_by_quota = True
             if admission.decision is Decision.admit and not _within(budget, job):
                 admission.decision = Decision.wait
                 admission.reason = (
@@ -67,16 +77,19 @@ async def admit_round(context: RoundContext) -> int:
                 cluster.reserve(admission.placement)
                 budget["CPU"] -= job.gang_cpus
                 budget["GPU"] -= job.gang_gpus
+                book.take(job.project_id, need)
                 admitted.append(job)
             elif admission.decision is Decision.wait:
                 reason = admission.reason
-                if settings.preemption:
+                reclaim = not held_by_quota and book.reclaims(job.project_id, need)
+                if (settings.preemption or reclaim) and not held_by_quota:
                     # Preemption counts what active jobs hold in the database: the gangs admitted so
                     # far in this round must be written first.
                     launches += await launch.start_attempts(context, session, admitted, now, warning)
                     admitted.clear()
                     waiting = await session.get_one(Job, job.id)  # locked already, by lock_queued
-                    if room := await preemption.make_room(settings, session, waiting, cluster, now):
+                    reclaiming = book if reclaim else None
+                    if room := await preemption.make_room(settings, session, waiting, cluster, now, reclaiming):
                         reason = room
                 if reason != job.pending_reason or job.infeasible_since is not None:
                     reasons[job.id] = reason
@@ -86,6 +99,21 @@ async def admit_round(context: RoundContext) -> int:
     # The attempt rows are committed: only now may Ray hear of them.
     await launch.submit_all(context, launches)
     return len(launches)
+
+
+def _borrowers_last(queued: list[QueuedJob], book: Book) -> Iterator[QueuedJob]:
+    """The round's jobs in admission order, except that a job that would hold more than its project's
+    quota (it would borrow from the cohort) comes after every job that would not, as Kueue orders
+    them: what a project is owed comes before what it may borrow, so a job preempted to give quota back
+    cannot take it again ahead of the job that reclaimed it. Lazy: whether a job borrows is asked when
+    its turn comes, after the gangs admitted before it are in the book."""
+    later: list[QueuedJob] = []
+    for job in queued:
+        if book.borrows(job.project_id, {"CPU": job.gang_cpus, "GPU": job.gang_gpus}):
+            later.append(job)
+        else:
+            yield job
+    yield from later
 
 
 def storage_warning(storage_path: str, cluster: Cluster) -> str | None:

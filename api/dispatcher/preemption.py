@@ -9,19 +9,26 @@ counts as a retry. Victims are the lowest priority first, then the most recently
 work at risk). A job is never preempted when that would take its project below its guaranteed
 share (`guaranteed_shares`).
 
+Quota reclaim (always on, for projects in a cohort): a job that waits for resources while its project
+holds less than its quota, and other members of its cohort run on quota they borrowed from it, takes
+it back the same way: the borrowers' jobs are preempted, cheapest first (`_reclaim`), whatever their
+priority.
+
 Room is counted in totals (CPU, GPU), not per node: the victims' resources come back wherever they
 ran, and the waiting gang is admitted by the normal admission round once its placement fits.
 """
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.db.models import Job, Project
+from api.db.models import Checkpoint, Job, Project
 from api.dispatcher.placement import Cluster
+from api.dispatcher.quotas import RESOURCES, Book
 from api.jobs.repository import ACTIVE
 from api.jobs.status import record_event
 from api.settings import Settings
@@ -30,15 +37,23 @@ from trainmaster.models import JobStatus
 EPSILON = 1e-9
 
 
-async def make_room(settings: Settings, session: AsyncSession, job: Job, cluster: Cluster, now: datetime) -> str | None:
-    """Ask lower-priority running jobs to make room for `job`; the reason to show it, or None."""
+async def make_room(
+    settings: Settings, session: AsyncSession, job: Job, cluster: Cluster, now: datetime, book: Book | None = None
+) -> str | None:
+    """Make room for `job`: with `book` (the job is within its project's quota, and its cohort lends
+    some of that quota to others), by reclaiming it from jobs running on borrowed quota; with the
+    `preemption` setting, by asking lower-priority running jobs to go. The reason to show it, or None."""
     already = await _victims_of(session, job)
     if already:
         names = ", ".join(str(v)[:8] for v in already)
-        return f"preempting {len(already)} lower-priority job(s) ({names}): waiting for them to checkpoint and stop"
+        return f"preempting {len(already)} job(s) to make room ({names}): waiting for them to checkpoint and stop"
     free = cluster.free()
     room = {"CPU": free.get("CPU", 0.0), "GPU": free.get("GPU", 0.0)}
     need = {"CPU": job.gang_cpus, "GPU": job.gang_gpus}
+    if book is not None and (reclaimed := await _reclaim(settings, session, job, book, dict(room), need, now)):
+        return reclaimed
+    if not settings.preemption:
+        return None
     held = await _held_by_project(session)
     shares = settings.guaranteed_shares
     chosen: list[Job] = []
@@ -71,6 +86,77 @@ async def make_room(settings: Settings, session: AsyncSession, job: Job, cluster
         session, job, "preempting", f"preempting {names} to make room", {"jobs": [str(v.id) for v in chosen]}
     )
     return f"preempting {len(chosen)} lower-priority job(s) ({names}): waiting for them to checkpoint and stop"
+
+
+async def _reclaim(
+    settings: Settings,
+    session: AsyncSession,
+    job: Job,
+    book: Book,
+    room: dict[str, float],
+    need: dict[str, float],
+    now: datetime,
+) -> str | None:
+    """Preempt jobs of the cohort that run on borrowed quota, cheapest first: those that checkpoint
+    before those that never did, then the least work since their last checkpoint (or start), then the
+    lowest priority. A project gives back only while it still borrows. None when they cannot free enough."""
+    standing = book.projects[job.project_id]
+    borrowers = {pid: s for pid, s in book.projects.items() if pid != job.project_id and s.cohort == standing.cohort}
+    borrowers = {pid: s for pid, s in borrowers.items() if any(s.borrowed(r) > EPSILON for r in RESOURCES)}
+    if not borrowers:
+        return None
+    usage = {pid: dict(s.usage) for pid, s in borrowers.items()}
+    chosen: list[Job] = []
+    for victim in await _borrowing_jobs(session, list(borrowers)):
+        if _covers(room, need):
+            break
+        quota, held = borrowers[victim.project_id].quota, usage[victim.project_id]
+        if not any(held.get(r, 0.0) > quota[r] + EPSILON and _gang(victim)[r] > 0 for r in RESOURCES if r in quota):
+            continue  # its project no longer borrows what this job holds
+        chosen.append(victim)
+        for resource, amount in _gang(victim).items():
+            room[resource] += amount
+            held[resource] = held.get(resource, 0.0) - amount
+    if not chosen or not _covers(room, need):
+        return None
+    names = ", ".join(str(v.id)[:8] for v in chosen)
+    for victim in chosen:
+        victim.preempted_by = job.id
+        victim.preempt_requested_at = now
+        await record_event(
+            session,
+            victim,
+            "preempt_requested",
+            f"preempted by {job.id}: project {standing.name} reclaims its quota, which this job's project "
+            f"borrowed in cohort {standing.cohort}; checkpoint now; stopped within {settings.preemption_grace_s:g} s",
+            {"preempted_by": str(job.id), "reclaim": True},
+        )
+    await record_event(
+        session,
+        job,
+        "preempting",
+        f"reclaiming its quota: preempting {names}, which run on quota borrowed in cohort {standing.cohort}",
+        {"jobs": [str(v.id) for v in chosen], "reclaim": True},
+    )
+    return (
+        f"reclaiming its quota from cohort {standing.cohort}: preempting {len(chosen)} job(s) on borrowed "
+        f"quota ({names}): waiting for them to checkpoint and stop"
+    )
+
+
+async def _borrowing_jobs(session: AsyncSession, project_ids: list[uuid.UUID]) -> list[Job]:
+    """Running jobs of `project_ids` not yet asked to go, locked, cheapest to preempt first."""
+    last_checkpoint = (
+        select(func.max(Checkpoint.created_at)).where(Checkpoint.job_id == Job.id).correlate(Job).scalar_subquery()
+    )
+    at_risk_since = func.coalesce(last_checkpoint, Job.started_at, func.now())
+    query = (
+        select(Job)
+        .where(Job.status == JobStatus.running, Job.project_id.in_(project_ids), Job.preempt_requested_at.is_(None))
+        .order_by(last_checkpoint.is_(None), at_risk_since.desc(), Job.priority, Job.id)
+        .with_for_update(of=Job, skip_locked=True)
+    )
+    return list((await session.execute(query)).scalars())
 
 
 def _gang(job: Job) -> dict[str, float]:

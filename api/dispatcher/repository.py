@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased, selectinload
 
 from api.db.models import ApiToken, Checkpoint, Job, JobAttempt, JobEvent, LogLine, Project, ProjectUsage
+from api.dispatcher.quotas import Book, Standing
 from api.jobs.repository import ACTIVE
 from api.jobs.status import can_transition, sources
 from trainmaster.models import JobStatus
@@ -48,6 +49,20 @@ async def held_resources(session: AsyncSession) -> tuple[datetime, float, float]
     jobs' gangs. One statement, after `lock_admission` (its snapshot must be taken under the lock)."""
     row = (await session.execute(HELD_RESOURCES)).one()
     return row[0], float(row[1]), float(row[2])
+
+
+QUOTA_BOOK = (
+    select(Project, func.coalesce(ProjectUsage.cpus, 0), func.coalesce(ProjectUsage.gpus, 0))
+    .outerjoin(ProjectUsage, ProjectUsage.project_id == Project.id)
+    .where(Project.quota != text("'{}'::jsonb"))
+)
+
+
+async def quota_book(session: AsyncSession) -> Book:
+    """Every project with a quota, and what its active jobs hold (one statement; projects are few).
+    After `lock_admission`, like `held_resources`."""
+    rows = (await session.execute(QUOTA_BOOK)).all()
+    return Book({row[0].id: Standing.of(row[0], float(row[1]), float(row[2])) for row in rows})
 
 
 class QueuedJob(NamedTuple):

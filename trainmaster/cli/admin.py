@@ -11,12 +11,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from trainmaster.admin import Admin
+from trainmaster.admin import UNSET, Admin, Unset, parse_resources
 from trainmaster.cli.output import ApiUrl, Token, client_errors, console, fail
+from trainmaster.errors import TrainmasterError
 
 SHORT_ID = 8
 cluster_app = typer.Typer(help="Ray clusters (trust domains) the platform dispatches to; admin.", no_args_is_help=True)
-project_app = typer.Typer(help="Projects: each bound to one cluster, with a max priority.", no_args_is_help=True)
+project_app = typer.Typer(
+    help="Projects: each bound to one cluster, with a max priority, a quota and a cohort.", no_args_is_help=True
+)
 
 
 def _table(*columns: str) -> Table:
@@ -76,18 +79,49 @@ def cluster_ls(
     console.print(table)
 
 
+QuotaOption = Annotated[str | None, typer.Option(help="RESOURCE=AMOUNT[,...] for CPU and GPU, e.g. GPU=8,CPU=64")]
+CohortOption = Annotated[str | None, typer.Option(help="a cohort: its projects lend each other unused quota")]
+BorrowOption = Annotated[str | None, typer.Option(help="most it borrows beyond its quota, e.g. GPU=4")]
+LendOption = Annotated[str | None, typer.Option(help="most of its unused quota it lends, e.g. GPU=2")]
+
+
+def _resources(text: str | None, option: str) -> dict[str, float] | None:
+    if text is None:
+        return None
+    try:
+        return parse_resources(text, option)
+    except TrainmasterError as exc:
+        fail(str(exc))
+
+
+def _amounts(amounts: dict[str, float] | None) -> str:
+    return ",".join(f"{name}={amount:g}" for name, amount in sorted((amounts or {}).items())) or "-"
+
+
 @project_app.command("create")
 @client_errors
 def project_create(
     name: Annotated[str, typer.Argument(help="the project's name")],
     cluster: Annotated[str, typer.Option(help="the cluster its jobs run on")] = "default",
     max_priority: Annotated[int, typer.Option(help="highest priority its jobs may ask for, -100..100")] = 100,
+    quota: QuotaOption = None,
+    cohort: CohortOption = None,
+    borrowing_limit: BorrowOption = None,
+    lending_limit: LendOption = None,
     api_url: ApiUrl = None,
     token: Token = None,
 ) -> None:
-    """Create a project on a cluster."""
+    """Create a project on a cluster, with a quota and a cohort when given."""
     with Admin(api_url, token) as admin:
-        project = admin.create_project(name, cluster=cluster, max_priority=max_priority)
+        project = admin.create_project(
+            name,
+            cluster=cluster,
+            max_priority=max_priority,
+            quota=_resources(quota, "--quota"),
+            cohort=cohort,
+            borrowing_limit=_resources(borrowing_limit, "--borrowing-limit"),
+            lending_limit=_resources(lending_limit, "--lending-limit"),
+        )
     console.print(f"project [bold]{project.name}[/] on cluster {project.cluster}", highlight=False)
 
 
@@ -96,15 +130,28 @@ def project_create(
 def project_ls(
     output_json: Annotated[bool, typer.Option("--json")] = False, api_url: ApiUrl = None, token: Token = None
 ) -> None:
-    """List projects (a project token sees its own)."""
+    """List projects (a project token sees its own): quota, what its jobs hold now, cohort."""
     with Admin(api_url, token) as admin:
         projects = admin.projects()
     if output_json:
         print(json.dumps([project.model_dump(mode="json") for project in projects], indent=2))
         return
-    table = _table("NAME", "CLUSTER", "MAX PRIORITY", "CREATED")
+    table = _table("NAME", "CLUSTER", "MAX PRIO", "QUOTA", "HOLDS", "COHORT")
     for project in projects:
-        table.add_row(project.name, project.cluster, str(project.max_priority), _when(project.created_at))
+        holds = {name: amount for name, amount in project.usage.items() if amount}
+        table.add_row(
+            *map(
+                escape,
+                (
+                    project.name,
+                    project.cluster,
+                    str(project.max_priority),
+                    _amounts(project.quota),
+                    _amounts(holds),
+                    project.cohort or "-",
+                ),
+            )
+        )
     console.print(table)
 
 
@@ -114,15 +161,40 @@ def project_set(
     name: Annotated[str, typer.Argument(help="the project's name")],
     cluster: Annotated[str | None, typer.Option(help="move it to this cluster")] = None,
     max_priority: Annotated[int | None, typer.Option(help="highest priority its jobs may ask for")] = None,
+    quota: Annotated[
+        str | None, typer.Option(help="RESOURCE=AMOUNT[,...] (CPU, GPU) replacing its quota; 'none' lifts it")
+    ] = None,
+    cohort: Annotated[str | None, typer.Option(help="its cohort; 'none' leaves it")] = None,
+    borrowing_limit: Annotated[str | None, typer.Option(help="e.g. GPU=4; 'none': no limit")] = None,
+    lending_limit: Annotated[str | None, typer.Option(help="e.g. GPU=2; 'none': no limit")] = None,
     api_url: ApiUrl = None,
     token: Token = None,
 ) -> None:
-    """Change a project's cluster or max priority."""
-    if cluster is None and max_priority is None:
-        fail("give --cluster or --max-priority")
+    """Change a project's cluster, max priority, quota, cohort or limits."""
+    given = (cluster, max_priority, quota, cohort, borrowing_limit, lending_limit)
+    if all(value is None for value in given):
+        fail("give --cluster, --max-priority, --quota, --cohort, --borrowing-limit or --lending-limit")
+
+    def cleared(text: str | None, option: str) -> dict[str, float] | Unset | None:
+        if text is None:
+            return UNSET
+        return _resources(text, option) or None  # 'none': no limit
+
     with Admin(api_url, token) as admin:
-        project = admin.set_project(name, cluster=cluster, max_priority=max_priority)
-    console.print(f"project [bold]{project.name}[/]: cluster {project.cluster}, max priority {project.max_priority}")
+        project = admin.set_project(
+            name,
+            cluster=cluster,
+            max_priority=max_priority,
+            quota=_resources(quota, "--quota"),
+            cohort=UNSET if cohort is None else (None if cohort.lower() == "none" else cohort),
+            borrowing_limit=cleared(borrowing_limit, "--borrowing-limit"),
+            lending_limit=cleared(lending_limit, "--lending-limit"),
+        )
+    console.print(
+        f"project [bold]{escape(project.name)}[/]: cluster {escape(project.cluster)}, max priority "
+        f"{project.max_priority}, quota {_amounts(project.quota)}, cohort {escape(project.cohort or '-')}",
+        highlight=False,
+    )
 
 
 @client_errors

@@ -40,17 +40,38 @@ class ClusterList(ResponseModel):
     items: list[Cluster]
 
 
+# Quotas are kept for the resources every gang's size is counted in (CPU, GPU): a quota of another
+# resource is refused (422) rather than stored and not enforced.
+QuotaResource = Literal["CPU", "GPU"]
+Amount = Annotated[float, Field(ge=0, le=1e9)]
+Quota = dict[QuotaResource, Amount]
+
+
 class ProjectSpec(StoredRequestModel):
+    """A project. `quota`: the nominal amount of each resource its active jobs may hold (a resource
+    left out is not limited). Projects in one `cohort` lend each other the quota they leave unused:
+    a project borrows at most `borrowing_limit` beyond its quota and lends at most `lending_limit`
+    of it (left out: no limit)."""
+
     name: ProjectName
     cluster: Name = "default"
     max_priority: Priority = 100
+    quota: Quota = Field(default_factory=dict)
+    cohort: Name | None = None
+    borrowing_limit: Quota | None = None
+    lending_limit: Quota | None = None
 
 
 class ProjectPatch(StoredRequestModel):
-    """The fields to change; those left out stay."""
+    """The fields to change; those left out stay. `quota` replaces the whole quota (`{}` lifts it);
+    `cohort`, `borrowing_limit` and `lending_limit` given as null are cleared."""
 
     cluster: Name | None = None
     max_priority: Priority | None = None
+    quota: Quota | None = None
+    cohort: Name | None = None
+    borrowing_limit: Quota | None = None
+    lending_limit: Quota | None = None
 
 
 class Project(ResponseModel):
@@ -58,6 +79,11 @@ class Project(ResponseModel):
     cluster: str
     max_priority: int
     created_at: datetime
+    quota: dict[str, float] = Field(default_factory=dict)
+    cohort: str | None = None
+    borrowing_limit: dict[str, float] | None = None
+    lending_limit: dict[str, float] | None = None
+    usage: dict[str, float] = Field(default_factory=dict)  # what its active jobs hold now
 
 
 class ProjectList(ResponseModel):

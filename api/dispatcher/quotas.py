@@ -1,0 +1,172 @@
+"""Project quotas and cohorts, as an admission round reads them (Kueue's model, on project rows).
+
+Each project may have a nominal quota per resource (CPU, GPU; a resource without one is not limited).
+A job is admitted only while its project's usage (what its active jobs hold) plus the gang stays
+within the quota plus what the project may borrow. Projects that name the same cohort lend each other
+what they leave unused: a member lends at most its `lending_limit` of its unused quota and borrows at
+most its `borrowing_limit` beyond its own (no limit when left out). What the cohort has to lend is
+the members' lendable unused quota less what other members already borrow.
+
+`Book` holds every quota-bound project of the round and follows the gangs it admits, so later jobs
+of the same round see them. The rules are pure: tests/unit/test_quotas.py checks them without a
+database; tests/integration/test_quotas.py through real dispatcher rounds.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from api.db.models import Project
+
+EPSILON = 1e-9
+RESOURCES = ("CPU", "GPU")
+
+
+@dataclass
+class Standing:
+    """One project's quota, cohort, limits and usage (resource -> amount)."""
+
+    name: str
+    quota: dict[str, float]
+    cohort: str | None = None
+    borrowing_limit: dict[str, float] | None = None
+    lending_limit: dict[str, float] | None = None
+    usage: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, row: Project, cpus: float, gpus: float) -> Standing:
+        return cls(
+            row.name,
+            {name: float(amount) for name, amount in (row.quota or {}).items()},
+            row.cohort,
+            row.borrowing_limit,
+            row.lending_limit,
+            {"CPU": cpus, "GPU": gpus},
+        )
+
+    def used(self, resource: str) -> float:
+        return self.usage.get(resource, 0.0)
+
+    def borrowed(self, resource: str) -> float:
+        """What it holds beyond its quota (0 for a resource it has no quota of)."""
+        if resource not in self.quota:
+            return 0.0
+        return max(0.0, self.used(resource) - self.quota[resource])
+
+    def lendable(self, resource: str) -> float:
+        """What of its unused quota it lends its cohort now."""
+        if resource not in self.quota:
+            return 0.0
+        unused = max(0.0, self.quota[resource] - self.used(resource))
+        return min(unused, (self.lending_limit or {}).get(resource, unused))
+
+    def most_lent(self, resource: str) -> float:
+        """What it would lend with nothing running (its quota, up to its lending limit)."""
+        nominal = self.quota.get(resource, 0.0)
+        return min(nominal, (self.lending_limit or {}).get(resource, nominal))
+
+
+@dataclass
+class Book:
+    """The quota-bound projects of one admission round (by project id)."""
+
+    projects: dict[uuid.UUID, Standing] = field(default_factory=dict)
+
+    def members(self, cohort: str | None, but: uuid.UUID) -> list[Standing]:
+        if cohort is None:
+            return []
+        return [s for pid, s in self.projects.items() if s.cohort == cohort and pid != but]
+
+    def free_to_borrow(self, project_id: uuid.UUID, resource: str) -> float:
+        """What the project's cohort has free to lend it: the others' lendable unused quota less what
+        the others already borrow."""
+        standing = self.projects[project_id]
+        others = self.members(standing.cohort, project_id)
+        return max(0.0, sum(o.lendable(resource) for o in others) - sum(o.borrowed(resource) for o in others))
+
+    def refusal(self, project_id: uuid.UUID, need: dict[str, float]) -> tuple[str, bool] | None:
+        """Why the project's quota holds a gang of `need` now (and whether it always will, as the
+        quotas are), or None when it may be admitted."""
+        standing = self.projects.get(project_id)
+        if standing is None:
+            return None
+        for resource in RESOURCES:
+            amount = need.get(resource, 0.0)
+            if amount <= 0 or resource not in standing.quota:
+                continue
+            nominal = standing.quota[resource]
+            used = standing.used(resource)
+            if used + amount <= nominal + EPSILON:
+                continue
+            limit = (standing.borrowing_limit or {}).get(resource)
+            most = sum(o.most_lent(resource) for o in self.members(standing.cohort, project_id))
+            ceiling = nominal + min(most, limit if limit is not None else most)
+            held = f"project {standing.name} holds {used:g} of its quota of {nominal:g} {resource}"
+            if amount > ceiling + EPSILON:
+                return (
+                    f"can never fit its project's quota as it is: needs {amount:g} {resource}; project "
+                    f"{standing.name} may hold at most {ceiling:g} {resource} ({_ceiling_parts(standing, most)})."
+                    " Raise it with `trainmaster project set --quota`, or ask for fewer.",
+                    True,
+                )
+            if standing.cohort is None:
+                return f"waiting for its project's quota: needs {amount:g} {resource}; {held}.", False
+            borrow = used + amount - nominal
+            if limit is not None and borrow > limit + EPSILON:
+                return (
+                    f"waiting for its project's quota: needs {amount:g} {resource}; {held} and may borrow "
+                    f"at most {limit:g} beyond it (it borrows {standing.borrowed(resource):g}).",
+                    False,
+                )
+            free = self.free_to_borrow(project_id, resource)
+            if borrow > free + EPSILON:
+                already = standing.borrowed(resource)
+                return (
+                    f"waiting for its project's quota: needs {amount:g} {resource}; {held}, borrows "
+                    f"{already:g} from cohort {standing.cohort}, which has {max(0.0, free - already):g} "
+                    f"{resource} left to lend.",
+                    False,
+                )
+        return None
+
+    def borrows(self, project_id: uuid.UUID, need: dict[str, float]) -> bool:
+        """Whether a gang of `need` would take its project beyond its quota."""
+        standing = self.projects.get(project_id)
+        return standing is not None and any(
+            amount > 0
+            and resource in standing.quota
+            and standing.used(resource) + amount > standing.quota[resource] + EPSILON
+            for resource, amount in need.items()
+        )
+
+    def reclaims(self, project_id: uuid.UUID, need: dict[str, float]) -> bool:
+        """Whether a gang of `need` that waits for resources may take back its project's quota from
+        cohort members that borrow: the gang is within the project's own quota in every resource it
+        needs, and some other member borrows."""
+        standing = self.projects.get(project_id)
+        if standing is None or standing.cohort is None:
+            return False
+        for resource, amount in need.items():
+            if amount > 0 and (
+                resource not in standing.quota or standing.used(resource) + amount > standing.quota[resource] + EPSILON
+            ):
+                return False
+        return any(
+            member.borrowed(resource) > EPSILON
+            for member in self.members(standing.cohort, project_id)
+            for resource in RESOURCES
+        )
+
+    def take(self, project_id: uuid.UUID, need: dict[str, float]) -> None:
+        """An admitted gang: its project holds it from now on (for the rest of the round)."""
+        standing = self.projects.get(project_id)
+        if standing is not None:
+            for resource, amount in need.items():
+                standing.usage[resource] = standing.used(resource) + amount
+
+
+def _ceiling_parts(standing: Standing, most: float) -> str:
+    if standing.cohort is None:
+        return "its quota, in no cohort"
+    return f"its quota, plus what cohort {standing.cohort} can lend at most: {most:g}"

@@ -1,0 +1,173 @@
+"""Project quotas and cohorts on a real PostgreSQL: the admin API that sets them, and dispatcher
+rounds (Ray replaced by the exact fake of tests/factories/ray.py) that admit within them, lend unused
+quota inside a cohort, reclaim it by preemption and never let a preempted borrower take it back.
+
+The rules alone are in tests/unit/test_quotas.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select, update
+
+from api.auth.repository import get_or_create_project
+from api.db.models import Checkpoint, Job, Project
+from tests.factories.auth import scoped_token
+from tests.integration.test_dispatcher import World, one_worker, run
+from trainmaster.models import JobStatus
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_quota_fields_set_read_and_refused_when_bad(http: TestClient, token: str, database_url: str) -> None:
+    admin = bearer(scoped_token(database_url, "default", "admin"))
+    body = {"name": "vision", "quota": {"GPU": 8, "CPU": 64}, "cohort": "research", "lending_limit": {"GPU": 2}}
+    created = http.post("/v1/projects", json=body, headers=admin)
+    assert created.status_code == 201, created.text
+    project = created.json()
+    assert project["quota"] == {"GPU": 8, "CPU": 64} and project["cohort"] == "research"
+    assert project["lending_limit"] == {"GPU": 2} and project["borrowing_limit"] is None
+    assert project["usage"] == {"CPU": 0, "GPU": 0}
+
+    for bad, where in (
+        ({"quota": {"memory": 2**30}}, ["body", "quota", "memory", "[key]"]),
+        ({"quota": {"GPU": -1}}, ["body", "quota", "GPU"]),
+        ({"quota": {"GPU": "lots"}}, ["body", "quota", "GPU"]),
+        ({"borrowing_limit": {"TPU": 1}}, ["body", "borrowing_limit", "TPU", "[key]"]),
+        ({"cohort": "no spaces"}, ["body", "cohort"]),
+    ):
+        response = http.patch("/v1/projects/vision", json=bad, headers=admin)
+        assert response.status_code == 422, (bad, response.text)
+        assert where in [item["loc"] for item in response.json()["detail"]], (bad, response.json())
+    assert http.get("/v1/projects/vision", headers=admin).json()["quota"] == {"GPU": 8, "CPU": 64}  # unchanged
+
+    changed = http.patch("/v1/projects/vision", json={"quota": {"GPU": 4}, "cohort": None}, headers=admin)
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["quota"] == {"GPU": 4} and changed.json()["cohort"] is None
+    assert changed.json()["lending_limit"] == {"GPU": 2}  # left out: kept
+    # A project token reads its own project's quota and usage; it cannot set one.
+    assert http.get("/v1/projects/alpha", headers=bearer(token)).json()["quota"] == {}
+    assert http.patch("/v1/projects/alpha", json={"quota": {"GPU": 100}}, headers=bearer(token)).status_code == 403
+
+
+async def set_quota(world: World, project: str, **values: Any) -> None:
+    async def change(session: Any) -> None:
+        row = await get_or_create_project(session, project)
+        await session.execute(update(Project).where(Project.id == row.id).values(**values))
+
+    await world.execute(change)
+
+
+async def running(world: World, *job_ids: uuid.UUID) -> None:
+    await world.execute(
+        lambda s: s.execute(update(Job).where(Job.id.in_(job_ids)).values(status="running", started_at=func.now()))
+    )
+
+
+def test_admission_keeps_each_project_within_its_quota(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            world.ray.cpus = 8
+            await set_quota(world, "alpha", quota={"CPU": 2})
+            alpha = [await world.submit("alpha", **one_worker()) for _ in range(3)]
+            too_big = await world.submit("alpha", **one_worker(cpus=3))
+            beta = await world.submit("beta", **one_worker(cpus=3))  # no quota: not limited
+
+            assert await world.dispatcher().admit_round() == 3
+            statuses = [(await world.job(job_id)).status for job_id in alpha]
+            assert statuses == [JobStatus.starting, JobStatus.starting, JobStatus.queued]
+            assert (await world.job(beta)).status is JobStatus.starting
+            held = await world.job(alpha[2])
+            assert held.pending_reason == (
+                "waiting for its project's quota: needs 1 CPU; project alpha holds 2 of its quota of 2 CPU."
+            )
+            never = await world.job(too_big)
+            assert never.status is JobStatus.queued  # an admin may raise the quota: it waits, saying so
+            assert (never.pending_reason or "").startswith("can never fit its project's quota as it is: needs 3 CPU")
+
+            # The quota raised: the next round admits what now fits it.
+            await set_quota(world, "alpha", quota={"CPU": 3})
+            await world.dispatcher().admit_round()
+            assert (await world.job(alpha[2])).status is JobStatus.starting
+            assert (await world.job(too_big)).status is JobStatus.queued
+
+    run(scenario())
+
+
+def test_cohort_lends_unused_quota_and_reclaims_it_by_preempting_the_cheapest_borrower(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url, preemption_grace_s=60) as world:
+            world.ray.cpus = 3
+            await set_quota(world, "alpha", quota={"CPU": 1}, cohort="research")
+            await set_quota(world, "beta", quota={"CPU": 2}, cohort="research")
+            await set_quota(world, "gamma", quota={"CPU": 5}, cohort="elsewhere")  # lends nothing to alpha
+            alpha = [await world.submit("alpha", **one_worker()) for _ in range(4)]
+            assert await world.dispatcher().admit_round() == 3  # 1 of its own, 2 borrowed from beta
+            fourth = await world.job(alpha[3])
+            assert fourth.status is JobStatus.queued
+            assert "borrows 2 from cohort research, which has 0 CPU left to lend" in (fourth.pending_reason or "")
+            await running(world, *alpha[:3])
+            world.ray.used_cpus = 3
+            # alpha[1] checkpointed a moment ago: the least work lost, so the one preempted.
+            async def checkpoint(session: Any) -> None:
+                session.add(Checkpoint(job_id=alpha[1], attempt=1, path="/c/1", step=10))
+
+            await world.execute(checkpoint)
+
+            owed = await world.submit("beta", **one_worker())  # within beta's own quota
+            assert await world.dispatcher().admit_round() == 0
+            waiting = await world.job(owed)
+            assert waiting.status is JobStatus.queued
+            assert (waiting.pending_reason or "").startswith("reclaiming its quota from cohort research")
+            asked = {job_id: (await world.job(job_id)).preempt_requested_at is not None for job_id in alpha[:3]}
+            assert asked == {alpha[0]: False, alpha[1]: True, alpha[2]: False}
+            [event] = [e for e in await world.events(alpha[1]) if e.kind == "preempt_requested"]
+            assert event.data["reclaim"] is True and "reclaims its quota" in event.message
+            # The next round waits for that victim; it asks nothing more of anyone.
+            await world.dispatcher().admit_round()
+            assert sum([(await world.job(j)).preempt_requested_at is not None for j in alpha[:3]]) == 1
+
+            # The victim stops and is queued again, at a higher priority than the job that reclaimed:
+            # a job that would borrow comes after one within its quota, so beta gets its CPU back.
+            await world.execute(
+                lambda s: s.execute(
+                    update(Job)
+                    .where(Job.id == alpha[1])
+                    .values(status="queued", priority=50, preempted_by=None, preempt_requested_at=None)
+                )
+            )
+            world.ray.used_cpus = 2
+            assert await world.dispatcher().admit_round() == 1
+            assert (await world.job(owed)).status is JobStatus.starting
+            victim = await world.job(alpha[1])
+            assert victim.status is JobStatus.queued
+            assert "borrows 1 from cohort research, which has 0 CPU left to lend" in (victim.pending_reason or "")
+
+    run(scenario())
+
+
+def test_a_borrower_is_not_preempted_below_its_own_quota(database_url: str) -> None:
+    """Reclaim takes back only what is borrowed: when the borrower's jobs within its own quota are
+    all that would free enough, nothing is preempted and the reason says what the job waits for."""
+
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            world.ray.cpus = 3
+            await set_quota(world, "alpha", quota={"CPU": 2}, cohort="r")
+            await set_quota(world, "beta", quota={"CPU": 3}, cohort="r")
+            alpha = [await world.submit("alpha", **one_worker(cpus=1.5)) for _ in range(2)]
+            assert await world.dispatcher().admit_round() == 2  # 3 CPU: 2 its own, 1 borrowed
+            await running(world, *alpha)
+            world.ray.used_cpus = 3
+            big = await world.submit("beta", **one_worker(cpus=3))  # within beta's 3, needs both gone
+            await world.dispatcher().admit_round()
+            waiting = await world.job(big)
+            assert (waiting.pending_reason or "").startswith("waiting for resources")
+            assert [(await world.job(j)).preempt_requested_at for j in alpha] == [None, None]
+
+    run(scenario())
