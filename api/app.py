@@ -34,6 +34,7 @@ from api.ops.parent import end_with_parent
 from api.ops.prometheus import PlatformSnapshot, RequestMetricsMiddleware, ServiceMetrics
 from api.ops.routes import router as ops_router
 from api.projects.routes import router as projects_router
+from api.queues.routes import router as queues_router
 from api.retention.service import start_retention
 from api.settings import Settings, get_settings
 from api.streaming.broker import Broker
@@ -99,6 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(sweeps_router)
     app.include_router(clusters_router)
     app.include_router(projects_router)
+    app.include_router(queues_router)
     app.include_router(tokens_router)
     app.include_router(ui_router)
     app.mount(UI_PREFIX, static_files(), name="ui")

@@ -28,7 +28,17 @@ from trainmaster.archive import zip_directory
 from trainmaster.calls import DEFAULT_TIMEOUT, SUBMIT_ATTEMPTS, Call, JobWait, Page, Stream, Submission, takes
 from trainmaster.client import JobView
 from trainmaster.errors import TrainmasterError
-from trainmaster.models import CheckpointInfo, ClusterInfo, CodeUpload, Job, JobEvent, LogLine, MetricValue, Sweep
+from trainmaster.models import (
+    CheckpointInfo,
+    ClusterInfo,
+    CodeUpload,
+    Job,
+    JobEvent,
+    LogLine,
+    MetricValue,
+    Queues,
+    Sweep,
+)
 from trainmaster.polling import poll_until_async
 from trainmaster.retry import Retries
 from trainmaster.sweeps import AsyncSweepHandle
@@ -109,6 +119,10 @@ class AsyncClient:
     async def cluster(self) -> ClusterInfo:
         """Ray nodes with total and free resources, and the queue depth."""
         return await self._send(calls.cluster())
+
+    async def queues(self, limit: int = 20) -> Queues:
+        """Each project of the caller's cluster: quota, usage, borrowed, lent, waiting jobs in admission order."""
+        return await self._send(calls.queues(limit))
 
     # -- sweeps -----------------------------------------------------------------------------------
 

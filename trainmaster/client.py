@@ -27,6 +27,7 @@ from trainmaster.models import (
     JobStatus,
     LogLine,
     MetricValue,
+    Queues,
     Sweep,
 )
 from trainmaster.polling import poll_until
@@ -110,6 +111,10 @@ class Client:
     def cluster(self) -> ClusterInfo:
         """Ray nodes with total and free resources, and the queue depth."""
         return self._send(calls.cluster())
+
+    def queues(self, limit: int = 20) -> Queues:
+        """Each project of the caller's cluster: quota, usage, borrowed, lent, waiting jobs in admission order."""
+        return self._send(calls.queues(limit))
 
     # -- sweeps -----------------------------------------------------------------------------------
 

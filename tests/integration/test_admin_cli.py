@@ -46,6 +46,23 @@ def test_clusters_projects_and_tokens_from_the_cli(api: ApiProcess, database_url
     assert changed.returncode == 0, changed.stderr
     projects = {p["name"]: p for p in json.loads(cli(api, admin, "project", "ls", "--json").stdout)}
     assert projects["vision"]["cluster"] == "gpu-a" and projects["vision"]["max_priority"] == 20
+    quota = cli(api, admin, "project", "set", "vision", "--quota", "GPU=8,CPU=64", "--cohort", "research")
+    assert quota.returncode == 0, quota.stderr
+    assert "quota CPU=64,GPU=8, cohort research" in quota.stdout
+    limited = cli(api, admin, "project", "set", "vision", "--borrowing-limit", "GPU=2", "--cohort", "none")
+    assert limited.returncode == 0, limited.stderr
+    vision = next(p for p in json.loads(cli(api, admin, "project", "ls", "--json").stdout) if p["name"] == "vision")
+    assert vision["quota"] == {"GPU": 8, "CPU": 64} and vision["borrowing_limit"] == {"GPU": 2}
+    assert vision["cohort"] is None
+    assert "CPU=64,GPU=8" in cli(api, admin, "project", "ls").stdout
+    for bad, says in ((("--quota", "GPU"), "--quota takes RESOURCE=AMOUNT"), (("--quota", "memory=1"), "quota")):
+        refused = cli(api, admin, "project", "set", "vision", *bad)
+        assert refused.returncode == 1 and says in refused.stderr, (bad, refused.stderr)
+    queue = cli(api, admin, "queue")  # the admin's own cluster (default): vision is on gpu-a
+    assert queue.returncode == 0, queue.stderr
+    assert "cluster default" in queue.stdout and "vision" not in queue.stdout and "default" in queue.stdout
+    on_gpu_a = json.loads(cli(api, admin, "queue", "--json").stdout)
+    assert on_gpu_a["cluster"] == "default"
 
     denied = cli(api, api.token, "cluster", "ls")  # a project token
     assert denied.returncode == 1 and "403" in denied.stderr and "next: this needs another token" in denied.stderr

@@ -171,3 +171,29 @@ def test_a_borrower_is_not_preempted_below_its_own_quota(database_url: str) -> N
             assert [(await world.job(j)).preempt_requested_at for j in alpha] == [None, None]
 
     run(scenario())
+
+
+def test_queues_show_quota_usage_borrowed_lent_and_who_waits(http: TestClient, token: str, database_url: str) -> None:
+    async def scenario() -> list[uuid.UUID]:
+        async with World(database_url) as world:
+            world.ray.cpus = 3
+            await set_quota(world, "alpha", quota={"CPU": 1}, cohort="r")
+            await set_quota(world, "beta", quota={"CPU": 2}, cohort="r")
+            alpha = [await world.submit("alpha", **one_worker()) for _ in range(4)]
+            assert await world.dispatcher().admit_round() == 3
+            return alpha
+
+    alpha = run(scenario())
+    queues = http.get("/v1/queues", headers=bearer(token))
+    assert queues.status_code == 200, queues.text
+    body = queues.json()
+    assert body["cluster"] == "default"
+    by_project = {item["project"]: item for item in body["items"]}
+    assert by_project["alpha"]["usage"] == {"CPU": 3, "GPU": 0} and by_project["alpha"]["borrowed"] == {"CPU": 2}
+    assert by_project["beta"]["lent"] == {"CPU": 2} and by_project["beta"]["borrowed"] == {}
+    assert by_project["alpha"]["waiting"] == 1
+    [waiting] = by_project["alpha"]["jobs"]
+    assert waiting["id"] == str(alpha[3]) and waiting["queue_position"] == 1
+    assert "left to lend" in waiting["pending_reason"]
+    assert http.get("/v1/queues", params={"limit": 1000}, headers=bearer(token)).status_code == 422
+    assert http.get("/v1/queues").status_code == 401

@@ -33,6 +33,7 @@ from trainmaster.calls.jobs import (
     job_wait,
     job_with_prefix,
     list_jobs,
+    queues,
     submission,
     succeeded,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "metric_pages",
     "metric_stream",
     "new_sweep",
+    "queues",
     "submission",
     "succeeded",
     "takes",

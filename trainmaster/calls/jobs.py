@@ -1,4 +1,5 @@
-"""Calls on jobs: submit, read, list (cursor pages), cancel, wait, events, checkpoints, code, cluster."""
+"""Calls on jobs: submit, read, list (cursor pages), cancel, wait, events, checkpoints, code, cluster,
+queues."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from trainmaster.models import (
     JobList,
     JobSpec,
     JobStatus,
+    Queues,
     Scaling,
 )
 
@@ -141,6 +143,10 @@ def checkpoints(job_id: str) -> Call[list[CheckpointInfo]]:
 
 def cluster() -> Call[ClusterInfo]:
     return Call("GET", "/v1/cluster", ClusterInfo.model_validate)
+
+
+def queues(limit: int = 20) -> Call[Queues]:
+    return Call("GET", "/v1/queues", Queues.model_validate, params={"limit": limit})
 
 
 def full_id(id_or_prefix: str) -> str | None:

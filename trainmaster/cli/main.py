@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from rich.table import Table
 
 from trainmaster import jobfile
 from trainmaster.cli.bench import bench_app
@@ -253,6 +254,46 @@ def logs(
             return
         for line in client.logs(job_id):
             console.print(line.line, markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
+@client_errors
+def queue(
+    limit: Annotated[int, typer.Option(help="waiting jobs shown per project")] = 5,
+    output_json: Annotated[bool, typer.Option("--json")] = False,
+    api_url: ApiUrl = None,
+    token: Token = None,
+) -> None:
+    """The queue of your cluster, per project: quota, what it holds, borrowed or lent, who waits and why."""
+    with Client(api_url, token) as client:
+        queues = client.queues(limit)
+    if output_json:
+        print(queues.model_dump_json(indent=2))
+        return
+    table = Table(show_edge=False, header_style="bold", title=f"cluster {escape(queues.cluster)}")
+    for column in ("PROJECT", "QUOTA", "HOLDS", "BORROWED", "LENT", "WAITING"):
+        table.add_column(column, overflow="fold")
+    for item in queues.items:
+        table.add_row(
+            escape(item.project) + (f" ({escape(item.cohort)})" if item.cohort else ""),
+            _amounts(item.quota),
+            _amounts({name: amount for name, amount in item.usage.items() if amount}),
+            _amounts(item.borrowed),
+            _amounts(item.lent),
+            str(item.waiting),
+        )
+    console.print(table)
+    for item in queues.items:
+        for job in item.jobs:
+            place = f"#{job.queue_position} " if job.queue_position else ""
+            reason = escape(job.pending_reason or "not yet considered")
+            console.print(
+                f"{place}{job.id[:SHORT_ID]} {escape(item.project)}/{escape(job.name)}: {reason}", highlight=False
+            )
+
+
+def _amounts(amounts: dict[str, float]) -> str:
+    return ",".join(f"{name}={amount:g}" for name, amount in sorted(amounts.items())) or "-"
 
 
 register_plugins(app)

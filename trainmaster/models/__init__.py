@@ -20,7 +20,7 @@ from trainmaster.models.admin import (
     TokenSpec,
 )
 from trainmaster.models.base import ErrorBody, LabelKey, LabelValue, ResourceName, WholeNumber
-from trainmaster.models.cluster import ClusterInfo, ClusterNode
+from trainmaster.models.cluster import ClusterInfo, ClusterNode, ProjectQueue, QueuedJobInfo, Queues
 from trainmaster.models.jobs import (
     MAX_CONFIG_BYTES,
     MAX_NUM_WORKERS,
@@ -117,7 +117,10 @@ __all__ = [
     "Project",
     "ProjectList",
     "ProjectPatch",
+    "ProjectQueue",
     "ProjectSpec",
+    "QueuedJobInfo",
+    "Queues",
     "ResourceName",
     "Scaling",
     "Sweep",

@@ -22,3 +22,31 @@ class ClusterInfo(ResponseModel):
     free: dict[str, float] = Field(default_factory=dict)
     queue_depth: int = 0
     project_queue_depth: int = 0
+
+
+class QueuedJobInfo(ResponseModel):
+    id: str
+    name: str
+    priority: int
+    queue_position: int | None = None
+    pending_reason: str | None = None
+
+
+class ProjectQueue(ResponseModel):
+    """One project of a cluster as its queue stands: its quota, what its active jobs hold, what of
+    that is borrowed from its cohort, what of its own quota others of the cohort use (`lent`), and its
+    waiting jobs in admission order (the first `limit`; `waiting` counts them all)."""
+
+    project: str
+    quota: dict[str, float] = Field(default_factory=dict)
+    cohort: str | None = None
+    usage: dict[str, float] = Field(default_factory=dict)
+    borrowed: dict[str, float] = Field(default_factory=dict)
+    lent: dict[str, float] = Field(default_factory=dict)
+    waiting: int = 0
+    jobs: list[QueuedJobInfo] = Field(default_factory=list)
+
+
+class Queues(ResponseModel):
+    cluster: str
+    items: list[ProjectQueue]
