@@ -6,6 +6,8 @@ ratio is the growth), on a scratch database migrated (and its token made) in pro
   mixed priorities and gangs, vacuumed), 50 considered per round: rounds until one admits nothing, then
   `--finish-rounds` rounds each after 5% of the running jobs end; the heap frozen first, as
   `trainmaster dispatcher` does.
+- quotas: Kueue's published baseline shape, 15,000 queued over 30 projects with quotas in 3 cohorts,
+  against the same queue without quotas (`quotas` below).
 - jobs, metrics and logs go through `trainmaster api` (one worker) with a project token, `--requests`
   sequential requests per figure after 10 unmeasured. jobs: GET /v1/jobs (first page, a deep cursor
   page, `status=failed`, `status=queued`) and GET /v1/jobs/{id} of the newest queued job, at 1,000 rows
@@ -18,13 +20,14 @@ Bulk rows come from INSERT ... SELECT generate_series (triggers run as for any i
 CHECKPOINT and VACUUM ANALYZE, as a system in steady state would have had.
 
     .venv/bin/python bench/scale.py [--nodes 1000] [--depths 100 1000 10000] [--jobs 1000000]
-        [--points 10000000] [--log-bytes 1000000000] [--sections admission jobs metrics logs]
+        [--points 10000000] [--log-bytes 1000000000] [--sections admission quotas jobs metrics logs]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import tempfile
@@ -37,7 +40,7 @@ from typing import Any
 import httpx
 import psycopg
 from harness import Record, api_process, ms, parse_args, run, scratch_database, timed
-from scale_cluster import SimRay, admission_cycles, fill_queue
+from scale_cluster import NODE, SimRay, admission_cycles, fill_queue
 
 from api.auth import admin
 from api.db import migrate
@@ -141,6 +144,37 @@ def admission(url: str, args: argparse.Namespace, record: Record) -> None:
         best[100]["rounds_per_s"],
         "with a clean queue",
         best[0]["rounds_per_s"],
+    )
+
+
+def quotas(url: str, args: argparse.Namespace, record: Record) -> None:
+    """Kueue's published baseline shape (15,000 workloads over 30 cluster queues): 15,000 queued over 30
+    projects, each with a nominal quota of 1/30 of the cluster's GPUs and CPUs, in 3 cohorts of 10 that
+    lend and borrow; against the same queue with no quota at all (the best of 3 runs of each)."""
+    settings = Settings(database_url=url, storage_path="s3://bench", admit_batch=50, db_connect_timeout_s=60)
+    share = {name: amount * args.nodes / 30 for name, amount in NODE.items()}
+    runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+    for _ in range(3):
+        for quota in runs:
+            sql(url, "TRUNCATE projects CASCADE")
+            ray = SimRay(args.nodes)
+            ray.specs = fill_queue(url, 15_000, 30, random.Random(15_000))
+            if quota:
+                sql(
+                    url,
+                    "UPDATE projects SET quota = %s::jsonb, cohort = 'c' || (substr(name, 2)::int %% 3)"
+                    " WHERE name LIKE 'p%%'",
+                    (json.dumps(share),),
+                )
+            cycles = admission_cycles(settings, ray, args.finish_rounds, random.Random(1))
+            runs[quota].append({"queued": 15_000, "projects": 30, "quotas": quota, **asyncio.run(cycles)})
+    best = {quota: max(rows, key=lambda row: row["jobs_admitted_per_s"]) for quota, rows in runs.items()}
+    record.tables["admission with 30 projects in 3 cohorts under quota, and without quotas"] = list(best.values())
+    record.ratio(
+        "jobs admitted/s at 15,000 queued over 30 projects with quotas and cohorts",
+        best[True]["jobs_admitted_per_s"],
+        "without quotas",
+        best[False]["jobs_admitted_per_s"],
     )
 
 
@@ -312,7 +346,7 @@ def main() -> None:
         ("--ingest-points", 200_000, "points per ingest measurement"),
         ("--log-bytes", 1_000_000_000, "log bytes of the big logs job"),
         ("--requests", 100, "measured requests per read figure"),
-        ("--sections", ["admission", "jobs", "metrics", "logs"], None),
+        ("--sections", ["admission", "quotas", "jobs", "metrics", "logs"], None),
         database=True,
     )
     os.environ.setdefault("TRAINMASTER_DB_CONNECT_TIMEOUT_S", "60")  # the API's, on a busy machine
@@ -320,6 +354,8 @@ def main() -> None:
         migrate.upgrade(db.url)
         if "admission" in args.sections:
             admission(db.url, args, record)
+        if "quotas" in args.sections:
+            quotas(db.url, args, record)
         sql(db.url, "TRUNCATE projects CASCADE")
         token = admin.project_token(db.url, "bench")
         sql(

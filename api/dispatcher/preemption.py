@@ -104,6 +104,7 @@ async def _reclaim(
     borrowers = {pid: s for pid, s in book.projects.items() if pid != job.project_id and s.cohort == standing.cohort}
     borrowers = {pid: s for pid, s in borrowers.items() if any(s.borrowed(r) > EPSILON for r in RESOURCES)}
     if not borrowers:
+        book.reclaim_failed(job.project_id, need)
         return None
     usage = {pid: dict(s.usage) for pid, s in borrowers.items()}
     chosen: list[Job] = []
@@ -118,6 +119,7 @@ async def _reclaim(
             room[resource] += amount
             held[resource] = held.get(resource, 0.0) - amount
     if not chosen or not _covers(room, need):
+        book.reclaim_failed(job.project_id, need)
         return None
     names = ", ".join(str(v.id)[:8] for v in chosen)
     for victim in chosen:

@@ -72,6 +72,9 @@ class Book:
     """The quota-bound projects of one admission round (by project id)."""
 
     projects: dict[uuid.UUID, Standing] = field(default_factory=dict)
+    # Per cohort, the gangs for which reclaim found too little to preempt this round. Free resources only
+    # shrink during a round and no job starts running in one, so a gang at least as large finds no more.
+    unreclaimable: dict[str, list[dict[str, float]]] = field(default_factory=dict)
 
     def members(self, cohort: str | None, but: uuid.UUID) -> list[Standing]:
         if cohort is None:
@@ -147,6 +150,9 @@ class Book:
         standing = self.projects.get(project_id)
         if standing is None or standing.cohort is None:
             return False
+        for failed in self.unreclaimable.get(standing.cohort, ()):
+            if all(need.get(resource, 0.0) + EPSILON >= amount for resource, amount in failed.items()):
+                return False
         for resource, amount in need.items():
             if amount > 0 and (
                 resource not in standing.quota or standing.used(resource) + amount > standing.quota[resource] + EPSILON
@@ -157,6 +163,12 @@ class Book:
             for member in self.members(standing.cohort, project_id)
             for resource in RESOURCES
         )
+
+    def reclaim_failed(self, project_id: uuid.UUID, need: dict[str, float]) -> None:
+        """Reclaim could not free `need` for this project's cohort: a gang as large is not tried again."""
+        cohort = self.projects[project_id].cohort
+        if cohort is not None:
+            self.unreclaimable.setdefault(cohort, []).append(dict(need))
 
     def take(self, project_id: uuid.UUID, need: dict[str, float]) -> None:
         """An admitted gang: its project holds it from now on (for the rest of the round)."""
