@@ -34,6 +34,7 @@ async def add_token(
     scope: str = "project",
     expires_at: datetime | None = None,
     user_name: str | None = None,
+    attempt: int | None = None,
 ) -> ApiToken:
     row = ApiToken(
         project_id=project_id,
@@ -43,6 +44,7 @@ async def add_token(
         scope=scope,
         expires_at=expires_at,
         user_name=user_name,
+        attempt=attempt,
     )
     session.add(row)
     await session.flush()
@@ -51,12 +53,47 @@ async def add_token(
 
 # Who an active token belongs to, on a direct connection: (token id, job id, project id, project name,
 # scope, expiry as epoch seconds, cluster name, max priority). An expired token is not found, nor a job
-# token not yet claimed (its hash is its claim's: a claim authenticates nothing).
+# token not yet claimed (its hash is its claim's: a claim authenticates nothing), nor a job token whose
+# attempt is no longer its job's latest (FIND_FENCED tells why).
 FIND_ACTIVE_TOKEN = """
     SELECT t.id, t.job_id, p.id, p.name, t.scope, extract(epoch FROM t.expires_at)::float8, c.name, p.max_priority
     FROM api_tokens t JOIN projects p ON p.id = t.project_id JOIN clusters c ON c.id = p.cluster_id
     WHERE t.token_hash = %(hash)s AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())
       AND (t.job_id IS NULL OR t.claimed_at IS NOT NULL)
+      AND (t.attempt IS NULL OR t.attempt = (SELECT max(a.n) FROM job_attempts a WHERE a.job_id = t.job_id))
+"""
+
+# A claimed job token whose attempt was superseded (a later attempt exists) or has ended: (job id, its
+# attempt, the job's latest attempt, that attempt's status). A token revoked while its attempt still runs
+# (a replayed claim) is not one: it stays a plain 401.
+FIND_FENCED = """
+    SELECT t.job_id, t.attempt, latest.n, latest.status::text
+    FROM api_tokens t
+    CROSS JOIN LATERAL (
+        SELECT a.n, a.status FROM job_attempts a WHERE a.job_id = t.job_id ORDER BY a.n DESC LIMIT 1
+    ) latest
+    WHERE t.token_hash = %(hash)s AND t.job_id IS NOT NULL AND t.attempt IS NOT NULL AND t.claimed_at IS NOT NULL
+      AND (t.attempt < latest.n
+           OR EXISTS (SELECT 1 FROM job_attempts a WHERE a.job_id = t.job_id AND a.n = t.attempt
+                      AND a.status::text = ANY(%(ended)s)))
+"""
+
+# A refused write of a fenced attempt, counted: the job's `fenced` event of that attempt gets one more
+# (count, last_at), or is written the first time.
+COUNT_FENCED = """
+    WITH bumped AS (
+        UPDATE job_events SET count = count + 1, last_at = now()
+        WHERE id = (SELECT id FROM job_events WHERE job_id = %(job_id)s AND kind = 'fenced'
+                      AND data @> jsonb_build_object('attempt', %(attempt)s::int)
+                    ORDER BY id DESC LIMIT 1)
+        RETURNING count
+    ), inserted AS (
+        INSERT INTO job_events (job_id, kind, message, data)
+        SELECT %(job_id)s, 'fenced', %(message)s, jsonb_build_object('attempt', %(attempt)s::int)
+        WHERE NOT EXISTS (SELECT 1 FROM bumped)
+        RETURNING count
+    )
+    SELECT count FROM bumped UNION ALL SELECT count FROM inserted
 """
 
 # A job token's claim exchanged for the token, once: only an unclaimed, unrevoked row of that job made
@@ -103,6 +140,15 @@ TOUCH_TOKEN = """
 
 async def find_active_token(direct: Direct, token_hash: str) -> tuple[Any, ...] | None:
     return await direct.one(FIND_ACTIVE_TOKEN, {"hash": token_hash})
+
+
+async def find_fenced(direct: Direct, token_hash: str, ended: Sequence[str]) -> tuple[Any, ...] | None:
+    return await direct.one(FIND_FENCED, {"hash": token_hash, "ended": list(ended)})
+
+
+async def count_fenced(direct: Direct, job_id: uuid.UUID, attempt: int, message: str) -> int:
+    row = await direct.one(COUNT_FENCED, {"job_id": job_id, "attempt": attempt, "message": message})
+    return int(row[0]) if row else 0
 
 
 async def touch_token(direct: Direct, token_id: uuid.UUID) -> None:

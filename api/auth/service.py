@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import secrets
 import time
@@ -15,8 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth import repository
 from api.auth.principal import Principal, Scope
-from api.errors import Forbidden, NotFound, Unauthorized, ValidationError
+from api.errors import Conflict, Forbidden, NotFound, Unauthorized, ValidationError
 from api.projects import repository as projects
+from trainmaster.models import AttemptStatus
 
 if TYPE_CHECKING:
     from api.auth.cache import TokenCache
@@ -80,11 +82,19 @@ async def create_project_token(session: AsyncSession, project_name: str, descrip
     return token
 
 
-async def create_job_token(session: AsyncSession, project_id: uuid.UUID, job_id: uuid.UUID) -> str:
-    """A job token row, and its claim: what the launch carries (see `claim_job_token`)."""
+async def create_job_token(
+    session: AsyncSession, project_id: uuid.UUID, job_id: uuid.UUID, attempt: int | None = None
+) -> str:
+    """A job token row for `attempt`, and its claim: what the launch carries (see `claim_job_token`)."""
     claim = new_token()
     await repository.add_token(
-        session, project_id=project_id, job_id=job_id, token_hash=hash_token(claim), description="job", scope="job"
+        session,
+        project_id=project_id,
+        job_id=job_id,
+        token_hash=hash_token(claim),
+        description="job",
+        scope="job",
+        attempt=attempt,
     )
     return claim
 
@@ -121,6 +131,7 @@ async def authenticate(direct: Direct, authorization: str | None, cache: TokenCa
         stamp = cache.stamp() if cache is not None else None
         found = await repository.find_active_token(direct, token_hash)
         if found is None:
+            await _refuse_fenced(direct, token_hash)
             raise Unauthorized("unknown, expired or revoked token: create one with `trainmaster token create`")
         token_id, job_id, project_id, project_name, scope, expires_at, cluster_name, max_priority = found
         principal = Principal(
@@ -140,6 +151,31 @@ async def authenticate(direct: Direct, authorization: str | None, cache: TokenCa
     if cache is not None and principal.token_id is not None and cache.due_touch(principal.token_id):
         _touch_later(direct, principal.token_id)
     return principal
+
+
+class AttemptSuperseded(Conflict):
+    """A job token of an attempt that was superseded or has ended: a ghost of an old attempt."""
+
+
+ENDED_ATTEMPT = [status.value for status in AttemptStatus if status.terminal]
+
+
+async def _refuse_fenced(direct: Direct, token_hash: str) -> None:
+    """Fencing: a job token whose attempt is no longer its job's latest, or has ended, is refused with
+    409 (not 401: the caller is a ghost of an attempt, not a stranger), and the write is counted in the
+    job's `fenced` event for that attempt, so it never moves status, adds points or registers a
+    checkpoint, and is seen."""
+    found = await repository.find_fenced(direct, token_hash, ENDED_ATTEMPT)
+    if found is None:
+        return
+    job_id, attempt, latest, latest_status = found
+    why = f"superseded by attempt {latest}" if latest > attempt else f"ended ({latest_status})"
+    message = f"writes from attempt {attempt} refused: that attempt was {why}"
+    count = await repository.count_fenced(direct, job_id, attempt, message)
+    log.warning(json.dumps({"event": "fenced_write", "job_id": str(job_id), "attempt": attempt, "count": count}))
+    raise AttemptSuperseded(
+        f"attempt {attempt} of job {job_id} was {why}: its processes may no longer write (refused {count} time(s))"
+    )
 
 
 def _touch_later(direct: Direct, token_id: uuid.UUID) -> None:

@@ -116,6 +116,8 @@ class ApiToken(Base):
     user_name: Mapped[str | None] = mapped_column(String(128))
     claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     claim_hash: Mapped[str | None] = mapped_column(String(64))
+    # The attempt a job token was made for (0016): it authenticates only while that attempt is the latest.
+    attempt: Mapped[int | None] = mapped_column(Integer)
 
 
 class Job(Base):

@@ -106,7 +106,7 @@ async def start_attempts(
 async def prepare(settings: Settings, session: AsyncSession, job: Job, spec: JobSpec, n: int) -> Launch:
     """A fresh job token claim for one submit of attempt `n` (first or repeated); the code is unpacked
     by `submit_all`, outside the caller's transaction."""
-    claim = await create_job_token(session, job.project_id, job.id)
+    claim = await create_job_token(session, job.project_id, job.id, n)
     return build(settings, job, spec, n, claim)
 
 

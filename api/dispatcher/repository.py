@@ -162,8 +162,8 @@ ROUND_WRITES = text(
         SELECT s.job_id, s.n, s.submission_id, 'pending' FROM started s
     ),
     tokens AS (
-        INSERT INTO api_tokens (id, project_id, job_id, token_hash, description)
-        SELECT g.token_id, g.project_id, g.job_id, g.token_hash, 'job'
+        INSERT INTO api_tokens (id, project_id, job_id, token_hash, description, attempt)
+        SELECT g.token_id, g.project_id, g.job_id, g.token_hash, 'job', s.n
         FROM jsonb_to_recordset(CAST(:gangs AS jsonb))
              AS g(token_id uuid, project_id uuid, job_id uuid, token_hash text)
         JOIN started s ON s.job_id = g.job_id

@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select, update
+from sqlalchemy import func, update
 
 from api.auth.repository import get_or_create_project
 from api.db.models import Checkpoint, Job, Project
@@ -113,6 +113,7 @@ def test_cohort_lends_unused_quota_and_reclaims_it_by_preempting_the_cheapest_bo
             assert "borrows 2 from cohort research, which has 0 CPU left to lend" in (fourth.pending_reason or "")
             await running(world, *alpha[:3])
             world.ray.used_cpus = 3
+
             # alpha[1] checkpointed a moment ago: the least work lost, so the one preempted.
             async def checkpoint(session: Any) -> None:
                 session.add(Checkpoint(job_id=alpha[1], attempt=1, path="/c/1", step=10))
