@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     # A job `starting` this long (its workers never reported) is checked with Ray: a placement group
     # of its driver that Ray created means it runs; none means the gang could not be placed: it fails.
     starting_timeout_s: float = 900.0
+    # A job `starting` this long whose placement group Ray still holds PENDING (admission's book said it
+    # fits, Ray says not) is stopped and queued again with Ray's reason, instead of holding its place.
+    placement_timeout_s: float = 120.0
     # A job whose reconcile raises this many rounds in a row (a bug) fails with the error.
     reconcile_error_limit: int = 10
     ray_unreachable_timeout_s: float = 120.0  # active attempts are lost after this long without Ray

@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import text
 
 from api.db.session import create_engine, session_factory
-from api.dispatcher.backend import Launch, RayJobInfo, RayJobState
+from api.dispatcher.backend import GangState, Launch, RayJobInfo, RayJobState
 from api.dispatcher.placement import Cluster, Decision, Node, Resources, admit
 from api.dispatcher.service import Dispatcher, freeze_heap
 from api.settings import Settings
@@ -81,8 +81,8 @@ class SimRay:
     def stop(self, submission_id: str) -> None:
         pass
 
-    def gang_placed(self, driver_job_id: str) -> bool:
-        return True
+    def gang_state(self, driver_job_id: str) -> GangState:
+        return GangState(placed=True)
 
     def logs(self, submission_id: str, offset: int = 0, final: bool = False) -> str:
         return ""

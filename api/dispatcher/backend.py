@@ -47,6 +47,15 @@ class Launch:
     refusal: str | None = None
 
 
+@dataclass(frozen=True)
+class GangState:
+    """A driver's placement groups as Ray holds them: whether one is placed (CREATED), and, for one Ray
+    leaves pending, Ray's own words for why (its scheduling state)."""
+
+    placed: bool = False
+    pending: str | None = None
+
+
 class RayUnavailable(Exception):
     """Ray's head could not be reached; try again later."""
 
@@ -72,8 +81,8 @@ class RayBackend(Protocol):
 
     def stop(self, submission_id: str) -> None: ...
 
-    def gang_placed(self, driver_job_id: str) -> bool:
-        """Whether a placement group created by this driver is placed (state CREATED)."""
+    def gang_state(self, driver_job_id: str) -> GangState:
+        """The placement groups this driver created: placed (CREATED), or pending and why."""
         ...
 
     def logs(self, submission_id: str, offset: int = 0, final: bool = False) -> str:

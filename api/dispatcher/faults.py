@@ -14,7 +14,7 @@ import os
 import signal
 from dataclasses import dataclass
 
-from api.dispatcher.backend import Launch, RayBackend, RayJobInfo
+from api.dispatcher.backend import GangState, Launch, RayBackend, RayJobInfo
 from api.dispatcher.placement import Cluster
 
 ENV_FAULT_POINT = "TRAINMASTER_FAULT_POINT"
@@ -47,8 +47,8 @@ class DyingRay:
     def stop(self, submission_id: str) -> None:
         self.ray.stop(submission_id)
 
-    def gang_placed(self, driver_job_id: str) -> bool:
-        return self.ray.gang_placed(driver_job_id)
+    def gang_state(self, driver_job_id: str) -> GangState:
+        return self.ray.gang_state(driver_job_id)
 
     def logs(self, submission_id: str, offset: int = 0, final: bool = False) -> str:
         return self.ray.logs(submission_id, offset, final)

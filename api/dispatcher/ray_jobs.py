@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from api.dispatcher.backend import Launch, LaunchRefused, RayJobInfo, RayJobState, RayUnavailable
+from api.dispatcher.backend import GangState, Launch, LaunchRefused, RayJobInfo, RayJobState, RayUnavailable
 from api.dispatcher.log_tail import LogTails
 from api.dispatcher.placement import Cluster, Node
 
@@ -168,18 +168,27 @@ class RayJobsBackend:
             driver_job_id=getattr(details, "job_id", None),
         )
 
-    def gang_placed(self, driver_job_id: str) -> bool:
+    def gang_state(self, driver_job_id: str) -> GangState:
         params = {
             "filter_keys": "creator_job_id",
             "filter_predicates": "=",
             "filter_values": driver_job_id,
             "limit": "100",
+            "detail": "1",  # each group's scheduling stats: Ray's reason for a pending one
         }
         try:
             groups = self._get("/api/v0/placement_groups", params=params)["data"]["result"]["result"]
         except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
             raise RayUnavailable(f"placement groups from {self.address}: {_short(exc)}") from exc
-        return any(group.get("state") == "CREATED" for group in groups)
+        if any(group.get("state") == "CREATED" for group in groups):
+            return GangState(placed=True)
+        for group in groups:
+            if group.get("state") == "PENDING":
+                stats = group.get("stats") or {}
+                why = stats.get("scheduling_state") or "pending"
+                tries = stats.get("scheduling_attempt")
+                return GangState(pending=f"Ray: {why}" + (f", {tries} scheduling attempt(s)" if tries else ""))
+        return GangState()
 
     def stop(self, submission_id: str) -> None:
         try:

@@ -125,11 +125,18 @@ async def reconcile_job(context: RoundContext, job_id: uuid.UUID, nodes: NodesFr
         context.backoff.forget(f"logs:{sub_id}")
     if starting and gang.reported and info is not None and info.state is RayJobState.RUNNING:
         gang.pending_reason = f"placement group pending: {describe(JobSpec.model_validate(spec))}{await nodes.text()}"
-        if starting_for > context.settings.starting_timeout_s and info.driver_job_id:
-            gang.placed = await asyncio.to_thread(context.ray.gang_placed, info.driver_job_id)
+        settings = context.settings
+        if starting_for > min(settings.placement_timeout_s, settings.starting_timeout_s) and info.driver_job_id:
+            state = await asyncio.to_thread(context.ray.gang_state, info.driver_job_id)
             gang.starting_for = starting_for
-            if not gang.placed:
+            if state.pending is not None and starting_for > settings.placement_timeout_s:
+                # Admission's book said the gang fits; Ray says it does not: back to the queue.
+                gang.requeue = state.pending
                 await asyncio.to_thread(context.ray.stop, sub_id)
+            elif starting_for > settings.starting_timeout_s:
+                gang.placed = state.placed
+                if not gang.placed:
+                    await asyncio.to_thread(context.ray.stop, sub_id)
     async with context.leased(job_id, sub_id) as held:
         if held is None or held.attempt is None:
             return
@@ -159,6 +166,7 @@ class Gang:
     reported: bool
     pending_reason: str | None = None
     placed: bool | None = None  # asked of Ray past starting_timeout_s: a placement group is CREATED
+    requeue: str | None = None  # Ray's reason its placement group stayed pending past placement_timeout_s
     starting_for: float = 0.0
     logs_missing: str | None = None  # why the end of a finished attempt's log could not be read
 
@@ -255,6 +263,8 @@ async def _apply(
             if not gang.reported or await repo.workers_started(session, job.id, attempt.n):
                 job.pending_reason = None
                 await transition(session, job, JobStatus.running, message=f"attempt {attempt.n}: workers started")
+            elif gang.requeue is not None:
+                await _unplaced(session, job, attempt, gang, now)
             elif gang.placed:
                 job.pending_reason = None
                 await transition(
@@ -319,6 +329,34 @@ async def _after_failure(session: AsyncSession, job: Job, error: str) -> None:
         )
         return
     await finish(session, job, JobStatus.failed, error, error)
+
+
+# A gang Ray leaves pending goes back to the queue this many times; the next time, its attempt fails
+# (and the job retries or fails as for any failure): admission and Ray disagree about it for good.
+PLACEMENT_REQUEUES = 3
+UNPLACED = "gang not placed by Ray"
+
+
+async def _unplaced(session: AsyncSession, job: Job, attempt: JobAttempt, gang: Gang, now: datetime) -> None:
+    """Admission admitted the gang against its book, but Ray left its placement group pending past
+    `placement_timeout_s`: the Ray job was stopped, and the job goes back to `queued` with Ray's
+    reason instead of holding its place in `starting` (not a retry)."""
+    attempt.status, attempt.finished_at = AttemptStatus.stopped, now
+    attempt.error = f"{UNPLACED} within {gang.starting_for:.0f} s ({gang.requeue}); {gang.pending_reason}"
+    if sum(1 for a in job.attempts if (a.error or "").startswith(UNPLACED)) > PLACEMENT_REQUEUES:
+        attempt.status = AttemptStatus.failed
+        await _after_failure(session, job, f"{attempt.error}; back in the queue {PLACEMENT_REQUEUES} times already")
+        return
+    await release(session, job)
+    await transition(
+        session,
+        job,
+        JobStatus.queued,
+        message=f"attempt {attempt.n}: {UNPLACED} within {gang.starting_for:.0f} s ({gang.requeue}); "
+        "stopped and queued again (not a retry)",
+        data={"requeued": "unplaced", "ray": gang.requeue},
+    )
+    job.pending_reason = f"Ray left its gang pending ({gang.requeue}); queued again, waiting for room"
 
 
 async def _preempted(session: AsyncSession, job: Job, attempt: JobAttempt) -> None:

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from api.dispatcher.backend import Launch, RayJobInfo, RayJobState, RayUnavailable
+from api.dispatcher.backend import GangState, Launch, RayJobInfo, RayJobState, RayUnavailable
 from api.dispatcher.placement import Cluster, Node
 
 
@@ -26,6 +26,7 @@ class FakeRay:
     submit_errors: dict[str, Exception] = field(default_factory=dict)  # submission id -> what submit raises
     end_times: dict[str, datetime] = field(default_factory=dict)  # when Ray saw a submission end
     placed: set[str] = field(default_factory=set)  # submission ids whose placement group is CREATED
+    pending: dict[str, str] = field(default_factory=dict)  # submission id -> Ray's reason its group waits
     final_logs_down: bool = False  # reading a finished job's whole log fails
 
     def _check(self) -> None:
@@ -59,9 +60,9 @@ class FakeRay:
             state, f"job is {state.value}", end_time=self.end_times.get(submission_id), driver_job_id=submission_id
         )
 
-    def gang_placed(self, driver_job_id: str) -> bool:
+    def gang_state(self, driver_job_id: str) -> GangState:
         self._check()
-        return driver_job_id in self.placed
+        return GangState(placed=driver_job_id in self.placed, pending=self.pending.get(driver_job_id))
 
     def stop(self, submission_id: str) -> None:
         self._check()

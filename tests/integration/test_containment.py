@@ -264,6 +264,52 @@ def test_a_lost_workers_started_report_is_settled_by_asking_ray_past_the_bound(d
     run(scenario())
 
 
+def test_a_gang_ray_leaves_pending_goes_back_to_the_queue_with_rays_reason(database_url: str) -> None:
+    """Admission's book said it fits; Ray holds its placement group PENDING past placement_timeout_s:
+    the Ray job is stopped and the job is queued again (not a retry), with Ray's words; a gang that
+    Ray keeps refusing fails after PLACEMENT_REQUEUES. A gang Ray placed is left alone."""
+
+    async def scenario() -> None:
+        async with World(database_url, api_url="http://api:8000", placement_timeout_s=30) as world:
+            world.ray.cpus = 4
+            stuck, placed = [await world.submit(max_retries=0, **one_worker()) for _ in range(2)]
+            dispatcher = world.dispatcher()
+            for n in range(1, 6):
+                await dispatcher.admit_round()
+                sub_id = f"tm-{stuck}-{n}"
+                world.ray.jobs[sub_id] = RayJobState.RUNNING
+                world.ray.jobs[f"tm-{placed}-1"] = RayJobState.RUNNING
+                world.ray.pending[sub_id] = "Ray: NO_RESOURCES, 12 scheduling attempt(s)"
+                world.ray.placed.add(f"tm-{placed}-1")
+                await dispatcher.reconcile_round()
+                assert (await world.job(stuck)).status is JobStatus.starting  # within the bound: waits
+                for job_id in (stuck, placed):
+                    await age_attempt(world, job_id, 31)
+                await dispatcher.reconcile_round()
+                job = await world.job(stuck)
+                if n <= 3:
+                    assert job.status is JobStatus.queued, (n, job.status, job.error)
+                    assert job.pending_reason == (
+                        "Ray left its gang pending (Ray: NO_RESOURCES, 12 scheduling attempt(s)); "
+                        "queued again, waiting for room"
+                    )
+                    assert world.ray.stopped[-1] == sub_id
+                    continue
+                assert job.status is JobStatus.failed, (n, job.status)
+                assert "back in the queue 3 times already" in (job.error or "")
+                break
+            attempts = await world.attempts(stuck)
+            assert [a.status for a in attempts] == ["stopped", "stopped", "stopped", "failed"]
+            assert all("gang not placed by Ray within" in (a.error or "") for a in attempts)
+            requeued = [e for e in await world.events(stuck) if e.data.get("requeued") == "unplaced"]
+            assert len(requeued) == 3 and all(e.status is JobStatus.queued for e in requeued)
+            assert "not a retry" in (requeued[0].message or "")
+            assert (await world.job(placed)).status is JobStatus.starting  # placed: waits for its report
+            assert f"tm-{placed}-1" not in world.ray.stopped
+
+    run(scenario())
+
+
 def test_a_job_that_succeeded_within_its_limit_is_not_timed_out_when_seen_late(database_url: str) -> None:
     async def scenario() -> None:
         async with World(database_url) as world:
