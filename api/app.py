@@ -43,6 +43,7 @@ from api.sweeps.routes import router as sweeps_router
 from api.telemetry.service import start_telemetry
 from api.ui.routes import UI_PREFIX, UiSecurityHeaders, static_files
 from api.ui.routes import router as ui_router
+from api.usage.routes import router as usage_router
 
 log = logging.getLogger("trainmaster.api")
 
@@ -101,6 +102,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(clusters_router)
     app.include_router(projects_router)
     app.include_router(queues_router)
+    app.include_router(usage_router)
     app.include_router(tokens_router)
     app.include_router(ui_router)
     app.mount(UI_PREFIX, static_files(), name="ui")

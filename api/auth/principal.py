@@ -30,6 +30,8 @@ class Principal:
     cluster_name: str = "default"
     max_priority: int = 100
     expires_at: float | None = None  # seconds since the epoch; checked on every use, cached or not
+    attempt: int | None = None  # a job token's attempt (its writes are tied to it: fencing)
+    user_name: str | None = None  # the user the token names: usage groups by it
 
     @property
     def is_job_token(self) -> bool:

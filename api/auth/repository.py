@@ -52,11 +52,12 @@ async def add_token(
 
 
 # Who an active token belongs to, on a direct connection: (token id, job id, project id, project name,
-# scope, expiry as epoch seconds, cluster name, max priority). An expired token is not found, nor a job
+# scope, expiry as epoch seconds, cluster name, max priority, attempt, user). An expired token is not found, nor a job
 # token not yet claimed (its hash is its claim's: a claim authenticates nothing), nor a job token whose
 # attempt is no longer its job's latest (FIND_FENCED tells why).
 FIND_ACTIVE_TOKEN = """
-    SELECT t.id, t.job_id, p.id, p.name, t.scope, extract(epoch FROM t.expires_at)::float8, c.name, p.max_priority
+    SELECT t.id, t.job_id, p.id, p.name, t.scope, extract(epoch FROM t.expires_at)::float8, c.name, p.max_priority,
+           t.attempt, t.user_name
     FROM api_tokens t JOIN projects p ON p.id = t.project_id JOIN clusters c ON c.id = p.cluster_id
     WHERE t.token_hash = %(hash)s AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())
       AND (t.job_id IS NULL OR t.claimed_at IS NOT NULL)

@@ -133,7 +133,7 @@ async def authenticate(direct: Direct, authorization: str | None, cache: TokenCa
         if found is None:
             await _refuse_fenced(direct, token_hash)
             raise Unauthorized("unknown, expired or revoked token: create one with `trainmaster token create`")
-        token_id, job_id, project_id, project_name, scope, expires_at, cluster_name, max_priority = found
+        token_id, job_id, project_id, project_name, scope, expires_at, cluster_name, max_priority, attempt, user = found
         principal = Principal(
             project_id=project_id,
             project_name=project_name,
@@ -143,6 +143,8 @@ async def authenticate(direct: Direct, authorization: str | None, cache: TokenCa
             cluster_name=cluster_name,
             max_priority=max_priority,
             expires_at=expires_at,
+            attempt=attempt,
+            user_name=user,
         )
         if cache is not None and stamp is not None:
             cache.put(token_hash, principal, stamp)

@@ -32,6 +32,7 @@ async def record_checkpoint(
     principal: AnyPrincipal,
     attempt: Annotated[int | None, Query(ge=1)] = None,
 ) -> Response:
-    """Recorded by the job itself (job token) when Ray Train reports a checkpoint."""
-    await service.record(session, principal, job_id, checkpoint, attempt)
+    """Recorded by the job itself (job token) when Ray Train reports a checkpoint. A job token's own
+    attempt is the checkpoint's (what `?attempt=` says is kept only for other tokens)."""
+    await service.record(session, principal, job_id, checkpoint, principal.attempt or attempt)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -153,6 +153,7 @@ class Job(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSONB)
     labels: Mapped[dict[str, str]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
     priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+    user_name: Mapped[str | None] = mapped_column(String(128))  # the submitting token's user (0017)
     gang_cpus: Mapped[float] = mapped_column(Double, server_default=text("0"))
     gang_gpus: Mapped[float] = mapped_column(Double, server_default=text("0"))
     idempotency_key: Mapped[str | None] = mapped_column(String(256))
@@ -190,6 +191,12 @@ class JobAttempt(Base):
     created_at: Mapped[datetime] = _now()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Accounting (0017): when its workers started; the seconds the trigger tm_attempt_ended writes as it ends.
+    running_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    queue_s: Mapped[float | None] = mapped_column(Double)
+    starting_s: Mapped[float | None] = mapped_column(Double)
+    productive_s: Mapped[float | None] = mapped_column(Double)
+    lost_s: Mapped[float | None] = mapped_column(Double)
 
     job: Mapped[Job] = relationship(lazy="raise", back_populates="attempts")
 
@@ -260,6 +267,26 @@ class QueueCount(Base):
     project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
     shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
     queued: Mapped[int] = mapped_column(Integer)
+
+
+class UsageHour(Base):
+    """Ended attempts' resource-seconds per project, hour (of the attempt's end) and user, kept by the
+    trigger tm_attempt_ended (0017): `GET /v1/usage` sums these rows."""
+
+    __tablename__ = "usage_hours"
+    __table_args__ = (Index("ix_usage_hours_hour", "hour"),)
+
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(128), primary_key=True, server_default=text("''"))
+    attempts: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    queue_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    cpu_starting_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    cpu_productive_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    cpu_lost_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    gpu_starting_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    gpu_productive_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    gpu_lost_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
 
 
 class ProjectUsage(Base):

@@ -260,13 +260,16 @@ async def _apply(
         if attempt.status in (AttemptStatus.pending, AttemptStatus.submitted):
             attempt.status, attempt.started_at = AttemptStatus.running, now  # the driver runs
         if job.status is JobStatus.starting:
-            if not gang.reported or await repo.workers_started(session, job.id, attempt.n):
+            started = await repo.last_event(session, job.id, attempt.n, "workers_started") if gang.reported else None
+            if not gang.reported or started is not None:
                 job.pending_reason = None
+                attempt.running_at = started.created_at if started is not None else now  # productive from here
                 await transition(session, job, JobStatus.running, message=f"attempt {attempt.n}: workers started")
             elif gang.requeue is not None:
                 await _unplaced(session, job, attempt, gang, now)
             elif gang.placed:
                 job.pending_reason = None
+                attempt.running_at = now
                 await transition(
                     session,
                     job,

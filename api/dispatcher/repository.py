@@ -423,11 +423,6 @@ async def revoke_job_tokens(session: AsyncSession, job_id: uuid.UUID) -> None:
     )
 
 
-async def workers_started(session: AsyncSession, job_id: uuid.UUID, attempt: int) -> bool:
-    """Whether the attempt's worker group reported that it started (the `workers_started` event)."""
-    return await last_event(session, job_id, attempt, "workers_started") is not None
-
-
 async def last_event(session: AsyncSession, job_id: uuid.UUID, attempt: int, kind: str) -> JobEvent | None:
     """The attempt's latest event of `kind`, as the job reported it."""
     query = (

@@ -28,9 +28,9 @@ INSERT_QUEUED = text(
     """
     WITH job AS (
         INSERT INTO jobs (id, project_id, name, status, spec, labels, priority, gang_cpus, gang_gpus,
-                          idempotency_key, request_hash, pending_reason)
+                          idempotency_key, request_hash, pending_reason, user_name)
         VALUES (:id, :project_id, :name, 'queued', CAST(:spec AS jsonb), CAST(:labels AS jsonb), :priority,
-                :gang_cpus, :gang_gpus, :idempotency_key, :request_hash, :pending_reason)
+                :gang_cpus, :gang_gpus, :idempotency_key, :request_hash, :pending_reason, :user_name)
         ON CONFLICT (project_id, idempotency_key) DO NOTHING
         RETURNING id, created_at, spec
     ),
@@ -302,7 +302,9 @@ READ_JOB = text(
            j.error, j.latest_metrics,
            coalesce((SELECT json_agg(json_build_object(
                          'n', a.n, 'ray_submission_id', a.ray_submission_id, 'status', a.status,
-                         'started_at', a.started_at, 'finished_at', a.finished_at, 'error', a.error
+                         'started_at', a.started_at, 'finished_at', a.finished_at, 'error', a.error,
+                         'admitted_at', a.created_at, 'running_at', a.running_at, 'queue_s', a.queue_s,
+                         'starting_s', a.starting_s, 'productive_s', a.productive_s, 'lost_s', a.lost_s
                      ) ORDER BY a.n) FROM job_attempts a WHERE a.job_id = j.id), '[]') AS attempts,
            place.position AS queue_position, place.older, j.priority,
            (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_us

@@ -10,7 +10,7 @@ import logging
 import re
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -67,6 +67,7 @@ def _queued_values(principal: Principal, spec: JobSpec, idempotency_key: str | N
         "idempotency_key": idempotency_key,
         "request_hash": _hash_of(spec_json),
         "pending_reason": WAITING,
+        "user_name": principal.user_name,
     }
 
 
@@ -192,7 +193,7 @@ async def read(
     if ranks is not None and stamp is not None and older is None and counted is not None:
         await _keep_rank(direct, ranks, stamp, principal.project_id, priority, (created_us, str(job_id), counted))
     status = JobStatus(status)
-    return Job(
+    wire = Job(
         id=str(job_id),
         project=principal.project_name,
         name=name,
@@ -208,6 +209,8 @@ async def read(
         queue_position=None if position is None else int(position),
         cluster=principal.cluster_name,
     )
+    wire.goodput = goodput(wire.attempts)
+    return wire
 
 
 GROUP_RANKS_LIMIT = 20_000  # a group's head read whole at most this deep (about 10 ms at 10,000)
@@ -357,20 +360,44 @@ def to_wire(job: JobRow, project_name: str, queue_position: int | None = None, c
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
-        attempts=[
-            Attempt(
-                n=a.n,
-                ray_submission_id=a.ray_submission_id,
-                status=a.status,
-                started_at=a.started_at,
-                finished_at=a.finished_at,
-                error=a.error,
-            )
-            for a in job.attempts
-        ],
+        attempts=(
+            attempts := [
+                Attempt(
+                    n=a.n,
+                    ray_submission_id=a.ray_submission_id,
+                    status=a.status,
+                    started_at=a.started_at,
+                    finished_at=a.finished_at,
+                    error=a.error,
+                    admitted_at=a.created_at,
+                    running_at=a.running_at,
+                    queue_s=a.queue_s,
+                    starting_s=a.starting_s,
+                    productive_s=a.productive_s,
+                    lost_s=a.lost_s,
+                )
+                for a in job.attempts
+            ]
+        ),
         pending_reason=_shown_reason(job.status, job.pending_reason),
         error=job.error,
         latest_metrics=job.latest_metrics,
         queue_position=queue_position,
         cluster=cluster,
+        goodput=goodput(attempts),
     )
+
+
+def goodput(attempts: list[Attempt], now: datetime | None = None) -> float | None:
+    """Productive / allocated seconds over a job's attempts: an ended attempt's figures as its trigger
+    wrote them; a live one's so far (all of its running time productive until it ends)."""
+    now = now or datetime.now(UTC)
+    productive = allocated = 0.0
+    for a in attempts:
+        if a.lost_s is not None:
+            productive += a.productive_s or 0.0
+            allocated += (a.starting_s or 0.0) + (a.productive_s or 0.0) + a.lost_s
+        elif a.finished_at is None and a.admitted_at is not None:
+            allocated += max(0.0, (now - a.admitted_at).total_seconds())
+            productive += max(0.0, (now - a.running_at).total_seconds()) if a.running_at else 0.0
+    return productive / allocated if allocated > 0 else None

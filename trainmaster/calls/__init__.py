@@ -36,6 +36,8 @@ from trainmaster.calls.jobs import (
     queues,
     submission,
     succeeded,
+    usage_csv,
+    usage_report,
 )
 from trainmaster.calls.metrics import log_reading, metric_list, metric_pages, metric_stream
 from trainmaster.calls.sweeps import cancel_sweep, get_sweep, list_sweeps, new_sweep
@@ -75,4 +77,6 @@ __all__ = [
     "succeeded",
     "takes",
     "unreachable",
+    "usage_csv",
+    "usage_report",
 ]

@@ -39,6 +39,7 @@ class Call(Generic[T]):
     content: bytes | None = None
     headers: Mapping[str, str] | None = None
     answers: Mapping[int, T] | None = None  # error statuses that are answers, not errors (HEAD's 404)
+    text: bool = False  # `parse` takes the body as text (CSV), not JSON
 
     def request(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
         return http.build_request(
@@ -51,6 +52,8 @@ class Call(Generic[T]):
             return self.answers[response.status_code]
         if response.status_code >= 400:
             raise error_from_response(response)
+        if self.text:
+            return self.parse(response.text)
         return self.parse(response.json() if response.content else None)
 
 

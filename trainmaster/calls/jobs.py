@@ -9,6 +9,7 @@ import uuid
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from trainmaster.models import (
     JobStatus,
     Queues,
     Scaling,
+    UsageReport,
 )
 
 # -- jobs -----------------------------------------------------------------------------------------
@@ -143,6 +145,26 @@ def checkpoints(job_id: str) -> Call[list[CheckpointInfo]]:
 
 def cluster() -> Call[ClusterInfo]:
     return Call("GET", "/v1/cluster", ClusterInfo.model_validate)
+
+
+def usage(
+    group_by: str = "project",
+    start: datetime | None = None,
+    end: datetime | None = None,
+    granularity: str | None = None,
+    project: str | None = None,
+) -> dict[str, Any]:
+    """The query of `GET /v1/usage` (what is left out takes the server's default)."""
+    given = {"group_by": group_by, "from": start, "to": end, "granularity": granularity, "project": project}
+    return {key: value.isoformat() if isinstance(value, datetime) else value for key, value in given.items() if value}
+
+
+def usage_report(**query: Any) -> Call[UsageReport]:
+    return Call("GET", "/v1/usage", UsageReport.model_validate, params=usage(**query))
+
+
+def usage_csv(**query: Any) -> Call[str]:
+    return Call("GET", "/v1/usage", str, params=usage(**query), headers={"Accept": "text/csv"}, text=True)
 
 
 def queues(limit: int = 20) -> Call[Queues]:

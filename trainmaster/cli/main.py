@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import deque
+from datetime import datetime
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any
@@ -290,6 +291,51 @@ def queue(
             console.print(
                 f"{place}{job.id[:SHORT_ID]} {escape(item.project)}/{escape(job.name)}: {reason}", highlight=False
             )
+
+
+@app.command()
+@client_errors
+def usage(
+    group_by: Annotated[str, typer.Option(help="project, user, job or label:<key>")] = "project",
+    start: Annotated[datetime | None, typer.Option("--from", help="default: 30 days ago")] = None,
+    end: Annotated[datetime | None, typer.Option("--to", help="default: now")] = None,
+    granularity: Annotated[str | None, typer.Option(help="hour or day: one row per period")] = None,
+    project: Annotated[str | None, typer.Option(help="one project (admin token)")] = None,
+    output_csv: Annotated[bool, typer.Option("--csv", help="CSV, as the server writes it")] = False,
+    api_url: ApiUrl = None,
+    token: Token = None,
+) -> None:
+    """Who used what: CPU- and GPU-hours of ended attempts (productive, starting, lost), queue time, goodput."""
+    query: dict[str, Any] = {
+        "group_by": group_by,
+        "start": start,
+        "end": end,
+        "granularity": granularity,
+        "project": project,
+    }
+    with Client(api_url, token) as client:
+        if output_csv:
+            sys.stdout.write(client.usage_csv(**query))
+            return
+        report = client.usage(**query)
+    table = Table(show_edge=False, header_style="bold")
+    columns = [group_by.upper()] + (["PERIOD"] if granularity else [])
+    for column in (*columns, "GPU-H", "CPU-H", "PRODUCTIVE", "LOST", "QUEUED-H", "GOODPUT"):
+        table.add_column(column, overflow="fold")
+    for row in report.items:
+        basis = row.gpu_hours if row.gpu_hours.allocated > 0 else row.cpu_hours
+        period = [row.period.strftime("%Y-%m-%d %H:00")] if granularity and row.period else []
+        table.add_row(
+            escape(row.key[:SHORT_ID] if group_by == "job" else row.key or "-"),
+            *period,
+            f"{row.gpu_hours.allocated:.2f}",
+            f"{row.cpu_hours.allocated:.2f}",
+            f"{basis.productive:.2f}",
+            f"{basis.lost:.2f}",
+            f"{row.queue_hours:.2f}",
+            "-" if row.goodput is None else f"{row.goodput:.0%}",
+        )
+    console.print(table if report.items else "no attempt ended in that range")
 
 
 def _amounts(amounts: dict[str, float]) -> str:

@@ -196,6 +196,8 @@ def job_detail(job: Job, events: list[JobEvent]) -> Table:
     table.add_row("created", f"{job.created_at:%Y-%m-%d %H:%M:%S} ({ago(job.created_at)})")
     if job.queue_position:
         table.add_row("queue position", str(job.queue_position))
+    if job.goodput is not None:
+        table.add_row("goodput", f"{job.goodput:.0%} of its allocated time trained")
     if job.pending_reason:
         table.add_row("pending reason", escape(job.pending_reason))
     if job.error:

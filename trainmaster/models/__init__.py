@@ -68,6 +68,7 @@ from trainmaster.models.sweeps import (
     SweepStatus,
     SweepTrial,
 )
+from trainmaster.models.usage import Hours, UsageReport, UsageRow
 
 __all__ = [
     "MAX_ATTEMPT",
@@ -95,6 +96,7 @@ __all__ = [
     "ErrorBody",
     "EventList",
     "Framework",
+    "Hours",
     "Job",
     "JobControl",
     "JobEvent",
@@ -133,5 +135,7 @@ __all__ = [
     "TokenInfo",
     "TokenList",
     "TokenSpec",
+    "UsageReport",
+    "UsageRow",
     "WholeNumber",
 ]

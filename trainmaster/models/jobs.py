@@ -198,12 +198,22 @@ class JobSpec(StoredRequestModel):
 
 
 class Attempt(ResponseModel):
+    """One launch. `admitted_at` to `finished_at` is what it held; `running_at`, when its workers
+    started. Once it ended, those seconds split into `starting_s`, `productive_s` and `lost_s` (work
+    since its last checkpoint thrown away), and `queue_s` is what it waited before admission."""
+
     n: int
     ray_submission_id: str
     status: AttemptStatus
     started_at: datetime | None = None
     finished_at: datetime | None = None
     error: str | None = None
+    admitted_at: datetime | None = None
+    running_at: datetime | None = None
+    queue_s: float | None = None
+    starting_s: float | None = None
+    productive_s: float | None = None
+    lost_s: float | None = None
 
 
 class Job(ResponseModel):
@@ -221,6 +231,7 @@ class Job(ResponseModel):
     latest_metrics: dict[str, Any] | None = None
     queue_position: int | None = None
     cluster: str | None = None  # the cluster its project is bound to (read only)
+    goodput: float | None = None  # productive / allocated seconds over its attempts (None before any ran)
 
 
 class JobList(ResponseModel):

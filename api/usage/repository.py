@@ -1,0 +1,70 @@
+"""Reads of usage: the hourly rollups (usage_hours) for projects and users, ended attempts joined to
+their jobs for jobs and labels. Each row: (key, period, attempts, queue_s, then CPU and GPU
+starting, productive and lost resource-seconds)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+FIGURES = "cpu_starting_s, cpu_productive_s, cpu_lost_s, gpu_starting_s, gpu_productive_s, gpu_lost_s"
+SUMS = ", ".join(f"sum({name})" for name in ("attempts", "queue_s", *FIGURES.split(", ")))
+
+# Projects and users: the rollups, at most projects x users x hours rows whatever the attempts.
+ROLLUP = """
+    SELECT {key} AS key, {period} AS period, {sums}
+    FROM usage_hours u JOIN projects p ON p.id = u.project_id
+    WHERE u.hour >= :start AND u.hour < :end AND (CAST(:project AS uuid) IS NULL OR u.project_id = :project)
+    GROUP BY 1, 2 ORDER BY 2 NULLS FIRST, 1
+"""
+
+# Jobs and labels: the attempts that ended in the range, of one project's jobs (its jobs' index, then
+# each job's attempts on their (job_id, n) key), weighted by each job's gang.
+ATTEMPTS = """
+    SELECT {key} AS key, {period} AS period, count(*), sum(a.queue_s),
+           sum(a.starting_s * j.gang_cpus), sum(a.productive_s * j.gang_cpus), sum(a.lost_s * j.gang_cpus),
+           sum(a.starting_s * j.gang_gpus), sum(a.productive_s * j.gang_gpus), sum(a.lost_s * j.gang_gpus)
+    FROM jobs j JOIN job_attempts a ON a.job_id = j.id
+    WHERE j.project_id = :project AND a.finished_at >= :start AND a.finished_at < :end AND a.lost_s IS NOT NULL
+    GROUP BY 1, 2 ORDER BY 2 NULLS FIRST, 1
+    LIMIT :limit
+"""
+
+
+def _period(column: str, granularity: str | None) -> str:
+    return f"date_trunc('{granularity}', {column})" if granularity in ("hour", "day") else "NULL::timestamptz"
+
+
+async def rollup(
+    session: AsyncSession,
+    group_by: str,
+    start: datetime,
+    end: datetime,
+    granularity: str | None,
+    project: uuid.UUID | None,
+) -> list[Any]:
+    key = "p.name" if group_by == "project" else "u.user_name"
+    query = ROLLUP.format(key=key, period=_period("u.hour", granularity), sums=SUMS)
+    params = {"start": start, "end": end, "project": project}
+    return list((await session.execute(text(query), params)).all())
+
+
+async def by_attempts(
+    session: AsyncSession,
+    label: str | None,
+    start: datetime,
+    end: datetime,
+    granularity: str | None,
+    project: uuid.UUID,
+    limit: int,
+) -> list[Any]:
+    key = "coalesce(j.labels ->> CAST(:label AS text), '')" if label is not None else "CAST(j.id AS text)"
+    query = ATTEMPTS.format(key=key, period=_period("a.finished_at", granularity))
+    params: dict[str, Any] = {"start": start, "end": end, "project": project, "limit": limit}
+    if label is not None:
+        params["label"] = label
+    return list((await session.execute(text(query), params)).all())

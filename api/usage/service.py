@@ -1,0 +1,111 @@
+"""`GET /v1/usage`: who used what, how much of it trained. Figures come from ended attempts (the
+trigger of migration 0017 splits each into starting, productive and lost seconds as it ends); an
+attempt still running counts once it ends. A project token reads its own project; an admin every
+project (or one, `project=`)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.auth.principal import Principal
+from api.errors import ValidationError
+from api.projects import repository as projects
+from api.usage import repository
+from trainmaster.models import Hours, UsageReport, UsageRow
+
+GROUPS = ("project", "user", "job")
+LABEL = "label:"
+
+
+async def report(
+    session: AsyncSession,
+    principal: Principal,
+    *,
+    group_by: str,
+    start: datetime | None,
+    end: datetime | None,
+    granularity: str | None,
+    project: str | None,
+    limit: int,
+) -> UsageReport:
+    if group_by not in GROUPS and not (group_by.startswith(LABEL) and len(group_by) > len(LABEL)):
+        raise ValidationError.field(["query", "group_by"], "one of project, user, job, label:<key>")
+    end = end or datetime.now(UTC)
+    start = start or end - timedelta(days=30)
+    if start >= end:
+        raise ValidationError.field(["query", "from"], "must be before `to`")
+    project_id = await _project(session, principal, project)
+    if group_by in ("project", "user"):
+        rows = await repository.rollup(session, group_by, start, end, granularity, project_id)
+    else:
+        label = group_by[len(LABEL) :] if group_by.startswith(LABEL) else None
+        mine = project_id if project_id is not None else principal.project_id
+        rows = await repository.by_attempts(session, label, start, end, granularity, mine, limit)
+    items = [to_row(row) for row in rows]
+    return UsageReport(group_by=group_by, granularity=granularity, start=start, end=end, items=items)
+
+
+async def _project(session: AsyncSession, principal: Principal, name: str | None) -> Any:
+    """The project the report covers: a project token's own; an admin's choice (None: all)."""
+    if not principal.is_admin:
+        if name is not None and name != principal.project_name:
+            raise ValidationError.field(["query", "project"], "a project token reads its own project's usage")
+        return principal.project_id
+    if name is None:
+        return None
+    found = await projects.find(session, name)
+    if found is None:
+        raise ValidationError.field(["query", "project"], f"no project {name!r}")
+    return found.project.id
+
+
+def _hours(starting: float, productive: float, lost: float) -> Hours:
+    starting, productive, lost = (float(x or 0) / 3600 for x in (starting, productive, lost))
+    return Hours(allocated=starting + productive + lost, starting=starting, productive=productive, lost=lost)
+
+
+def to_row(row: Any) -> UsageRow:
+    key, period, attempts, queue_s, cpu_s, cpu_p, cpu_l, gpu_s, gpu_p, gpu_l = row
+    cpu, gpu = _hours(cpu_s, cpu_p, cpu_l), _hours(gpu_s, gpu_p, gpu_l)
+    basis = gpu if gpu.allocated > 0 else cpu
+    goodput = basis.productive / basis.allocated if basis.allocated > 0 else None
+    return UsageRow(
+        key=str(key or ""),
+        period=period,
+        attempts=int(attempts or 0),
+        cpu_hours=cpu,
+        gpu_hours=gpu,
+        queue_hours=float(queue_s or 0) / 3600,
+        goodput=goodput,
+    )
+
+
+CSV_COLUMNS = (
+    "key",
+    "period",
+    "attempts",
+    *(f"{kind}_hours_{part}" for kind in ("cpu", "gpu") for part in ("allocated", "starting", "productive", "lost")),
+    "queue_hours",
+    "goodput",
+)
+
+
+def to_csv(report: UsageReport) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for item in report.items:
+        hours = [
+            getattr(getattr(item, f"{kind}_hours"), part) for kind in ("cpu", "gpu") for part in Hours.model_fields
+        ]
+        period = item.period.isoformat() if item.period else ""
+        goodput = "" if item.goodput is None else f"{item.goodput:.6g}"
+        writer.writerow(
+            [item.key, period, item.attempts, *(f"{h:.6g}" for h in hours), f"{item.queue_hours:.6g}", goodput]
+        )
+    return out.getvalue()
