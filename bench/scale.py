@@ -8,7 +8,9 @@ ratio is the growth), on a scratch database migrated (and its token made) in pro
   `trainmaster dispatcher` does.
 - quotas: Kueue's published baseline shape, 15,000 queued over 30 projects with quotas in 3 cohorts,
   against the same queue without quotas (`quotas` below).
-- jobs, metrics and logs go through `trainmaster api` (one worker) with a project token, `--requests`
+- usage: GET /v1/usage per project and day over a year of `--jobs` ended attempts (rollups), against
+  the same figures scanned from the attempts (`usage` below).
+- jobs, usage, metrics and logs go through `trainmaster api` (one worker) with a project token, `--requests`
   sequential requests per figure after 10 unmeasured. jobs: GET /v1/jobs (first page, a deep cursor
   page, `status=failed`, `status=queued`) and GET /v1/jobs/{id} of the newest queued job, at 1,000 rows
   and at `--jobs` rows (1% queued). metrics: ingest (4 senders, batches of 1,000, `--ingest-points`)
@@ -20,7 +22,7 @@ Bulk rows come from INSERT ... SELECT generate_series (triggers run as for any i
 CHECKPOINT and VACUUM ANALYZE, as a system in steady state would have had.
 
     .venv/bin/python bench/scale.py [--nodes 1000] [--depths 100 1000 10000] [--jobs 1000000]
-        [--points 10000000] [--log-bytes 1000000000] [--sections admission quotas jobs metrics logs]
+        [--points 10000000] [--log-bytes 1000000000] [--sections admission quotas jobs usage metrics logs]
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import tempfile
 import threading
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -43,6 +46,7 @@ from harness import Record, api_process, ms, parse_args, run, scratch_database, 
 from scale_cluster import NODE, SimRay, admission_cycles, fill_queue
 
 from api.auth import admin
+from api.auth.principal import Scope
 from api.db import migrate
 from api.db.session import create_engine, session_factory
 from api.jobs.service import encode_cursor
@@ -178,16 +182,22 @@ def quotas(url: str, args: argparse.Namespace, record: Record) -> None:
     )
 
 
-def jobs(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namespace, record: Record) -> None:
+def grow_jobs(url: str, bench: uuid.UUID, total: int) -> None:
+    """The jobs table grown to `total` rows, oldest first: half the bench project's, 1% queued, the rest
+    finished."""
     others = [row[0] for row in sql(url, "SELECT id FROM projects WHERE name LIKE 'p%' ORDER BY name LIMIT 49")]
+    print(f"jobs: {total:,} rows", flush=True)
+    have = sql(url, "SELECT count(*) FROM jobs")[0][0]
+    fixed = {"bench": bench, "others": others, "spec": SPEC, "total": total}
+    for lo in range(have + 1, total + 1, 100_000):
+        sql(url, JOBS, fixed | {"lo": lo, "hi": min(lo + 99_999, total)})
+    settle(url, "jobs")
+
+
+def jobs(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namespace, record: Record) -> None:
     results: dict[int, dict[str, dict[str, float]]] = {}
-    for total in (1000, args.jobs):  # grow the jobs table, oldest first: 1% queued, the rest finished
-        print(f"jobs: {total:,} rows", flush=True)
-        have = sql(url, "SELECT count(*) FROM jobs")[0][0]
-        fixed = {"bench": bench, "others": others, "spec": SPEC, "total": total}
-        for lo in range(have + 1, total + 1, 100_000):
-            sql(url, JOBS, fixed | {"lo": lo, "hi": min(lo + 99_999, total)})
-        settle(url, "jobs")
+    for total in (1000, args.jobs):
+        grow_jobs(url, bench, total)
         rows = sql(url, "SELECT count(*) FROM jobs WHERE project_id = %s", (bench,))[0][0]
         deep = "SELECT created_at, id FROM jobs WHERE project_id = %s ORDER BY created_at DESC, id DESC OFFSET %s"
         created_at, deep_id = sql(url, deep + " LIMIT 1", (bench, rows // 2))[0]
@@ -209,6 +219,58 @@ def jobs(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namesp
             figure = f"{name} {pct[:3]} at {args.jobs:,} rows, ms"
             record.ratio(figure, large[pct], "at 1,000 rows", small[pct])
     record.tables["job reads (sequential, one API worker)"] = table
+
+
+# One ended attempt per job over the past year, its seconds as the trigger of migration 0017 splits them;
+# then the rollups that trigger would have summed (a bulk load: per-row triggers would take an hour here).
+ATTEMPTS_YEAR = """
+    INSERT INTO job_attempts (job_id, n, ray_submission_id, status, created_at, running_at, finished_at,
+                              queue_s, starting_s, productive_s, lost_s)
+    SELECT id, 1, 'tm-' || id || '-1', 'succeeded', e - make_interval(secs => 600), e - make_interval(secs => 570),
+           e, 5, 30, 570, 0
+    FROM (SELECT id, now() - make_interval(secs => (abs(hashtext(id::text)) %% (365 * 86400))) AS e FROM jobs) j
+"""
+ROLLUP_YEAR = """
+    INSERT INTO usage_{table}s (project_id, {table}, user_name, attempts, queue_s, cpu_starting_s, cpu_productive_s,
+                             cpu_lost_s, gpu_starting_s, gpu_productive_s, gpu_lost_s)
+    SELECT j.project_id, date_trunc('{table}', a.finished_at, 'UTC'), 'u' || (abs(hashtext(j.id::text)) %% 3),
+           count(*), sum(a.queue_s), sum(a.starting_s * j.gang_cpus), sum(a.productive_s * j.gang_cpus), 0,
+           sum(a.starting_s * j.gang_gpus), sum(a.productive_s * j.gang_gpus), 0
+    FROM job_attempts a JOIN jobs j ON j.id = a.job_id GROUP BY 1, 2, 3
+"""
+# The peer: the same per-project daily figures read from the attempts themselves.
+SCAN_YEAR = """
+    SELECT p.name, date_trunc('day', a.finished_at), count(*), sum(a.queue_s), sum(a.starting_s * j.gang_cpus),
+           sum(a.productive_s * j.gang_cpus), sum(a.lost_s * j.gang_cpus), sum(a.starting_s * j.gang_gpus),
+           sum(a.productive_s * j.gang_gpus), sum(a.lost_s * j.gang_gpus)
+    FROM job_attempts a JOIN jobs j ON j.id = a.job_id JOIN projects p ON p.id = j.project_id
+    WHERE a.finished_at >= now() - interval '365 days' GROUP BY 1, 2
+"""
+
+
+def usage(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namespace, record: Record) -> None:
+    """GET /v1/usage over a year of `--jobs` ended attempts (50 projects, 3 users each), per project and
+    day, as an admin reads it, against the same figures scanned from the attempts (direct SQL)."""
+    grow_jobs(url, bench, args.jobs)
+    print(f"usage: {args.jobs:,} attempts over a year", flush=True)
+    sql(url, "DELETE FROM job_attempts")
+    sql(url, "TRUNCATE usage_hours, usage_days")
+    sql(url, ATTEMPTS_YEAR)
+    for table in ("hour", "day"):
+        sql(url, ROLLUP_YEAR.format(table=table))
+    settle(url, "job_attempts", "usage_hours", "usage_days")
+    rows = sql(url, "SELECT (SELECT count(*) FROM usage_hours) + (SELECT count(*) FROM usage_days)")[0][0]
+    headers = {"Authorization": f"Bearer {admin.token(url, 'bench', scope=Scope.admin)}"}
+    year = {"from": (datetime.now(UTC) - timedelta(days=365)).isoformat(), "granularity": "day"}
+    with httpx.Client(base_url=client.base_url, headers=headers, timeout=120) as adm:
+        api = reads(adm, "/v1/usage", year, args.requests)
+    scan = ms(timed(lambda: sql(url, SCAN_YEAR), max(5, args.requests // 10), warmup=1), 50, 99)
+    record.tables["usage over a year"] = [
+        {"read": "GET /v1/usage per project and day (rollups)", "attempts": args.jobs, "rollup_rows": rows, **api},
+        {"read": "scan of the attempts, direct SQL", "attempts": args.jobs, **scan},
+    ]
+    figure = f"GET /v1/usage per project and day over a year of {args.jobs:,} attempts p50, ms"
+    record.ratio(figure, api["p50_ms"], "the same figures scanned from the attempts", scan["p50_ms"])
 
 
 def ingest(client: httpx.Client, job_id: str, points: int, senders: int = 4) -> dict[str, float]:
@@ -346,7 +408,7 @@ def main() -> None:
         ("--ingest-points", 200_000, "points per ingest measurement"),
         ("--log-bytes", 1_000_000_000, "log bytes of the big logs job"),
         ("--requests", 100, "measured requests per read figure"),
-        ("--sections", ["admission", "quotas", "jobs", "metrics", "logs"], None),
+        ("--sections", ["admission", "quotas", "jobs", "usage", "metrics", "logs"], None),
         database=True,
     )
     os.environ.setdefault("TRAINMASTER_DB_CONNECT_TIMEOUT_S", "60")  # the API's, on a busy machine
@@ -368,7 +430,7 @@ def main() -> None:
             api_process(db.url) as api,
             httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as client,
         ):
-            for section in (jobs, metrics, logs):
+            for section in (jobs, usage, metrics, logs):
                 if section.__name__ in args.sections:
                     section(db.url, client, bench, args, record)
         record.facts["database_bytes_at_end"] = sql(db.url, "SELECT pg_database_size(current_database())")[0][0]

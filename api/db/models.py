@@ -289,6 +289,25 @@ class UsageHour(Base):
     gpu_lost_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
 
 
+class UsageDay(Base):
+    """The same per UTC day: `GET /v1/usage` reads whole days here, the partial ones from the hours."""
+
+    __tablename__ = "usage_days"
+    __table_args__ = (Index("ix_usage_days_day", "day"),)
+
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
+    day: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(128), primary_key=True, server_default=text("''"))
+    attempts: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    queue_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    cpu_starting_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    cpu_productive_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    cpu_lost_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    gpu_starting_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    gpu_productive_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    gpu_lost_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+
+
 class ProjectUsage(Base):
     """CPUs and GPUs held by each project's active jobs (starting, running, cancelling), kept by a
     deferred trigger on jobs: fair share reads one row per project instead of summing active jobs.

@@ -5,7 +5,7 @@ starting, productive and lost resource-seconds)."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
@@ -14,13 +14,23 @@ from sqlalchemy.ext.asyncio import AsyncSession
 FIGURES = "cpu_starting_s, cpu_productive_s, cpu_lost_s, gpu_starting_s, gpu_productive_s, gpu_lost_s"
 SUMS = ", ".join(f"sum({name})" for name in ("attempts", "queue_s", *FIGURES.split(", ")))
 
-# Projects and users: the rollups, at most projects x users x hours rows whatever the attempts.
+# Projects and users: the rollups, whole days [day_from, day_to) from usage_days and the hours of the
+# range's partial days ([start, day_from) and [day_to, end)) from usage_hours, each on its time index:
+# at most projects x users x (days + 48) rows, whatever the attempts.
 ROLLUP = """
+    WITH u AS (
+        SELECT project_id, user_name, day AS at, {columns} FROM usage_days
+        WHERE day >= :day_from AND day < :day_to
+        UNION ALL
+        SELECT project_id, user_name, hour AS at, {columns} FROM usage_hours
+        WHERE (hour >= :start AND hour < :day_from) OR (hour >= :day_to AND hour < :end)
+    )
     SELECT {key} AS key, {period} AS period, {sums}
-    FROM usage_hours u JOIN projects p ON p.id = u.project_id
-    WHERE u.hour >= :start AND u.hour < :end AND (CAST(:project AS uuid) IS NULL OR u.project_id = :project)
+    FROM u JOIN projects p ON p.id = u.project_id
+    WHERE CAST(:project AS uuid) IS NULL OR u.project_id = :project
     GROUP BY 1, 2 ORDER BY 2 NULLS FIRST, 1
 """
+COLUMNS = "attempts, queue_s, " + FIGURES
 
 # Jobs and labels: the attempts that ended in the range, of one project's jobs (its jobs' index, then
 # each job's attempts on their (job_id, n) key), weighted by each job's gang.
@@ -36,7 +46,18 @@ ATTEMPTS = """
 
 
 def _period(column: str, granularity: str | None) -> str:
-    return f"date_trunc('{granularity}', {column})" if granularity in ("hour", "day") else "NULL::timestamptz"
+    return f"date_trunc('{granularity}', {column}, 'UTC')" if granularity in ("hour", "day") else "NULL::timestamptz"
+
+
+def _days(start: datetime, end: datetime, granularity: str | None) -> tuple[datetime, datetime]:
+    """The whole UTC days inside [start, end) (none for hourly periods: then end, end)."""
+    first = start.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    if first < start:
+        first += timedelta(days=1)
+    last = end.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    if granularity == "hour" or first >= last:
+        return end, end
+    return first, last
 
 
 async def rollup(
@@ -48,8 +69,9 @@ async def rollup(
     project: uuid.UUID | None,
 ) -> list[Any]:
     key = "p.name" if group_by == "project" else "u.user_name"
-    query = ROLLUP.format(key=key, period=_period("u.hour", granularity), sums=SUMS)
-    params = {"start": start, "end": end, "project": project}
+    query = ROLLUP.format(key=key, period=_period("u.at", granularity), sums=SUMS, columns=COLUMNS)
+    day_from, day_to = _days(start, end, granularity)
+    params = {"start": start, "end": end, "day_from": day_from, "day_to": day_to, "project": project}
     return list((await session.execute(text(query), params)).all())
 
 

@@ -12,9 +12,9 @@ Create Date: 2026-12-10 11:00:00
   `finished_at`). Lost is the work since the attempt's last checkpoint (or since it started running) that
   a failure, loss, preemption, cancel or timeout threw away; a succeeded attempt loses nothing. Queue time
   is from the job's submission (first attempt) or the previous attempt's end to this attempt's admission.
-- `usage_hours`: per (project, hour the attempt ended, user) the sums of those seconds times the gang's
-  CPUs and GPUs, kept by the same trigger, so `GET /v1/usage` reads at most projects x users x hours rows
-  however many attempts there were.
+- `usage_hours` and `usage_days`: per (project, UTC hour or day the attempt ended, user) the sums of those
+  seconds times the gang's CPUs and GPUs, kept by the same trigger, so `GET /v1/usage` reads whole days
+  from the days and only the partial days at a range's ends from the hours, however many attempts there were.
 """
 
 from collections.abc import Sequence
@@ -50,10 +50,24 @@ BEGIN
     INSERT INTO usage_hours AS u (project_id, hour, user_name, attempts, queue_s,
                                   cpu_starting_s, cpu_productive_s, cpu_lost_s,
                                   gpu_starting_s, gpu_productive_s, gpu_lost_s)
-    VALUES (job.project_id, date_trunc('hour', NEW.finished_at), coalesce(job.user_name, ''), 1, NEW.queue_s,
+    VALUES (job.project_id, date_trunc('hour', NEW.finished_at, 'UTC'), coalesce(job.user_name, ''), 1, NEW.queue_s,
             NEW.starting_s * job.gang_cpus, NEW.productive_s * job.gang_cpus, NEW.lost_s * job.gang_cpus,
             NEW.starting_s * job.gang_gpus, NEW.productive_s * job.gang_gpus, NEW.lost_s * job.gang_gpus)
     ON CONFLICT (project_id, hour, user_name) DO UPDATE SET
+        attempts = u.attempts + 1, queue_s = u.queue_s + EXCLUDED.queue_s,
+        cpu_starting_s = u.cpu_starting_s + EXCLUDED.cpu_starting_s,
+        cpu_productive_s = u.cpu_productive_s + EXCLUDED.cpu_productive_s,
+        cpu_lost_s = u.cpu_lost_s + EXCLUDED.cpu_lost_s,
+        gpu_starting_s = u.gpu_starting_s + EXCLUDED.gpu_starting_s,
+        gpu_productive_s = u.gpu_productive_s + EXCLUDED.gpu_productive_s,
+        gpu_lost_s = u.gpu_lost_s + EXCLUDED.gpu_lost_s;
+    INSERT INTO usage_days AS u (project_id, day, user_name, attempts, queue_s,
+                                  cpu_starting_s, cpu_productive_s, cpu_lost_s,
+                                  gpu_starting_s, gpu_productive_s, gpu_lost_s)
+    VALUES (job.project_id, date_trunc('day', NEW.finished_at, 'UTC'), coalesce(job.user_name, ''), 1, NEW.queue_s,
+            NEW.starting_s * job.gang_cpus, NEW.productive_s * job.gang_cpus, NEW.lost_s * job.gang_cpus,
+            NEW.starting_s * job.gang_gpus, NEW.productive_s * job.gang_gpus, NEW.lost_s * job.gang_gpus)
+    ON CONFLICT (project_id, day, user_name) DO UPDATE SET
         attempts = u.attempts + 1, queue_s = u.queue_s + EXCLUDED.queue_s,
         cpu_starting_s = u.cpu_starting_s + EXCLUDED.cpu_starting_s,
         cpu_productive_s = u.cpu_productive_s + EXCLUDED.cpu_productive_s,
@@ -88,6 +102,20 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("project_id", "hour", "user_name", name=op.f("pk_usage_hours")),
     )
     op.create_index(op.f("ix_usage_hours_hour"), "usage_hours", ["hour"], unique=False)
+    op.create_table(
+        "usage_days",
+        sa.Column("project_id", sa.UUID(), nullable=False),
+        sa.Column("day", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("user_name", sa.String(length=128), server_default=sa.text("''"), nullable=False),
+        sa.Column("attempts", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
+        sa.Column("queue_s", sa.Double(), server_default=sa.text("0"), nullable=False),
+        *(sa.Column(name, sa.Double(), server_default=sa.text("0"), nullable=False) for name in FIGURES),
+        sa.ForeignKeyConstraint(
+            ["project_id"], ["projects.id"], name=op.f("fk_usage_days_project_id_projects"), ondelete="CASCADE"
+        ),
+        sa.PrimaryKeyConstraint("project_id", "day", "user_name", name=op.f("pk_usage_days")),
+    )
+    op.create_index(op.f("ix_usage_days_day"), "usage_days", ["day"], unique=False)
     op.execute(ATTEMPT_ENDED)
     op.execute(
         "CREATE TRIGGER tm_attempt_ended BEFORE UPDATE OF finished_at ON job_attempts FOR EACH ROW"
@@ -98,6 +126,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP TRIGGER IF EXISTS tm_attempt_ended ON job_attempts")
     op.execute("DROP FUNCTION IF EXISTS tm_attempt_ended()")
+    op.drop_index(op.f("ix_usage_days_day"), table_name="usage_days")
+    op.drop_table("usage_days")
     op.drop_index(op.f("ix_usage_hours_hour"), table_name="usage_hours")
     op.drop_table("usage_hours")
     for column in ("lost_s", "productive_s", "starting_s", "queue_s", "running_at"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -106,8 +106,6 @@ def test_attempts_split_exactly_and_usage_adds_up(http: TestClient, token: str, 
         attempts[name] = attempt | {"goodput": job.json()["goodput"]}
 
     def seconds(attempt: dict[str, Any], a: str, b: str) -> float:
-        from datetime import datetime
-
         return (datetime.fromisoformat(attempt[b]) - datetime.fromisoformat(attempt[a])).total_seconds()
 
     for name, attempt in attempts.items():
@@ -147,6 +145,12 @@ def test_attempts_split_exactly_and_usage_adds_up(http: TestClient, token: str, 
     assert text.status_code == 200 and text.headers["content-type"].startswith("text/csv")
     [row] = list(csv.DictReader(io.StringIO(text.text)))
     assert row["key"] == "alpha" and abs(float(row["cpu_hours_lost"]) - alpha["cpu_hours"]["lost"]) < 1e-5
+    # Read through the day rollups (the range ends at tomorrow's midnight, so today is a whole day), and
+    # through the hour rollups alone (hourly periods): the same figures.
+    midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)
+    for params in ({"to": midnight.isoformat()}, {"granularity": "hour"}):
+        [again] = http.get("/v1/usage", params=params, headers=bearer(token)).json()["items"]
+        assert again["attempts"] == 2 and abs(again["cpu_hours"]["lost"] - alpha["cpu_hours"]["lost"]) < 1e-9, params
     daily = http.get("/v1/usage", params={"granularity": "day"}, headers=bearer(token)).json()["items"]
     assert len(daily) == 1 and daily[0]["period"] is not None
 
