@@ -228,12 +228,12 @@ ATTEMPTS_YEAR = """
                               queue_s, starting_s, productive_s, lost_s)
     SELECT id, 1, 'tm-' || id || '-1', 'succeeded', e - make_interval(secs => 600), e - make_interval(secs => 570),
            e, 5, 30, 570, 0
-    FROM (SELECT id, now() - make_interval(secs => (abs(hashtext(id::text)) %% (365 * 86400))) AS e FROM jobs) j
+    FROM (SELECT id, now() - make_interval(secs => (abs(hashtext(id::text)) % (365 * 86400))) AS e FROM jobs) j
 """
 ROLLUP_YEAR = """
     INSERT INTO usage_{table}s (project_id, {table}, user_name, attempts, queue_s, cpu_starting_s, cpu_productive_s,
                              cpu_lost_s, gpu_starting_s, gpu_productive_s, gpu_lost_s)
-    SELECT j.project_id, date_trunc('{table}', a.finished_at, 'UTC'), 'u' || (abs(hashtext(j.id::text)) %% 3),
+    SELECT j.project_id, date_trunc('{table}', a.finished_at, 'UTC'), 'u' || (abs(hashtext(j.id::text)) % 3),
            count(*), sum(a.queue_s), sum(a.starting_s * j.gang_cpus), sum(a.productive_s * j.gang_cpus), 0,
            sum(a.starting_s * j.gang_gpus), sum(a.productive_s * j.gang_gpus), 0
     FROM job_attempts a JOIN jobs j ON j.id = a.job_id GROUP BY 1, 2, 3
