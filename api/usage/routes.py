@@ -28,7 +28,7 @@ async def read_usage(
     project: Annotated[str | None, Query(max_length=128, description="one project (admin)")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000, description="rows for job and label grouping")] = 1000,
     accept: Annotated[str | None, Header()] = None,
-) -> UsageReport | Response:
+) -> Response:
     """Resource-hours of the attempts that ended in [from, to): allocated (admission to release) split
     into starting, productive (training ran) and lost (work since the last checkpoint thrown away by a
     failure, preemption, cancel or timeout), queue time and goodput, per group and period."""
@@ -44,4 +44,4 @@ async def read_usage(
     )
     if accept is not None and "text/csv" in accept:
         return Response(service.to_csv(usage), media_type="text/csv")
-    return usage
+    return Response(service.to_json(usage), media_type="application/json")  # encoded once (service.to_row)

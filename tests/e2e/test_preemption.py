@@ -1,5 +1,6 @@
 """Preemption through the real API, dispatcher and Ray: a high-priority gang needing the whole cluster
-makes a low-priority job checkpoint and step aside, runs, and the low job resumes where it stopped."""
+makes a low-priority job checkpoint and step aside, runs, and the low job resumes where it stopped; and
+a project of a cohort takes back the quota it lent the same way."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import trainmaster as tm
 from tests.e2e.conftest import Stack, wait_until
 from tests.e2e.test_ray_jobs import TERMINAL, wait_for
+from tests.factories.auth import project_token, scoped_token
 
 pytestmark = pytest.mark.ray
 
@@ -64,3 +66,38 @@ def test_high_priority_gang_preempts_and_the_low_job_resumes_without_losing_a_st
         assert "preempt_requested" in kinds and "resumed" in kinds
         steps = [p.step for p in client.metrics(low.id, names=["loss"]) if p.rank == 0]
         assert sorted(steps) == list(range(1, STEPS + 1)), steps  # every step once: none lost, none redone
+
+
+def test_a_project_reclaims_its_lent_quota_and_the_borrower_resumes_at_its_step(stack: Stack) -> None:
+    """Two projects in one cohort, through the real stack and its usual dispatcher (the preemption setting
+    off: reclaim is the quota's own): the borrower runs on the owner's idle quota; the owner submits
+    within its quota; the borrower's job checkpoints, goes back to the queue and waits while the owner
+    holds its quota, then resumes at its step."""
+    database_url = stack.api.env["TRAINMASTER_DATABASE_URL"]
+    with tm.Admin(stack.api.url, scoped_token(database_url, "default", "admin")) as admin:
+        tokens = {name: project_token(database_url, name) for name in ("borrower", "owner")}
+        admin.set_project("borrower", quota={"CPU": 1}, cohort="lab")
+        admin.set_project("owner", quota={"CPU": WORKERS}, cohort="lab")
+    whole = tm.Scaling(num_workers=WORKERS, resources_per_worker={"CPU": 1})
+    with tm.Client(stack.api.url, tokens["borrower"]) as borrower, tm.Client(stack.api.url, tokens["owner"]) as owner:
+        lent = borrower.submit(
+            name="borrowed",
+            entrypoint="builtin:mlp",
+            scaling=whole,
+            config={"epochs": EPOCHS, "samples": SAMPLES, "batch_size": BATCH, "epoch_sleep_s": 2},
+        )
+        wait_for(borrower, lent.id, {"running"}, timeout=300)
+        wait_until(lambda: borrower.metrics(lent.id, names=["loss"]), 120, interval=0.5, what="the borrower to train")
+        owed = owner.submit(name="owed", entrypoint="builtin:mlp", scaling=whole, config={"epochs": 1, "samples": 256})
+        wait_for(borrower, lent.id, {"queued"}, timeout=180)
+        asked = next(e for e in borrower.events(lent.id) if e.kind == "preempt_requested")
+        assert "reclaims its quota" in (asked.message or "") and "cohort lab" in (asked.message or ""), asked.message
+        waiting = borrower.get(lent.id)
+        assert waiting.status is tm.JobStatus.queued  # while the owner holds its quota, nothing is left to lend
+
+        assert wait_for(owner, owed.id, TERMINAL, timeout=300).status is tm.JobStatus.succeeded
+        done = wait_for(borrower, lent.id, TERMINAL, timeout=400)
+        assert done.status is tm.JobStatus.succeeded, done.error
+        assert [(a.n, a.status.value) for a in done.attempts] == [(1, "stopped"), (2, "succeeded")]
+        steps = [p.step for p in borrower.metrics(lent.id, names=["loss"]) if p.rank == 0 and p.step is not None]
+        assert sorted(steps) == list(range(1, STEPS + 1)), steps  # resumed at its step: none lost, none redone
