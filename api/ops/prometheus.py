@@ -1,6 +1,7 @@
 """Prometheus metrics for the service: requests by route and status, jobs by status, and the platform
 figures that OpenTelemetry exports too (queue depth and GPUs held by project; time queued, admission
-latency and job durations as histograms), computed from the database at each scrape."""
+latency and job durations as histograms), and usage counters per project (resource-seconds of ended
+attempts, from the day rollups), computed from the database at each scrape."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ class PlatformSnapshot:
                 figures = await telemetry_repository.snapshot(session, BUCKETS)
             self.reads += 1
             self.metrics.set_job_counts({JobStatus(k): n for k, n in figures.gauges.jobs_by_status.items()})
-            self.metrics.platform.update(figures.gauges, figures.histograms)
+            self.metrics.platform.update(figures.gauges, figures.histograms, figures.usage)
             self.read_at = self.clock()
 
 
@@ -106,9 +107,15 @@ class PlatformCollector(Collector):
     def __init__(self) -> None:
         self.gauges = Gauges({}, {}, {})
         self.histograms: dict[tuple[str, str, str], tuple[list[int], float]] = {}
+        self.usage: dict[str, dict[str, float]] = {}
 
-    def update(self, gauges: Gauges, histograms: dict[tuple[str, str, str], tuple[list[int], float]]) -> None:
-        self.gauges, self.histograms = gauges, histograms
+    def update(
+        self,
+        gauges: Gauges,
+        histograms: dict[tuple[str, str, str], tuple[list[int], float]],
+        usage: dict[str, dict[str, float]],
+    ) -> None:
+        self.gauges, self.histograms, self.usage = gauges, histograms, usage
 
     def collect(self) -> Iterator[Metric]:
         queue = GaugeMetricFamily("trainmaster_queue_depth", "Queued jobs by project", labels=["project"])
@@ -121,6 +128,19 @@ class PlatformCollector(Collector):
             gpus.add_metric([project], held)
         yield queue
         yield gpus
+        seconds = CounterMetricFamily(
+            "trainmaster_usage_resource_seconds",
+            "CPU- and GPU-seconds of ended attempts by project and part (starting, productive, lost)",
+            labels=["project", "resource", "part"],
+        )
+        attempts = CounterMetricFamily("trainmaster_usage_attempts", "Ended attempts by project", labels=["project"])
+        for project, figures in sorted(self.usage.items()):
+            attempts.add_metric([project], figures.get("attempts", 0.0))
+            for resource in ("cpu", "gpu"):
+                for part in ("starting", "productive", "lost"):
+                    seconds.add_metric([project, resource.upper(), part], figures.get(f"{resource}_{part}", 0.0))
+        yield seconds
+        yield attempts
         for figure, (name, help_text) in HISTOGRAMS.items():
             labels = ["project", "status"] if figure == "duration" else ["project"]
             family = HistogramMetricFamily(name, help_text, labels=labels)

@@ -53,6 +53,15 @@ BY_PROJECT = f"""
     LEFT JOIN jobs j ON j.project_id = p.id AND (j.status = 'queued' OR j.status IN {ACTIVE})
     GROUP BY p.name
 """
+# Ended attempts' resource-seconds per project over all history (the day rollups of migration 0017:
+# projects x users x days rows), for counters that only grow.
+USAGE_TOTALS = """
+    SELECT p.name, sum(u.attempts) AS attempts, sum(u.cpu_starting_s) AS cpu_starting,
+           sum(u.cpu_productive_s) AS cpu_productive, sum(u.cpu_lost_s) AS cpu_lost,
+           sum(u.gpu_starting_s) AS gpu_starting, sum(u.gpu_productive_s) AS gpu_productive,
+           sum(u.gpu_lost_s) AS gpu_lost
+    FROM usage_days u JOIN projects p ON p.id = u.project_id GROUP BY p.name
+"""
 BUCKETED = f"""
     SELECT figure, project, status, bucket, count(*) AS n, sum(seconds) AS total
     FROM (SELECT o.*, (SELECT count(*) FROM unnest(CAST(:bounds AS float8[])) AS b(le) WHERE b.le < o.seconds)
@@ -101,15 +110,6 @@ async def observations_after(
     return [Observation(**row._mapping) for row in rows]
 
 
-async def histogram_buckets(
-    session: AsyncSession, bounds: Sequence[float]
-) -> dict[tuple[str, str, str], tuple[list[int], float]]:
-    """Every observation ever, bucketed in SQL: (figure, project, status) → (count per bucket, the last
-    one past every bound; sum). Over all history, so the counts only grow and Prometheus' rate() works."""
-    rows = await session.execute(text(BUCKETED), {"jobs_since": 0, "bounds": list(bounds)})
-    return _bucketed([tuple(row) for row in rows], bounds)
-
-
 def _bucketed(
     rows: Sequence[Sequence[Any]], bounds: Sequence[float]
 ) -> dict[tuple[str, str, str], tuple[list[int], float]]:
@@ -125,6 +125,7 @@ def _bucketed(
 class Snapshot:
     gauges: Gauges
     histograms: dict[tuple[str, str, str], tuple[list[int], float]]
+    usage: dict[str, dict[str, float]]  # project -> attempts and {cpu,gpu}_{starting,productive,lost} seconds
 
 
 async def snapshot(session: AsyncSession, bounds: Sequence[float]) -> Snapshot:
@@ -135,19 +136,21 @@ async def snapshot(session: AsyncSession, bounds: Sequence[float]) -> Snapshot:
                 f"""
                 SELECT (SELECT coalesce(json_agg(s), '[]') FROM ({BY_STATUS}) s),
                        (SELECT coalesce(json_agg(p), '[]') FROM ({BY_PROJECT}) p),
-                       (SELECT coalesce(json_agg(h), '[]') FROM ({BUCKETED}) h)
+                       (SELECT coalesce(json_agg(h), '[]') FROM ({BUCKETED}) h),
+                       (SELECT coalesce(json_agg(u), '[]') FROM ({USAGE_TOTALS}) u)
                 """
             ),
             {"jobs_since": 0, "bounds": list(bounds)},
         )
     ).one()
-    by_status, by_project, bucketed = (_flat(column) for column in row)
+    by_status, by_project, bucketed = (_flat(column) for column in row[:3])
+    usage = {item.pop("name"): {k: float(v or 0) for k, v in item.items()} for item in row[3]}
     gauges = Gauges(
         queue_depth={name: int(queued) for name, queued, _ in by_project},
         gpus_held={name: float(gpus) for name, _, gpus in by_project},
         jobs_by_status={status: int(count) for status, count in by_status},
     )
-    return Snapshot(gauges, _bucketed(bucketed, bounds))
+    return Snapshot(gauges, _bucketed(bucketed, bounds), usage)
 
 
 def _flat(rows: list[dict[str, Any]]) -> list[list[Any]]:

@@ -154,6 +154,13 @@ def test_attempts_split_exactly_and_usage_adds_up(http: TestClient, token: str, 
     daily = http.get("/v1/usage", params={"granularity": "day"}, headers=bearer(token)).json()["items"]
     assert len(daily) == 1 and daily[0]["period"] is not None
 
+    # Prometheus counters per project (behind /metrics auth), from the same rollups.
+    scraped = http.get("/metrics", headers=admin).text
+    lost = 'trainmaster_usage_resource_seconds_total{part="lost",project="alpha",resource="CPU"}'
+    [line] = [line for line in scraped.splitlines() if line.startswith(lost)]
+    assert abs(float(line.split()[-1]) - alpha["cpu_hours"]["lost"] * 3600) < 1e-3, line
+    assert 'trainmaster_usage_attempts_total{project="beta"} 1.0' in scraped
+
     for bad, field in (({"group_by": "team"}, "group_by"), ({"granularity": "week"}, "granularity")):
         refused = http.get("/v1/usage", params=bad, headers=bearer(token))
         assert refused.status_code == 422 and field in refused.text, refused.text
