@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 FIGURES = "cpu_starting_s, cpu_productive_s, cpu_lost_s, gpu_starting_s, gpu_productive_s, gpu_lost_s"
-SUMS = ", ".join(f"sum({name})" for name in ("attempts", "queue_s", *FIGURES.split(", ")))
+SUMS = ", ".join(f"sum({name}) AS {name}" for name in ("attempts", "queue_s", *FIGURES.split(", ")))
 
 # Projects and users: the rollups, whole days [day_from, day_to) from usage_days and the hours of the
 # range's partial days ([start, day_from) and [day_to, end)) from usage_hours, each on its time index:
@@ -25,10 +25,14 @@ ROLLUP = """
         SELECT project_id, user_name, hour AS at, {columns} FROM usage_hours
         WHERE (hour >= :start AND hour < :day_from) OR (hour >= :day_to AND hour < :end)
     )
-    SELECT {key} AS key, {period} AS period, {sums}
-    FROM u JOIN projects p ON p.id = u.project_id
-    WHERE CAST(:project AS uuid) IS NULL OR u.project_id = :project
-    GROUP BY 1, 2 ORDER BY 2 NULLS FIRST, 1
+    SELECT {name} AS key, g.period, g.attempts, g.queue_s, g.cpu_starting_s, g.cpu_productive_s, g.cpu_lost_s,
+           g.gpu_starting_s, g.gpu_productive_s, g.gpu_lost_s
+    FROM (
+        SELECT {key} AS key, {period} AS period, {sums}
+        FROM u WHERE CAST(:project AS uuid) IS NULL OR u.project_id = :project
+        GROUP BY 1, 2
+    ) g {join}
+    ORDER BY 2 NULLS FIRST, 1
 """
 COLUMNS = "attempts, queue_s, " + FIGURES
 
@@ -68,8 +72,15 @@ async def rollup(
     granularity: str | None,
     project: uuid.UUID | None,
 ) -> list[Any]:
-    key = "p.name" if group_by == "project" else "u.user_name"
-    query = ROLLUP.format(key=key, period=_period("u.at", granularity), sums=SUMS, columns=COLUMNS)
+    # Grouped by the project's id (a narrow key, hashed), its name joined to the grouped rows only.
+    key, name, join = (
+        ("u.project_id", "p.name", "JOIN projects p ON p.id = g.key")
+        if group_by == "project"
+        else ("u.user_name", "g.key", "")
+    )
+    query = ROLLUP.format(
+        key=key, name=name, join=join, period=_period("u.at", granularity), sums=SUMS, columns=COLUMNS
+    )
     day_from, day_to = _days(start, end, granularity)
     params = {"start": start, "end": end, "day_from": day_from, "day_to": day_to, "project": project}
     return list((await session.execute(text(query), params)).all())
