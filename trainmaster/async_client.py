@@ -17,9 +17,8 @@ from __future__ import annotations
 import asyncio
 import builtins
 from collections.abc import AsyncIterator
-from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -39,7 +38,6 @@ from trainmaster.models import (
     MetricValue,
     Queues,
     Sweep,
-    UsageReport,
 )
 from trainmaster.polling import poll_until_async
 from trainmaster.retry import Retries
@@ -122,30 +120,9 @@ class AsyncClient:
         """Ray nodes with total and free resources, and the queue depth."""
         return await self._send(calls.cluster())
 
-    async def usage(
-        self,
-        group_by: str = "project",
-        start: datetime | None = None,
-        end: datetime | None = None,
-        granularity: str | None = None,
-        project: str | None = None,
-    ) -> UsageReport:
-        """Resource-hours (allocated, starting, productive, lost), queue time and goodput of the attempts
-        that ended in [start, end), per project, user, job or `label:<key>` (and hour or day)."""
-        query = dict(group_by=group_by, start=start, end=end, granularity=granularity, project=project)
-        return await self._send(calls.usage_report(**query))
-
-    async def usage_csv(
-        self,
-        group_by: str = "project",
-        start: datetime | None = None,
-        end: datetime | None = None,
-        granularity: str | None = None,
-        project: str | None = None,
-    ) -> str:
-        """`usage` as CSV, as the server writes it (`Accept: text/csv`)."""
-        query = dict(group_by=group_by, start=start, end=end, granularity=granularity, project=project)
-        return await self._send(calls.usage_csv(**query))
+    @takes(calls.usage_report)
+    async def usage(self, call: Call[Any]) -> Any:
+        return await self._send(call)
 
     async def queues(self, limit: int = 20) -> Queues:
         """Each project of the caller's cluster: quota, usage, borrowed, lent, waiting jobs in admission order."""

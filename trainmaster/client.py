@@ -8,9 +8,8 @@ import builtins
 import contextlib
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -30,7 +29,6 @@ from trainmaster.models import (
     MetricValue,
     Queues,
     Sweep,
-    UsageReport,
 )
 from trainmaster.polling import poll_until
 from trainmaster.retry import Retries
@@ -114,30 +112,9 @@ class Client:
         """Ray nodes with total and free resources, and the queue depth."""
         return self._send(calls.cluster())
 
-    def usage(
-        self,
-        group_by: str = "project",
-        start: datetime | None = None,
-        end: datetime | None = None,
-        granularity: str | None = None,
-        project: str | None = None,
-    ) -> UsageReport:
-        """Resource-hours (allocated, starting, productive, lost), queue time and goodput of the attempts
-        that ended in [start, end), per project, user, job or `label:<key>` (and hour or day)."""
-        query = dict(group_by=group_by, start=start, end=end, granularity=granularity, project=project)
-        return self._send(calls.usage_report(**query))
-
-    def usage_csv(
-        self,
-        group_by: str = "project",
-        start: datetime | None = None,
-        end: datetime | None = None,
-        granularity: str | None = None,
-        project: str | None = None,
-    ) -> str:
-        """`usage` as CSV, as the server writes it (`Accept: text/csv`)."""
-        query = dict(group_by=group_by, start=start, end=end, granularity=granularity, project=project)
-        return self._send(calls.usage_csv(**query))
+    @takes(calls.usage_report)
+    def usage(self, call: Call[Any]) -> Any:
+        return self._send(call)
 
     def queues(self, limit: int = 20) -> Queues:
         """Each project of the caller's cluster: quota, usage, borrowed, lent, waiting jobs in admission order."""

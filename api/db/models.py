@@ -269,43 +269,38 @@ class QueueCount(Base):
     queued: Mapped[int] = mapped_column(Integer)
 
 
-class UsageHour(Base):
-    """Ended attempts' resource-seconds per project, hour (of the attempt's end) and user, kept by the
-    trigger tm_attempt_ended (0017): `GET /v1/usage` sums these rows."""
+class UsageFigures:
+    """The columns usage_hours and usage_days share: ended attempts' resource-seconds per project, UTC
+    hour or day (of the attempt's end) and user, kept by the trigger tm_attempt_ended (0017)."""
+
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(128), primary_key=True, server_default=text("''"))
+    attempts: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    queue_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    cpu_starting_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    cpu_productive_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    cpu_lost_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    gpu_starting_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    gpu_productive_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    gpu_lost_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
+
+
+class UsageHour(UsageFigures, Base):
+    """`GET /v1/usage` reads the partial days at a range's ends here."""
 
     __tablename__ = "usage_hours"
     __table_args__ = (Index("ix_usage_hours_hour", "hour"),)
 
-    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
     hour: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
-    user_name: Mapped[str] = mapped_column(String(128), primary_key=True, server_default=text("''"))
-    attempts: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
-    queue_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
-    cpu_starting_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
-    cpu_productive_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
-    cpu_lost_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
-    gpu_starting_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
-    gpu_productive_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
-    gpu_lost_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
 
 
-class UsageDay(Base):
-    """The same per UTC day: `GET /v1/usage` reads whole days here, the partial ones from the hours."""
+class UsageDay(UsageFigures, Base):
+    """`GET /v1/usage` reads whole days here."""
 
     __tablename__ = "usage_days"
     __table_args__ = (Index("ix_usage_days_day", "day"),)
 
-    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
     day: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
-    user_name: Mapped[str] = mapped_column(String(128), primary_key=True, server_default=text("''"))
-    attempts: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
-    queue_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
-    cpu_starting_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
-    cpu_productive_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
-    cpu_lost_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
-    gpu_starting_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
-    gpu_productive_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
-    gpu_lost_s: Mapped[float] = mapped_column(Double, server_default=text("0"))
 
 
 class ProjectUsage(Base):

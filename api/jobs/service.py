@@ -351,6 +351,23 @@ def _shown_reason(status: JobStatus, pending_reason: str | None) -> str | None:
 
 
 def to_wire(job: JobRow, project_name: str, queue_position: int | None = None, cluster: str | None = None) -> Job:
+    attempts = [
+        Attempt(
+            n=a.n,
+            ray_submission_id=a.ray_submission_id,
+            status=a.status,
+            started_at=a.started_at,
+            finished_at=a.finished_at,
+            error=a.error,
+            admitted_at=a.created_at,
+            running_at=a.running_at,
+            queue_s=a.queue_s,
+            starting_s=a.starting_s,
+            productive_s=a.productive_s,
+            lost_s=a.lost_s,
+        )
+        for a in job.attempts
+    ]
     return Job(
         id=str(job.id),
         project=project_name,
@@ -360,25 +377,7 @@ def to_wire(job: JobRow, project_name: str, queue_position: int | None = None, c
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
-        attempts=(
-            attempts := [
-                Attempt(
-                    n=a.n,
-                    ray_submission_id=a.ray_submission_id,
-                    status=a.status,
-                    started_at=a.started_at,
-                    finished_at=a.finished_at,
-                    error=a.error,
-                    admitted_at=a.created_at,
-                    running_at=a.running_at,
-                    queue_s=a.queue_s,
-                    starting_s=a.starting_s,
-                    productive_s=a.productive_s,
-                    lost_s=a.lost_s,
-                )
-                for a in job.attempts
-            ]
-        ),
+        attempts=attempts,
         pending_reason=_shown_reason(job.status, job.pending_reason),
         error=job.error,
         latest_metrics=job.latest_metrics,

@@ -27,7 +27,7 @@ down_revision: str | None = "0016_job_token_attempts"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-ATTEMPT_ENDED = """
+ATTEMPT_ENDED_TEMPLATE = """
 CREATE FUNCTION tm_attempt_ended() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     job record;
@@ -47,37 +47,28 @@ BEGIN
     END IF;
     NEW.productive_s := CASE WHEN NEW.running_at IS NULL THEN 0
         ELSE greatest(0, extract(epoch FROM NEW.finished_at - NEW.running_at) - NEW.lost_s) END;
-    INSERT INTO usage_hours AS u (project_id, hour, user_name, attempts, queue_s,
-                                  cpu_starting_s, cpu_productive_s, cpu_lost_s,
-                                  gpu_starting_s, gpu_productive_s, gpu_lost_s)
-    VALUES (job.project_id, date_trunc('hour', NEW.finished_at, 'UTC'), coalesce(job.user_name, ''), 1, NEW.queue_s,
-            NEW.starting_s * job.gang_cpus, NEW.productive_s * job.gang_cpus, NEW.lost_s * job.gang_cpus,
-            NEW.starting_s * job.gang_gpus, NEW.productive_s * job.gang_gpus, NEW.lost_s * job.gang_gpus)
-    ON CONFLICT (project_id, hour, user_name) DO UPDATE SET
-        attempts = u.attempts + 1, queue_s = u.queue_s + EXCLUDED.queue_s,
-        cpu_starting_s = u.cpu_starting_s + EXCLUDED.cpu_starting_s,
-        cpu_productive_s = u.cpu_productive_s + EXCLUDED.cpu_productive_s,
-        cpu_lost_s = u.cpu_lost_s + EXCLUDED.cpu_lost_s,
-        gpu_starting_s = u.gpu_starting_s + EXCLUDED.gpu_starting_s,
-        gpu_productive_s = u.gpu_productive_s + EXCLUDED.gpu_productive_s,
-        gpu_lost_s = u.gpu_lost_s + EXCLUDED.gpu_lost_s;
-    INSERT INTO usage_days AS u (project_id, day, user_name, attempts, queue_s,
-                                  cpu_starting_s, cpu_productive_s, cpu_lost_s,
-                                  gpu_starting_s, gpu_productive_s, gpu_lost_s)
-    VALUES (job.project_id, date_trunc('day', NEW.finished_at, 'UTC'), coalesce(job.user_name, ''), 1, NEW.queue_s,
-            NEW.starting_s * job.gang_cpus, NEW.productive_s * job.gang_cpus, NEW.lost_s * job.gang_cpus,
-            NEW.starting_s * job.gang_gpus, NEW.productive_s * job.gang_gpus, NEW.lost_s * job.gang_gpus)
-    ON CONFLICT (project_id, day, user_name) DO UPDATE SET
-        attempts = u.attempts + 1, queue_s = u.queue_s + EXCLUDED.queue_s,
-        cpu_starting_s = u.cpu_starting_s + EXCLUDED.cpu_starting_s,
-        cpu_productive_s = u.cpu_productive_s + EXCLUDED.cpu_productive_s,
-        cpu_lost_s = u.cpu_lost_s + EXCLUDED.cpu_lost_s,
-        gpu_starting_s = u.gpu_starting_s + EXCLUDED.gpu_starting_s,
-        gpu_productive_s = u.gpu_productive_s + EXCLUDED.gpu_productive_s,
-        gpu_lost_s = u.gpu_lost_s + EXCLUDED.gpu_lost_s;
-    RETURN NEW;
+{upserts}    RETURN NEW;
 END $$;
 """
+
+# One rollup row per (project, UTC hour or day, user), added to as each attempt ends.
+UPSERT = """
+    INSERT INTO usage_{unit}s AS u (project_id, {unit}, user_name, attempts, queue_s,
+                                  cpu_starting_s, cpu_productive_s, cpu_lost_s,
+                                  gpu_starting_s, gpu_productive_s, gpu_lost_s)
+    VALUES (job.project_id, date_trunc('{unit}', NEW.finished_at, 'UTC'), coalesce(job.user_name, ''), 1, NEW.queue_s,
+            NEW.starting_s * job.gang_cpus, NEW.productive_s * job.gang_cpus, NEW.lost_s * job.gang_cpus,
+            NEW.starting_s * job.gang_gpus, NEW.productive_s * job.gang_gpus, NEW.lost_s * job.gang_gpus)
+    ON CONFLICT (project_id, {unit}, user_name) DO UPDATE SET
+        attempts = u.attempts + 1, queue_s = u.queue_s + EXCLUDED.queue_s,
+        cpu_starting_s = u.cpu_starting_s + EXCLUDED.cpu_starting_s,
+        cpu_productive_s = u.cpu_productive_s + EXCLUDED.cpu_productive_s,
+        cpu_lost_s = u.cpu_lost_s + EXCLUDED.cpu_lost_s,
+        gpu_starting_s = u.gpu_starting_s + EXCLUDED.gpu_starting_s,
+        gpu_productive_s = u.gpu_productive_s + EXCLUDED.gpu_productive_s,
+        gpu_lost_s = u.gpu_lost_s + EXCLUDED.gpu_lost_s;
+"""
+ATTEMPT_ENDED = ATTEMPT_ENDED_TEMPLATE.format(upserts="".join(UPSERT.format(unit=unit) for unit in ("hour", "day")))
 
 FIGURES = ("cpu_starting_s", "cpu_productive_s", "cpu_lost_s", "gpu_starting_s", "gpu_productive_s", "gpu_lost_s")
 
@@ -88,34 +79,22 @@ def upgrade() -> None:
     op.add_column("job_attempts", sa.Column("running_at", sa.DateTime(timezone=True), nullable=True))
     for column in ("queue_s", "starting_s", "productive_s", "lost_s"):
         op.add_column("job_attempts", sa.Column(column, sa.Double(), nullable=True))
-    op.create_table(
-        "usage_hours",
-        sa.Column("project_id", sa.UUID(), nullable=False),
-        sa.Column("hour", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("user_name", sa.String(length=128), server_default=sa.text("''"), nullable=False),
-        sa.Column("attempts", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
-        sa.Column("queue_s", sa.Double(), server_default=sa.text("0"), nullable=False),
-        *(sa.Column(name, sa.Double(), server_default=sa.text("0"), nullable=False) for name in FIGURES),
-        sa.ForeignKeyConstraint(
-            ["project_id"], ["projects.id"], name=op.f("fk_usage_hours_project_id_projects"), ondelete="CASCADE"
-        ),
-        sa.PrimaryKeyConstraint("project_id", "hour", "user_name", name=op.f("pk_usage_hours")),
-    )
-    op.create_index(op.f("ix_usage_hours_hour"), "usage_hours", ["hour"], unique=False)
-    op.create_table(
-        "usage_days",
-        sa.Column("project_id", sa.UUID(), nullable=False),
-        sa.Column("day", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("user_name", sa.String(length=128), server_default=sa.text("''"), nullable=False),
-        sa.Column("attempts", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
-        sa.Column("queue_s", sa.Double(), server_default=sa.text("0"), nullable=False),
-        *(sa.Column(name, sa.Double(), server_default=sa.text("0"), nullable=False) for name in FIGURES),
-        sa.ForeignKeyConstraint(
-            ["project_id"], ["projects.id"], name=op.f("fk_usage_days_project_id_projects"), ondelete="CASCADE"
-        ),
-        sa.PrimaryKeyConstraint("project_id", "day", "user_name", name=op.f("pk_usage_days")),
-    )
-    op.create_index(op.f("ix_usage_days_day"), "usage_days", ["day"], unique=False)
+    for unit in ("hour", "day"):
+        table = f"usage_{unit}s"
+        op.create_table(
+            table,
+            sa.Column("project_id", sa.UUID(), nullable=False),
+            sa.Column(unit, sa.DateTime(timezone=True), nullable=False),
+            sa.Column("user_name", sa.String(length=128), server_default=sa.text("''"), nullable=False),
+            sa.Column("attempts", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
+            sa.Column("queue_s", sa.Double(), server_default=sa.text("0"), nullable=False),
+            *(sa.Column(name, sa.Double(), server_default=sa.text("0"), nullable=False) for name in FIGURES),
+            sa.ForeignKeyConstraint(
+                ["project_id"], ["projects.id"], name=op.f(f"fk_{table}_project_id_projects"), ondelete="CASCADE"
+            ),
+            sa.PrimaryKeyConstraint("project_id", unit, "user_name", name=op.f(f"pk_{table}")),
+        )
+        op.create_index(op.f(f"ix_{table}_{unit}"), table, [unit], unique=False)
     op.execute(ATTEMPT_ENDED)
     op.execute(
         "CREATE TRIGGER tm_attempt_ended BEFORE UPDATE OF finished_at ON job_attempts FOR EACH ROW"
@@ -126,10 +105,9 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP TRIGGER IF EXISTS tm_attempt_ended ON job_attempts")
     op.execute("DROP FUNCTION IF EXISTS tm_attempt_ended()")
-    op.drop_index(op.f("ix_usage_days_day"), table_name="usage_days")
-    op.drop_table("usage_days")
-    op.drop_index(op.f("ix_usage_hours_hour"), table_name="usage_hours")
-    op.drop_table("usage_hours")
+    for unit in ("day", "hour"):
+        op.drop_index(op.f(f"ix_usage_{unit}s_{unit}"), table_name=f"usage_{unit}s")
+        op.drop_table(f"usage_{unit}s")
     for column in ("lost_s", "productive_s", "starting_s", "queue_s", "running_at"):
         op.drop_column("job_attempts", column)
     op.drop_column("jobs", "user_name")

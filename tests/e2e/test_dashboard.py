@@ -323,7 +323,20 @@ def test_03_a_job_needing_more_gpus_shows_its_queue_position_and_reason(dash: Da
     )
     assert positions == sorted(positions) and position in positions
     assert page.eval_on_selector_all("#nodes-table tbody tr", "rows => rows.length") >= 1
+    # Its project's row (GET /v1/queues): what waits, as the API counts it.
+    project = http_project(dash)
+    page.wait_for_selector(f"#projects-table tr[data-project='{project}']")
+    waiting = page.inner_text(f"#projects-table tr[data-project='{project}'] td:last-child")
+    with dash.http() as http:
+        queues = {q["project"]: q for q in http.get("/v1/queues", params={"limit": 0}).json()["items"]}
+    assert int(waiting) >= 1 and queues[project]["waiting"] >= 1
+    assert page.query_selector("#usage-table") is not None
     shot(tab, "03-cluster")
+
+
+def http_project(dash: Dashboard) -> str:
+    with dash.http() as http:
+        return str(http.get("/v1/projects").json()["items"][0]["name"])
 
 
 # -- 6. a dropped stream ----------------------------------------------------------------------------

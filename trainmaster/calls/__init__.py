@@ -36,7 +36,6 @@ from trainmaster.calls.jobs import (
     queues,
     submission,
     succeeded,
-    usage_csv,
     usage_report,
 )
 from trainmaster.calls.metrics import log_reading, metric_list, metric_pages, metric_stream
@@ -77,6 +76,5 @@ __all__ = [
     "succeeded",
     "takes",
     "unreachable",
-    "usage_csv",
     "usage_report",
 ]

@@ -147,24 +147,23 @@ def cluster() -> Call[ClusterInfo]:
     return Call("GET", "/v1/cluster", ClusterInfo.model_validate)
 
 
-def usage(
+def usage_report(
     group_by: str = "project",
     start: datetime | None = None,
     end: datetime | None = None,
     granularity: str | None = None,
     project: str | None = None,
-) -> dict[str, Any]:
-    """The query of `GET /v1/usage` (what is left out takes the server's default)."""
+    *,
+    csv: bool = False,
+) -> Call[Any]:
+    """Resource-hours (allocated, starting, productive, lost), queue time and goodput of the attempts
+    that ended in [start, end), per project, user, job or `label:<key>` (and hour or day). A UsageReport;
+    with `csv`, the CSV the server writes (`Accept: text/csv`)."""
     given = {"group_by": group_by, "from": start, "to": end, "granularity": granularity, "project": project}
-    return {key: value.isoformat() if isinstance(value, datetime) else value for key, value in given.items() if value}
-
-
-def usage_report(**query: Any) -> Call[UsageReport]:
-    return Call("GET", "/v1/usage", UsageReport.model_validate, params=usage(**query))
-
-
-def usage_csv(**query: Any) -> Call[str]:
-    return Call("GET", "/v1/usage", str, params=usage(**query), headers={"Accept": "text/csv"}, text=True)
+    params = {key: value.isoformat() if isinstance(value, datetime) else value for key, value in given.items() if value}
+    if csv:
+        return Call("GET", "/v1/usage", str, params=params, headers={"Accept": "text/csv"}, text=True)
+    return Call("GET", "/v1/usage", UsageReport.model_validate, params=params)
 
 
 def queues(limit: int = 20) -> Call[Queues]:

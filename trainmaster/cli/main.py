@@ -315,7 +315,7 @@ def usage(
     }
     with Client(api_url, token) as client:
         if output_csv:
-            sys.stdout.write(client.usage_csv(**query))
+            sys.stdout.write(client.usage(**query, csv=True))
             return
         report = client.usage(**query)
     table = Table(show_edge=False, header_style="bold")
