@@ -21,6 +21,7 @@ ran, and the waiting gang is admitted by the normal admission round once its pla
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy import func, select
@@ -70,6 +71,23 @@ async def make_room(
             usage[resource] -= amount
     if not chosen or not _covers(room, need):
         return None
+    names = await _ask(
+        settings, session, job, chosen, now, lambda v: f"(priority {job.priority} > {v.priority})", "to make room", {}
+    )
+    return f"preempting {len(chosen)} lower-priority job(s) ({names}): waiting for them to checkpoint and stop"
+
+
+async def _ask(
+    settings: Settings,
+    session: AsyncSession,
+    job: Job,
+    chosen: list[Job],
+    now: datetime,
+    why: Callable[[Job], str],
+    purpose: str,
+    data: dict[str, object],
+) -> str:
+    """Ask each of `chosen` to checkpoint and go for `job` (an event on each, one on `job`); their short ids."""
     for victim in chosen:
         victim.preempted_by = job.id
         victim.preempt_requested_at = now
@@ -77,15 +95,14 @@ async def make_room(
             session,
             victim,
             "preempt_requested",
-            f"preempted by {job.id} (priority {job.priority} > {victim.priority}): checkpoint now; "
-            f"stopped within {settings.preemption_grace_s:g} s",
-            {"preempted_by": str(job.id)},
+            f"preempted by {job.id} {why(victim)}: checkpoint now; stopped within {settings.preemption_grace_s:g} s",
+            {"preempted_by": str(job.id), **data},
         )
     names = ", ".join(str(v.id)[:8] for v in chosen)
     await record_event(
-        session, job, "preempting", f"preempting {names} to make room", {"jobs": [str(v.id) for v in chosen]}
+        session, job, "preempting", f"preempting {names} {purpose}", {"jobs": [str(v.id) for v in chosen], **data}
     )
-    return f"preempting {len(chosen)} lower-priority job(s) ({names}): waiting for them to checkpoint and stop"
+    return names
 
 
 async def _reclaim(
@@ -121,25 +138,9 @@ async def _reclaim(
     if not chosen or not _covers(room, need):
         book.reclaim_failed(job.project_id, need)
         return None
-    names = ", ".join(str(v.id)[:8] for v in chosen)
-    for victim in chosen:
-        victim.preempted_by = job.id
-        victim.preempt_requested_at = now
-        await record_event(
-            session,
-            victim,
-            "preempt_requested",
-            f"preempted by {job.id}: project {standing.name} reclaims its quota, which this job's project "
-            f"borrowed in cohort {standing.cohort}; checkpoint now; stopped within {settings.preemption_grace_s:g} s",
-            {"preempted_by": str(job.id), "reclaim": True},
-        )
-    await record_event(
-        session,
-        job,
-        "preempting",
-        f"reclaiming its quota: preempting {names}, which run on quota borrowed in cohort {standing.cohort}",
-        {"jobs": [str(v.id) for v in chosen], "reclaim": True},
-    )
+    why = f"(project {standing.name} reclaims its quota, which this job's project borrowed in cohort {standing.cohort})"
+    purpose = f"to reclaim its quota: they run on quota borrowed in cohort {standing.cohort}"
+    names = await _ask(settings, session, job, chosen, now, lambda _: why, purpose, {"reclaim": True})
     return (
         f"reclaiming its quota from cohort {standing.cohort}: preempting {len(chosen)} job(s) on borrowed "
         f"quota ({names}): waiting for them to checkpoint and stop"
