@@ -83,10 +83,11 @@ async def admit_round(context: RoundContext) -> int:
                 reason = admission.reason
                 reclaim = not held_by_quota and book.reclaims(job.project_id, need)
                 if (settings.preemption or reclaim) and not held_by_quota:
-                    # Preemption counts what active jobs hold in the database: the gangs admitted so
-                    # far in this round must be written first.
-                    launches += await launch.start_attempts(context, session, admitted, now, warning)
-                    admitted.clear()
+                    if settings.preemption:
+                        # Priority preemption counts what active jobs hold in the database: the gangs
+                        # admitted so far in this round must be written first. (Reclaim reads the book.)
+                        launches += await launch.start_attempts(context, session, admitted, now, warning)
+                        admitted.clear()
                     waiting = await session.get_one(Job, job.id)  # locked already, by lock_queued
                     reclaiming = book if reclaim else None
                     if room := await preemption.make_room(settings, session, waiting, cluster, now, reclaiming):
