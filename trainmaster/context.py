@@ -111,7 +111,8 @@ class JobContext:
         """This context with its job token in place of the claim, exchanged with the API once, and the
         token set in this process's environment (for `from_env` and its children) in place of the
         claim. Unchanged when it holds no claim. A refused claim raises ClaimRefused; an API that does
-        not answer is asked `tries` times, a second apart and doubling to 15 s (about 45 s in all)."""
+        not answer, or answers that it cannot now (5xx, 429: its database restarting), is asked `tries`
+        times, a second apart and doubling to 15 s (about 45 s in all)."""
         if not (self.claim and self.api_url):
             return self
         url = f"{self.api_url.rstrip('/')}/v1/tokens/claim"
@@ -120,12 +121,13 @@ class JobContext:
             for attempt in range(tries):
                 try:
                     response = http.post(url, json={"job_id": self.job_id, "claim": self.claim})
-                    break
+                    if (response.status_code < 500 and response.status_code != 429) or attempt == tries - 1:
+                        break
                 except httpx.TransportError:
                     if attempt == tries - 1:
                         raise
-                    time.sleep(delay)
-                    delay = min(delay * 2, 15.0)
+                time.sleep(delay)
+                delay = min(delay * 2, 15.0)
         if response.status_code != 201:
             refusal = f"{response.status_code}: {response.text[:300]}"
             raise ClaimRefused(f"the API refused this job's token claim ({refusal})")

@@ -97,7 +97,13 @@ def test_the_driver_exchanges_its_claim_once_and_holds_the_token_in_its_environm
     monkeypatch.setenv("TRAINMASTER_JOB_TOKEN", "")  # recorded, so the token claimed() sets is undone
     monkeypatch.setattr(time, "sleep", lambda _: None)
     asked: list[dict[str, Any]] = []
-    answers = iter([httpx.ConnectError("down"), httpx.Response(201, json={"token": "tm_token"})])
+    answers = iter(
+        [
+            httpx.ConnectError("down"),
+            httpx.Response(503, json={"error": "DatabaseUnavailable"}),  # its database restarting
+            httpx.Response(201, json={"token": "tm_token"}),
+        ]
+    )
 
     def answer(request: httpx.Request) -> httpx.Response:
         asked.append(json.loads(request.content))
@@ -110,7 +116,7 @@ def test_the_driver_exchanges_its_claim_once_and_holds_the_token_in_its_environm
     assert context is not None
     claimed = context.claimed(transport=httpx.MockTransport(answer))
     assert claimed.token == "tm_token" and claimed.claim is None
-    assert asked == [{"job_id": context.job_id, "claim": "tm_claim"}] * 2  # the API down once: asked again
+    assert asked == [{"job_id": context.job_id, "claim": "tm_claim"}] * 3  # down, then 503: asked again each time
     assert os.environ["TRAINMASTER_JOB_TOKEN"] == "tm_token" and "TRAINMASTER_JOB_CLAIM" not in os.environ
     assert claimed.claimed() is claimed  # nothing left to claim
 
