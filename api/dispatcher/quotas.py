@@ -61,6 +61,10 @@ class Standing:
         unused = max(0.0, self.quota[resource] - self.used(resource))
         return min(unused, (self.lending_limit or {}).get(resource, unused))
 
+    def beyond(self, resource: str, amount: float) -> bool:
+        """Whether `amount` more of `resource` (one it has a quota of) takes it past its quota."""
+        return amount > 0 and self.used(resource) + amount > self.quota[resource] + EPSILON
+
     def most_lent(self, resource: str) -> float:
         """What it would lend with nothing running (its quota, up to its lending limit)."""
         nominal = self.quota.get(resource, 0.0)
@@ -98,10 +102,9 @@ class Book:
             amount = need.get(resource, 0.0)
             if amount <= 0 or resource not in standing.quota:
                 continue
-            nominal = standing.quota[resource]
-            used = standing.used(resource)
-            if used + amount <= nominal + EPSILON:
+            if not standing.beyond(resource, amount):
                 continue
+            nominal, used = standing.quota[resource], standing.used(resource)
             limit = (standing.borrowing_limit or {}).get(resource)
             most = sum(o.most_lent(resource) for o in self.members(standing.cohort, project_id))
             ceiling = nominal + min(most, limit if limit is not None else most)
@@ -137,10 +140,7 @@ class Book:
         """Whether a gang of `need` would take its project beyond its quota."""
         standing = self.projects.get(project_id)
         return standing is not None and any(
-            amount > 0
-            and resource in standing.quota
-            and standing.used(resource) + amount > standing.quota[resource] + EPSILON
-            for resource, amount in need.items()
+            standing.beyond(r, amount) for r, amount in need.items() if r in standing.quota
         )
 
     def reclaims(self, project_id: uuid.UUID, need: dict[str, float]) -> bool:
@@ -153,11 +153,8 @@ class Book:
         for failed in self.unreclaimable.get(standing.cohort, ()):
             if all(need.get(resource, 0.0) + EPSILON >= amount for resource, amount in failed.items()):
                 return False
-        for resource, amount in need.items():
-            if amount > 0 and (
-                resource not in standing.quota or standing.used(resource) + amount > standing.quota[resource] + EPSILON
-            ):
-                return False
+        if any(amount > 0 and (r not in standing.quota or standing.beyond(r, amount)) for r, amount in need.items()):
+            return False
         return any(
             member.borrowed(resource) > EPSILON
             for member in self.members(standing.cohort, project_id)

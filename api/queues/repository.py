@@ -6,12 +6,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.db.models import Cluster, Job, Project, ProjectUsage, QueueCount
+from api.db.models import Job, Project, ProjectUsage, QueueCount
 from trainmaster.models import JobStatus
-
-
-async def cluster_id(session: AsyncSession, name: str) -> uuid.UUID | None:
-    return (await session.execute(select(Cluster.id).where(Cluster.name == name))).scalar_one_or_none()
 
 
 async def projects_of(session: AsyncSession, cluster: uuid.UUID) -> list[tuple[Project, float, float, int]]:

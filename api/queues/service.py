@@ -10,6 +10,7 @@ from collections import defaultdict
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.principal import Principal
+from api.clusters import repository as clusters
 from api.dispatcher.quotas import RESOURCES, Book, Standing
 from api.errors import ValidationError
 from api.jobs.repository import queue_positions_of
@@ -20,10 +21,10 @@ from trainmaster.models import ProjectQueue, QueuedJobInfo, Queues
 async def read(session: AsyncSession, principal: Principal, cluster: str | None, limit: int) -> Queues:
     """The caller's cluster (an admin may name another)."""
     name = principal.cluster_name if cluster is None or not principal.is_admin else cluster
-    cluster_id = await repository.cluster_id(session, name)
-    if cluster_id is None:
+    found = await clusters.find(session, name)
+    if found is None:
         raise ValidationError.field(["query", "cluster"], f"no cluster {name!r}")
-    rows = await repository.projects_of(session, cluster_id)
+    rows = await repository.projects_of(session, found.id)
     book = Book({row.id: Standing.of(row, cpus, gpus) for row, cpus, gpus, _ in rows})
     lent = _lent(book)
     waits = [row.id for row, _, _, waiting in rows if waiting > 0]
@@ -49,7 +50,7 @@ async def read(session: AsyncSession, principal: Principal, cluster: str | None,
                 quota=standing.quota,
                 cohort=standing.cohort,
                 usage=standing.usage,
-                borrowed={r: standing.borrowed(r) for r in RESOURCES if standing.borrowed(r) > 0},
+                borrowed={r: amount for r in RESOURCES if (amount := standing.borrowed(r)) > 0},
                 lent=lent.get(row.id, {}),
                 waiting=waiting,
                 jobs=jobs.get(row.id, []),

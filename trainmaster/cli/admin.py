@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainmaster.admin import UNSET, Admin, Unset, parse_resources
-from trainmaster.cli.output import ApiUrl, Token, client_errors, console, fail
+from trainmaster.cli.output import ApiUrl, Token, amounts, client_errors, console, fail
 from trainmaster.errors import TrainmasterError
 
 SHORT_ID = 8
@@ -94,10 +94,6 @@ def _resources(text: str | None, option: str) -> dict[str, float] | None:
         fail(str(exc))
 
 
-def _amounts(amounts: dict[str, float] | None) -> str:
-    return ",".join(f"{name}={amount:g}" for name, amount in sorted((amounts or {}).items())) or "-"
-
-
 @project_app.command("create")
 @client_errors
 def project_create(
@@ -146,8 +142,8 @@ def project_ls(
                     project.name,
                     project.cluster,
                     str(project.max_priority),
-                    _amounts(project.quota),
-                    _amounts(holds),
+                    amounts(project.quota),
+                    amounts(holds),
                     project.cohort or "-",
                 ),
             )
@@ -192,7 +188,7 @@ def project_set(
         )
     console.print(
         f"project [bold]{escape(project.name)}[/]: cluster {escape(project.cluster)}, max priority "
-        f"{project.max_priority}, quota {_amounts(project.quota)}, cohort {escape(project.cohort or '-')}",
+        f"{project.max_priority}, quota {amounts(project.quota)}, cohort {escape(project.cohort or '-')}",
         highlight=False,
     )
 

@@ -21,6 +21,7 @@ from trainmaster.cli.output import (
     SHORT_ID,
     ApiUrl,
     Token,
+    amounts,
     client_errors,
     console,
     err_console,
@@ -277,10 +278,10 @@ def queue(
     for item in queues.items:
         table.add_row(
             escape(item.project) + (f" ({escape(item.cohort)})" if item.cohort else ""),
-            _amounts(item.quota),
-            _amounts({name: amount for name, amount in item.usage.items() if amount}),
-            _amounts(item.borrowed),
-            _amounts(item.lent),
+            amounts(item.quota),
+            amounts({name: amount for name, amount in item.usage.items() if amount}),
+            amounts(item.borrowed),
+            amounts(item.lent),
             str(item.waiting),
         )
     console.print(table)
@@ -336,10 +337,6 @@ def usage(
             "-" if row.goodput is None else f"{row.goodput:.0%}",
         )
     console.print(table if report.items else "no attempt ended in that range")
-
-
-def _amounts(amounts: dict[str, float]) -> str:
-    return ",".join(f"{name}={amount:g}" for name, amount in sorted(amounts.items())) or "-"
 
 
 register_plugins(app)

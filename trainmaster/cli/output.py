@@ -36,6 +36,11 @@ Token = Annotated[
 ]
 
 
+def amounts(resources: dict[str, float] | None) -> str:
+    """`CPU=64,GPU=8` (a quota, holdings, borrowed, lent), `-` for none."""
+    return ",".join(f"{name}={amount:g}" for name, amount in sorted((resources or {}).items())) or "-"
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     err_console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code)
