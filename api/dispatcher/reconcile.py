@@ -16,6 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -350,16 +351,14 @@ async def _unplaced(session: AsyncSession, job: Job, attempt: JobAttempt, gang: 
         attempt.status = AttemptStatus.failed
         await _after_failure(session, job, f"{attempt.error}; back in the queue {PLACEMENT_REQUEUES} times already")
         return
-    await release(session, job)
-    await transition(
+    await _requeue(
         session,
         job,
-        JobStatus.queued,
-        message=f"attempt {attempt.n}: {UNPLACED} within {gang.starting_for:.0f} s ({gang.requeue}); "
+        f"attempt {attempt.n}: {UNPLACED} within {gang.starting_for:.0f} s ({gang.requeue}); "
         "stopped and queued again (not a retry)",
-        data={"requeued": "unplaced", "ray": gang.requeue},
+        {"requeued": "unplaced", "ray": gang.requeue},
+        f"Ray left its gang pending ({gang.requeue}); queued again, waiting for room",
     )
-    job.pending_reason = f"Ray left its gang pending ({gang.requeue}); queued again, waiting for room"
 
 
 async def _preempted(session: AsyncSession, job: Job, attempt: JobAttempt) -> None:
@@ -367,15 +366,16 @@ async def _preempted(session: AsyncSession, job: Job, attempt: JobAttempt) -> No
     by = str(job.preempted_by)
     attempt.status = AttemptStatus.stopped
     attempt.error = f"preempted by {by}"
+    message = f"preempted by {by}; resumes from its latest checkpoint (not a retry)"
+    await _requeue(session, job, message, {"preempted_by": by}, f"preempted by {by}; waits to be admitted again")
+
+
+async def _requeue(session: AsyncSession, job: Job, message: str, data: dict[str, Any], reason: str) -> None:
+    """Its attempt stopped, not failed (a preemption, a gang Ray would not place): back to the queue,
+    priority kept, not a retry; the next attempt resumes from the latest checkpoint."""
     await release(session, job)
-    await transition(
-        session,
-        job,
-        JobStatus.queued,
-        message=f"preempted by {by}; resumes from its latest checkpoint (not a retry)",
-        data={"preempted_by": by},
-    )
-    job.pending_reason = f"preempted by {by}; waits to be admitted again"
+    await transition(session, job, JobStatus.queued, message=message, data=data)
+    job.pending_reason = reason
 
 
 def _timed_out(job: Job, attempt: JobAttempt, now: datetime) -> bool:
