@@ -155,6 +155,9 @@ def start(
     return head
 
 
+JOIN_TRIES = 3  # `ray start` of a worker node, when it timed out waiting for its raylet to register
+
+
 def join(
     gcs_address: str,
     token_path: Path,
@@ -185,8 +188,18 @@ def join(
         command.append(f"--num-gpus={num_gpus}")
     if resources:
         command.append(f"--resources={json.dumps(resources)}")
-    _run(command, ray_env(token_path), log_path, f"`ray start --address={gcs_address}`")
-    return command
+    what = f"`ray start --address={gcs_address}`"
+    for attempt in range(JOIN_TRIES):
+        try:
+            _run(command, ray_env(token_path), log_path, what)
+            return command
+        except RuntimeError as exc:
+            # Ray waits a fixed 30 s for a new raylet to register; a loaded machine or GCS can take
+            # longer. Its half-started processes are stopped (by their temp dir) before it is tried again.
+            if "timed out during startup" not in str(exc) or attempt + 1 == JOIN_TRIES:
+                raise
+            stop(temp_dir)
+    raise AssertionError("unreachable")
 
 
 def _run(command: list[str], env: dict[str, str], log_path: Path | None, what: str) -> None:

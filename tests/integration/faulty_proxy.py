@@ -11,12 +11,13 @@ from __future__ import annotations
 import collections
 import http.server
 import json
-import socket
 import threading
 import time
 from dataclasses import dataclass
 
 import httpx
+
+from trainmaster.ports import free_port
 
 FORWARDED = ("authorization", "accept", "content-type", "idempotency-key", "last-event-id")
 RETURNED = ("content-type", "retry-after", "www-authenticate")
@@ -34,12 +35,6 @@ class Cut:
     """Deliver this many whole events of the answer and a few bytes of the next, then drop the connection."""
 
     events: int
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class FaultyProxy:

@@ -53,3 +53,43 @@ def test_the_api_and_dispatcher_keep_the_shells_settings_and_get_the_stacks(monk
     env = local.server_env(state)
     assert env["TRAINMASTER_DATABASE_URL"] == "postgresql://stack" and env["TRAINMASTER_RETENTION_DAYS"] == "30"
     assert "RAY_ADDRESS" not in env and env["RAY_AUTH_MODE"] == "token"
+
+
+@pytest.mark.parametrize(
+    ("failures", "outcome"),
+    [
+        (["timed out during startup"], "joined"),
+        (["timed out during startup"] * ray_head.JOIN_TRIES, "timed out during startup"),
+        (["Ray version mismatch"], "Ray version mismatch"),
+    ],
+)
+def test_a_join_whose_raylet_was_slow_to_register_is_stopped_and_tried_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, failures: list[str], outcome: str
+) -> None:
+    """Ray's `ray start` waits a fixed 30 s for the new raylet; under load it gives up while the node
+    is still starting. Only that failure is retried, each time after stopping what it left."""
+    runs: list[list[str]] = []
+    stopped: list[Path] = []
+
+    def run(command: list[str], env: dict[str, str], log_path: Path | None, what: str) -> None:
+        runs.append(command)
+        if len(runs) <= len(failures):
+            raise RuntimeError(f"{what} failed: Exception: {failures[len(runs) - 1]}")
+
+    monkeypatch.setattr(ray_head, "_run", run)
+    monkeypatch.setattr(ray_head, "stop", lambda temp_dir, *_: stopped.append(temp_dir))
+    node = tmp_path / "node"
+
+    def join() -> str:
+        ray_head.join("127.0.0.1:6379", tmp_path / "token", node, num_cpus=1)
+        return "joined"
+
+    if outcome == "joined":
+        assert join() == "joined"
+        assert len(runs) == 2 and runs[0] == runs[1] and stopped == [node]
+    else:
+        with pytest.raises(RuntimeError, match=outcome):
+            join()
+        retried = outcome.startswith("timed out")
+        assert len(runs) == (ray_head.JOIN_TRIES if retried else 1)
+        assert stopped == [node] * (len(runs) - 1)
