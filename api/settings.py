@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     # Code packages that no job or sweep names, uploaded (last) more than this long ago, are deleted
     # with their unpacked folder in code_cache_path on the API's host; unset: kept forever.
     code_retention_days: float | None = 30.0
+    # How often a dispatcher deletes the checkpoints that nothing keeps (api/checkpoints/lifecycle.py:
+    # a job's checkpoint policy, pins, the project's checkpoint_retention_days); 0: never.
+    checkpoint_gc_interval_s: float = 60.0
 
 
 @lru_cache(maxsize=1)

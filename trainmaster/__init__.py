@@ -29,6 +29,7 @@ from trainmaster.models import (
     JobEvent,
     JobSpec,
     JobStatus,
+    KeepBest,
     PlacementStrategy,
     Scaling,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "JobNotFound",
     "JobSpec",
     "JobStatus",
+    "KeepBest",
     "NotFound",
     "PayloadTooLarge",
     "PlacementStrategy",

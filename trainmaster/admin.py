@@ -146,8 +146,10 @@ class Admin:
         cohort: str | Unset | None = UNSET,
         borrowing_limit: dict[str, float] | Unset | None = UNSET,
         lending_limit: dict[str, float] | Unset | None = UNSET,
+        checkpoint_retention_days: float | Unset | None = UNSET,
     ) -> Project:
-        """Change what is given; `cohort`, `borrowing_limit` and `lending_limit` given as None are cleared."""
+        """Change what is given; `cohort`, `borrowing_limit`, `lending_limit` and
+        `checkpoint_retention_days` given as None are cleared."""
         body = _given(cluster=cluster, max_priority=max_priority, quota=quota)
         body.update(
             {
@@ -156,6 +158,7 @@ class Admin:
                     ("cohort", cohort),
                     ("borrowing_limit", borrowing_limit),
                     ("lending_limit", lending_limit),
+                    ("checkpoint_retention_days", checkpoint_retention_days),
                 )
                 if not isinstance(value, Unset)
             }

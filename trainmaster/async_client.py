@@ -165,6 +165,11 @@ class AsyncClient:
     async def checkpoints(self, job_id: str) -> builtins.list[CheckpointInfo]:
         return await self._send(calls.checkpoints(job_id))
 
+    async def pin_checkpoint(self, job_id: str, checkpoint_id: int, pinned: bool = True) -> CheckpointInfo:
+        """Keep checkpoint `checkpoint_id` (its `id` in `checkpoints`) whatever the job's policy and its
+        project's retention say; `pinned=False` unpins it."""
+        return await self._send(calls.pin_checkpoint(job_id, checkpoint_id, pinned))
+
     # -- plumbing ---------------------------------------------------------------------------------
 
     async def _job(self, job_id: str) -> Job:

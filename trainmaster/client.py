@@ -157,6 +157,11 @@ class Client:
     def checkpoints(self, job_id: str) -> builtins.list[CheckpointInfo]:
         return self._send(calls.checkpoints(job_id))
 
+    def pin_checkpoint(self, job_id: str, checkpoint_id: int, pinned: bool = True) -> CheckpointInfo:
+        """Keep checkpoint `checkpoint_id` (its `id` in `checkpoints`) whatever the job's policy and its
+        project's retention say; `pinned=False` unpins it."""
+        return self._send(calls.pin_checkpoint(job_id, checkpoint_id, pinned))
+
     # -- plumbing ---------------------------------------------------------------------------------
 
     def _job(self, job_id: str) -> Job:

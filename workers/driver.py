@@ -91,6 +91,11 @@ def build_trainer(spec: JobSpec, context: JobContext) -> Any:
         tm = {"mode": "function", "entrypoint": spec.entrypoint}
     tm["framework"] = spec.framework.value
     resources = spec.scaling.worker_resources()
+    storage = storage_path(context)
+    # On local storage the dispatcher's collector deletes what the policy, pins and retention leave
+    # (api/checkpoints/lifecycle.py), and marks it in the API; Ray deleting too would remove pinned or
+    # best checkpoints. On remote storage Ray's own num_to_keep deletes.
+    ray_keeps = spec.checkpoint.num_to_keep if "://" in storage else None
     return framework.trainer(
         spec,
         train_fn=train_worker,
@@ -103,9 +108,9 @@ def build_trainer(spec: JobSpec, context: JobContext) -> Any:
         ),
         run=RunConfig(
             name=context.job_id,
-            storage_path=storage_path(context),
+            storage_path=storage,
             failure_config=FailureConfig(max_failures=spec.max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.num_to_keep),
+            checkpoint_config=CheckpointConfig(num_to_keep=ray_keeps),
             # JobTokenCallback first: the controller and the workers hold the job token before anything reports
             callbacks=[JobTokenCallback(context.token), TrainmasterCallback(), PlacementCallback()],  # type: ignore[list-item]
         ),

@@ -2,14 +2,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Response, status
+from fastapi import APIRouter, Depends, Path, Query, Response, status
 
 from api.auth.deps import AnyPrincipal, ProjectPrincipal
 from api.checkpoints import service
 from api.db.session import Session
 from api.errors import error_responses
 from api.jobs.routes import require_json
-from trainmaster.models import CheckpointIn, CheckpointList
+from trainmaster.models import CheckpointIn, CheckpointInfo, CheckpointList
 
 router = APIRouter(
     prefix="/v1/jobs/{job_id}/checkpoints",
@@ -36,3 +36,20 @@ async def record_checkpoint(
     attempt is the checkpoint's (what `?attempt=` says is kept only for other tokens)."""
     await service.record(session, principal, job_id, checkpoint, principal.attempt or attempt)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{checkpoint_id}/pin", response_model=CheckpointInfo)
+async def pin_checkpoint(
+    job_id: str, checkpoint_id: Annotated[int, Path(ge=1)], session: Session, principal: ProjectPrincipal
+) -> CheckpointInfo:
+    """Keep this checkpoint whatever the job's `checkpoint` policy and its project's retention say
+    (409 once it was deleted)."""
+    return await service.pin(session, principal, job_id, checkpoint_id, pinned=True)
+
+
+@router.delete("/{checkpoint_id}/pin", response_model=CheckpointInfo)
+async def unpin_checkpoint(
+    job_id: str, checkpoint_id: Annotated[int, Path(ge=1)], session: Session, principal: ProjectPrincipal
+) -> CheckpointInfo:
+    """Let the policy and the retention decide again (the collector's next pass)."""
+    return await service.pin(session, principal, job_id, checkpoint_id, pinned=False)

@@ -6,8 +6,18 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.principal import Principal
 from api.checkpoints import repository
+from api.db.models import Checkpoint
+from api.errors import Conflict, NotFound
 from api.jobs import service as jobs
 from trainmaster.models import CheckpointIn, CheckpointInfo
+
+
+class CheckpointNotFound(NotFound):
+    pass
+
+
+class CheckpointDeleted(Conflict):
+    """A deleted checkpoint cannot be pinned: its files are gone."""
 
 
 async def record(
@@ -20,9 +30,31 @@ async def record(
 
 async def list_for_job(session: AsyncSession, principal: Principal, raw_id: str) -> list[CheckpointInfo]:
     job = await jobs.get_owned(session, principal, raw_id)
-    return [
-        CheckpointInfo(
-            id=row.id, attempt=row.attempt, path=row.path, step=row.step, metrics=row.metrics, created_at=row.created_at
-        )
-        for row in await repository.list_for_job(session, job.id)
-    ]
+    return [to_wire(row) for row in await repository.list_for_job(session, job.id)]
+
+
+async def pin(
+    session: AsyncSession, principal: Principal, raw_id: str, checkpoint_id: int, pinned: bool
+) -> CheckpointInfo:
+    """Pin (kept whatever the job's policy and its project's retention say) or unpin a checkpoint."""
+    job = await jobs.get_owned(session, principal, raw_id)
+    row = await repository.set_pinned(session, job.id, checkpoint_id, pinned)
+    if row is None:
+        raise CheckpointNotFound(f"job {raw_id} has no checkpoint {checkpoint_id}: list them with GET .../checkpoints")
+    if row.deleted_at is not None and pinned:
+        raise CheckpointDeleted(f"checkpoint {checkpoint_id} was deleted ({row.deleted_why}): there is nothing to pin")
+    return to_wire(row)
+
+
+def to_wire(row: Checkpoint) -> CheckpointInfo:
+    return CheckpointInfo(
+        id=row.id,
+        attempt=row.attempt,
+        path=row.path,
+        step=row.step,
+        metrics=row.metrics,
+        created_at=row.created_at,
+        pinned=row.pinned,
+        deleted_at=row.deleted_at,
+        deleted_why=row.deleted_why,
+    )

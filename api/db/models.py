@@ -90,6 +90,8 @@ class Project(Base):
     cohort: Mapped[str | None] = mapped_column(String(64))
     borrowing_limit: Mapped[dict[str, float] | None] = mapped_column(JSONB)
     lending_limit: Mapped[dict[str, float] | None] = mapped_column(JSONB)
+    # A finished job's unpinned checkpoints are deleted this long after it finished (0018); NULL: kept.
+    checkpoint_retention_days: Mapped[float | None] = mapped_column(Double)
 
 
 class ApiToken(Base):
@@ -354,8 +356,14 @@ class CodePackage(Base):
 
 
 class Checkpoint(Base):
+    """A checkpoint a job reported. Deleted from storage by the collector (api/checkpoints/lifecycle.py:
+    the job's policy, its project's retention), the row stays with `deleted_at` and why (0018)."""
+
     __tablename__ = "checkpoints"
-    __table_args__ = (UniqueConstraint("job_id", "path"),)
+    __table_args__ = (
+        UniqueConstraint("job_id", "path"),
+        Index("ix_checkpoints_live", "job_id", "id", postgresql_where=text("deleted_at IS NULL")),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
@@ -364,6 +372,9 @@ class Checkpoint(Base):
     step: Mapped[int | None] = mapped_column(BigInteger)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
     created_at: Mapped[datetime] = _now()
+    pinned: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    deleted_why: Mapped[str | None] = mapped_column(Text)
 
 
 class Sweep(Base):

@@ -12,6 +12,7 @@ import time
 
 import psycopg
 
+from api.checkpoints import lifecycle
 from api.db.session import create_engine, session_factory
 from api.dispatcher.backend import RayBackend
 from api.dispatcher.faults import with_faults
@@ -72,6 +73,7 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
     telemetry = start_telemetry(settings, "trainmaster-dispatcher")  # OpenTelemetry / MLflow, when configured
     freeze_heap()
     log.info(json.dumps({"event": "dispatcher_started", "owner": owner, "ray": settings.ray_address}))
+    collected_at = 0.0  # the last checkpoint collection (api/checkpoints/lifecycle.py)
     try:
         while not stopping.is_set():
             started = time.monotonic()
@@ -81,6 +83,13 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
                 await dispatcher.admit_round()
             except Exception as exc:  # one bad round must not end the dispatcher
                 log.exception(json.dumps({"event": "round_failed", "error": str(exc)[:300]}))
+            every = settings.checkpoint_gc_interval_s
+            if every > 0 and time.monotonic() - collected_at >= every:
+                collected_at = time.monotonic()
+                try:
+                    await lifecycle.collect(dispatcher.sessions, settings.storage_path)
+                except Exception as exc:  # tried again at the next interval; the rounds go on
+                    log.exception(json.dumps({"event": "checkpoint_collection_failed", "error": str(exc)[:300]}))
             spent = time.monotonic() - started
             waiter = asyncio.ensure_future(wakeup.wait(max(0.05, settings.poll_interval_s - spent)))
             stop_waiter = asyncio.ensure_future(stopping.wait())

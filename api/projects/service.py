@@ -15,6 +15,7 @@ from api.projects import repository
 from trainmaster.models import Project, ProjectPatch, ProjectSpec
 
 QUOTA_FIELDS = ("quota", "cohort", "borrowing_limit", "lending_limit")
+CLEARABLE = (*QUOTA_FIELDS[1:], "checkpoint_retention_days")  # given as null: cleared
 
 
 class ProjectExists(Conflict):
@@ -34,7 +35,7 @@ async def _cluster(session: AsyncSession, name: str) -> ClusterRow:
 
 async def create(session: AsyncSession, spec: ProjectSpec) -> Project:
     cluster = await _cluster(session, spec.cluster)
-    values = spec.model_dump(include=set(QUOTA_FIELDS) | {"max_priority"})
+    values = spec.model_dump(include={*QUOTA_FIELDS, "max_priority", "checkpoint_retention_days"})
     if not await repository.insert_new(session, spec.name, cluster.id, values):
         raise ProjectExists(f"a project named {spec.name!r} exists")
     return await read(session, None, spec.name)
@@ -65,7 +66,7 @@ async def change(session: AsyncSession, name: str, patch: ProjectPatch) -> Proje
     if patch.quota is not None:
         values["quota"] = patch.quota
     # Given as null, these are cleared (left out, they stay).
-    values.update(patch.model_dump(include=set(QUOTA_FIELDS[1:]) & patch.model_fields_set))
+    values.update(patch.model_dump(include=set(CLEARABLE) & patch.model_fields_set))
     if values:
         await repository.change(session, found.project.id, values)
     return await read(session, None, name)
@@ -83,4 +84,5 @@ def to_wire(found: repository.Found) -> Project:
         borrowing_limit=row.borrowing_limit,
         lending_limit=row.lending_limit,
         usage=found.usage,
+        checkpoint_retention_days=row.checkpoint_retention_days,
     )

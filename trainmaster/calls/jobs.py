@@ -143,6 +143,15 @@ def checkpoints(job_id: str) -> Call[list[CheckpointInfo]]:
     return Call("GET", f"/v1/jobs/{job_id}/checkpoints", lambda data: CheckpointList.model_validate(data).items)
 
 
+def pin_checkpoint(job_id: str, checkpoint_id: int, pinned: bool = True) -> Call[CheckpointInfo]:
+    """Keep a checkpoint whatever the job's policy and its project's retention say (False: unpin)."""
+    return Call(
+        "POST" if pinned else "DELETE",
+        f"/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/pin",
+        CheckpointInfo.model_validate,
+    )
+
+
 def cluster() -> Call[ClusterInfo]:
     return Call("GET", "/v1/cluster", ClusterInfo.model_validate)
 

@@ -163,13 +163,28 @@ def project_set(
     cohort: Annotated[str | None, typer.Option(help="its cohort; 'none' leaves it")] = None,
     borrowing_limit: Annotated[str | None, typer.Option(help="e.g. GPU=4; 'none': no limit")] = None,
     lending_limit: Annotated[str | None, typer.Option(help="e.g. GPU=2; 'none': no limit")] = None,
+    checkpoint_retention_days: Annotated[
+        str | None,
+        typer.Option(help="days after a job finished that its unpinned checkpoints are deleted; 'none': kept"),
+    ] = None,
     api_url: ApiUrl = None,
     token: Token = None,
 ) -> None:
-    """Change a project's cluster, max priority, quota, cohort or limits."""
-    given = (cluster, max_priority, quota, cohort, borrowing_limit, lending_limit)
+    """Change a project's cluster, max priority, quota, cohort, limits or checkpoint retention."""
+    given = (cluster, max_priority, quota, cohort, borrowing_limit, lending_limit, checkpoint_retention_days)
     if all(value is None for value in given):
-        fail("give --cluster, --max-priority, --quota, --cohort, --borrowing-limit or --lending-limit")
+        fail(
+            "give --cluster, --max-priority, --quota, --cohort, --borrowing-limit, --lending-limit"
+            " or --checkpoint-retention-days"
+        )
+    retention: float | Unset | None = UNSET
+    if checkpoint_retention_days is not None and checkpoint_retention_days.lower() != "none":
+        try:
+            retention = float(checkpoint_retention_days)
+        except ValueError:
+            fail(f"--checkpoint-retention-days takes a number of days or 'none', not {checkpoint_retention_days!r}")
+    elif checkpoint_retention_days is not None:
+        retention = None
 
     def cleared(text: str | None, option: str) -> dict[str, float] | Unset | None:
         if text is None:
@@ -185,10 +200,13 @@ def project_set(
             cohort=UNSET if cohort is None else (None if cohort.lower() == "none" else cohort),
             borrowing_limit=cleared(borrowing_limit, "--borrowing-limit"),
             lending_limit=cleared(lending_limit, "--lending-limit"),
+            checkpoint_retention_days=retention,
         )
+    kept = "forever" if project.checkpoint_retention_days is None else f"{project.checkpoint_retention_days:g} days"
     console.print(
         f"project [bold]{escape(project.name)}[/]: cluster {escape(project.cluster)}, max priority "
-        f"{project.max_priority}, quota {amounts(project.quota)}, cohort {escape(project.cohort or '-')}",
+        f"{project.max_priority}, quota {amounts(project.quota)}, cohort {escape(project.cohort or '-')}, "
+        f"checkpoints of finished jobs kept {kept}",
         highlight=False,
     )
 

@@ -207,6 +207,34 @@ def cancel(job_id: JobId, api_url: ApiUrl = None, token: Token = None) -> None:
 
 @app.command()
 @client_errors
+def checkpoints(
+    job_id: JobId,
+    pin: Annotated[int | None, typer.Option(help="pin this checkpoint (its ID): kept whatever the policy")] = None,
+    unpin: Annotated[int | None, typer.Option(help="unpin this checkpoint: the policy decides again")] = None,
+    output_json: Annotated[bool, typer.Option("--json")] = False,
+    api_url: ApiUrl = None,
+    token: Token = None,
+) -> None:
+    """A job's checkpoints: step, attempt, metrics, pinned, and those deleted (with why)."""
+    with Client(api_url, token) as client:
+        full_id = client.resolve_id(job_id)
+        for checkpoint_id, pinned in ((pin, True), (unpin, False)):
+            if checkpoint_id is not None:
+                client.pin_checkpoint(full_id, checkpoint_id, pinned)
+        items = client.checkpoints(full_id)
+    if output_json:
+        print(json.dumps([item.model_dump(mode="json") for item in items], indent=2))
+        return
+    table = Table("ID", "STEP", "ATTEMPT", "METRICS", "KEPT", "PATH", box=None)
+    for item in items:
+        kept = "pinned" if item.pinned else ("deleted: " + (item.deleted_why or "") if item.deleted_at else "yes")
+        shown = (str(item.id), str(item.step), str(item.attempt), json.dumps(item.metrics), kept, item.path)
+        table.add_row(*map(escape, shown))
+    console.print(table)
+
+
+@app.command()
+@client_errors
 def metrics(
     job_id: JobId,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="live view until the job ends")] = False,

@@ -42,6 +42,7 @@ from trainmaster.models.jobs import (
     JobList,
     JobSpec,
     JobStatus,
+    KeepBest,
     PlacementStrategy,
     Scaling,
 )
@@ -106,6 +107,7 @@ __all__ = [
     "JobStatus",
     "JobTokenClaim",
     "JobTokenClaimed",
+    "KeepBest",
     "LabelKey",
     "LabelValue",
     "LogLine",

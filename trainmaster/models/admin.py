@@ -45,6 +45,8 @@ class ClusterList(ResponseModel):
 QuotaResource = Literal["CPU", "GPU"]
 Amount = Annotated[float, Field(ge=0, le=1e9)]
 Quota = dict[QuotaResource, Amount]
+# Days after a job finished that its unpinned checkpoints are deleted (0: at the collector's next pass).
+RetentionDays = Annotated[float, Field(ge=0, le=36500)]
 
 
 class ProjectSpec(StoredRequestModel):
@@ -60,11 +62,13 @@ class ProjectSpec(StoredRequestModel):
     cohort: Name | None = None
     borrowing_limit: Quota | None = None
     lending_limit: Quota | None = None
+    checkpoint_retention_days: RetentionDays | None = None
 
 
 class ProjectPatch(StoredRequestModel):
     """The fields to change; those left out stay. `quota` replaces the whole quota (`{}` lifts it);
-    `cohort`, `borrowing_limit` and `lending_limit` given as null are cleared."""
+    `cohort`, `borrowing_limit`, `lending_limit` and `checkpoint_retention_days` given as null are
+    cleared."""
 
     cluster: Name | None = None
     max_priority: Priority | None = None
@@ -72,6 +76,7 @@ class ProjectPatch(StoredRequestModel):
     cohort: Name | None = None
     borrowing_limit: Quota | None = None
     lending_limit: Quota | None = None
+    checkpoint_retention_days: RetentionDays | None = None
 
 
 class Project(ResponseModel):
@@ -84,6 +89,7 @@ class Project(ResponseModel):
     borrowing_limit: dict[str, float] | None = None
     lending_limit: dict[str, float] | None = None
     usage: dict[str, float] = Field(default_factory=dict)  # what its active jobs hold now
+    checkpoint_retention_days: float | None = None  # a finished job's unpinned checkpoints, then deleted
 
 
 class ProjectList(ResponseModel):

@@ -127,8 +127,19 @@ class Scaling(RequestModel):
         return resources
 
 
+class KeepBest(RequestModel):
+    """The checkpoint with the best value of `metric` (reported with it) is kept beside the latest ones."""
+
+    metric: str = Field(min_length=1, max_length=256)
+    mode: Literal["max", "min"] = "max"
+
+
 class CheckpointPolicy(RequestModel):
+    """What the checkpoint collector keeps of a job's checkpoints: the latest `num_to_keep` (all when
+    unset), the best by `keep_best`, and every pinned one; it deletes the rest from storage."""
+
     num_to_keep: WholeNumber | None = Field(default=None, ge=1)
+    keep_best: KeepBest | None = None
 
 
 class JobSpec(StoredRequestModel):
@@ -300,6 +311,9 @@ class CheckpointInfo(ResponseModel):
     step: int | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
     created_at: datetime
+    pinned: bool = False  # kept whatever the policy and the retention say
+    deleted_at: datetime | None = None  # removed from storage (the row stays), and why
+    deleted_why: str | None = None
 
 
 class CheckpointList(ResponseModel):

@@ -1,0 +1,150 @@
+"""The checkpoint collector: deletes from storage the checkpoints that nothing keeps any more, and marks
+their rows (`deleted_at`, `deleted_why`), so that the API lists exactly what is on disk.
+
+What keeps a checkpoint (anything else is deleted):
+- it is pinned (`POST /v1/jobs/{id}/checkpoints/{n}/pin`);
+- while its job's project retention has not run out (`checkpoint_retention_days` after the job
+  finished; unset: forever), it is one of the job's latest `checkpoint.num_to_keep` (all when
+  unset) or the job's best by `checkpoint.keep_best` (the metric reported with it; a checkpoint
+  without that metric as a number is never the best).
+
+The dispatcher runs a pass every `checkpoint_gc_interval_s`, on the storage it gives jobs
+(`storage_path`): it is the process that sees the same filesystem as the cluster's checkpoints.
+Only local storage is collected: with a remote URI (s3://, gs://) Ray's own `num_to_keep` deletes
+(workers/driver.py hands it to Ray then) and pins and `keep_best` are not honoured.
+
+A job's code is hostile and its checkpoint paths are what it reported: a path is removed only when it
+resolves (links followed) inside the job's own folder, `<storage>/<job id>/`, where Ray Train writes
+the run of that name. Any other path is marked deleted without touching a file, and says so.
+
+Rows are taken `FOR UPDATE SKIP LOCKED`, a bounded number per pass, so several dispatchers share the
+work and none deletes a checkpoint twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+log = logging.getLogger("trainmaster.checkpoints")
+
+PASS_LIMIT = 200  # checkpoints deleted per pass (each a folder removed from disk)
+
+# The checkpoints nothing keeps, with why: the newest first per job (newest_rank 1), the best by the
+# job's keep_best metric (best_rank 1; a metric that is not a number ranks last), and the project's
+# retention once the job finished. Only live rows of jobs that ask for collection are read
+# (ix_checkpoints_live), and only those of jobs with a policy or a finished job under a retention.
+DUE = text(
+    """
+    WITH live AS (
+        SELECT c.id, c.job_id, c.path, c.pinned,
+               (j.spec #>> '{checkpoint,num_to_keep}')::int AS keep,
+               j.finished_at IS NOT NULL AND p.checkpoint_retention_days IS NOT NULL
+                 AND j.finished_at < now() - make_interval(secs => p.checkpoint_retention_days * 86400)
+                 AS expired,
+               p.checkpoint_retention_days AS days,
+               row_number() OVER (PARTITION BY c.job_id ORDER BY c.id DESC) AS newest_rank,
+               row_number() OVER (
+                   PARTITION BY c.job_id
+                   ORDER BY CASE WHEN jsonb_typeof(c.metrics -> (j.spec #>> '{checkpoint,keep_best,metric}')) = 'number'
+                            THEN (c.metrics ->> (j.spec #>> '{checkpoint,keep_best,metric}'))::float8
+                                 * CASE WHEN j.spec #>> '{checkpoint,keep_best,mode}' = 'min' THEN -1 ELSE 1 END
+                            END DESC NULLS LAST,
+                            c.id DESC
+               ) AS best_rank,
+               j.spec #> '{checkpoint,keep_best}' IS NOT NULL AND j.spec #> '{checkpoint,keep_best}' <> 'null'
+                 AS has_best
+        FROM checkpoints c
+        JOIN jobs j ON j.id = c.job_id
+        JOIN projects p ON p.id = j.project_id
+        WHERE c.deleted_at IS NULL
+          AND (j.spec #> '{checkpoint,num_to_keep}' IS NOT NULL
+               OR (j.finished_at IS NOT NULL AND p.checkpoint_retention_days IS NOT NULL))
+    )
+    SELECT id, job_id, path,
+           CASE WHEN expired THEN format('the project keeps checkpoints %s days after the job finished', days)
+                ELSE format('not among the job''s latest %s', keep)
+                     || CASE WHEN has_best THEN ' nor its best by keep_best' ELSE '' END
+           END AS why
+    FROM live
+    WHERE NOT pinned
+      AND (expired OR (keep IS NOT NULL AND newest_rank > keep AND NOT (has_best AND best_rank = 1)))
+    ORDER BY id
+    LIMIT :limit
+    """
+)
+# Locks the rows of a pass (another dispatcher's pass skips them) and marks them deleted.
+LOCK = text("SELECT id FROM checkpoints WHERE id = ANY(:ids) AND deleted_at IS NULL FOR UPDATE SKIP LOCKED")
+MARK = text(
+    """
+    UPDATE checkpoints SET deleted_at = now(), deleted_why = marked.why
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:whys AS text[])) AS marked(id, why)
+    WHERE checkpoints.id = marked.id
+    """
+)
+
+
+@dataclass
+class Collected:
+    deleted: int = 0  # folders removed from disk
+    marked: int = 0  # rows marked deleted (also those whose files were gone or not the job's)
+
+
+def within_job(storage: Path, job_id: str, path: str) -> Path | None:
+    """The checkpoint's folder when it resolves inside `<storage>/<job id>/`, else None."""
+    root = Path(os.path.realpath(storage / job_id))
+    target = Path(os.path.realpath(path))
+    return target if target != root and target.is_relative_to(root) else None
+
+
+def remove(storage: Path, job_id: str, path: str) -> str:
+    """Removes the checkpoint's files; says what became of them, for `deleted_why`."""
+    target = within_job(storage, job_id, path)
+    if target is None:
+        return "; its path is outside the job's storage folder, so no file was removed"
+    if not target.exists():
+        return "; its files were already gone"
+    if target.is_dir():
+        shutil.rmtree(target)
+    else:
+        target.unlink()
+    return ""
+
+
+async def collect(sessions: async_sessionmaker[AsyncSession], storage_path: str, limit: int = PASS_LIMIT) -> Collected:
+    """One pass: delete and mark up to `limit` checkpoints that nothing keeps."""
+    done = Collected()
+    if "://" in storage_path:
+        return done  # remote storage: Ray's num_to_keep deletes (see the module's docstring)
+    storage = Path(storage_path).expanduser()
+    async with sessions() as session, session.begin():
+        due = (await session.execute(DUE, {"limit": limit})).all()
+        if not due:
+            return done
+        locked = set((await session.execute(LOCK, {"ids": [row.id for row in due]})).scalars())
+        ids, whys = [], []
+        for row in due:
+            if row.id not in locked:
+                continue  # another dispatcher's pass holds it
+            try:
+                outcome = await asyncio.to_thread(remove, storage, str(row.job_id), row.path)
+            except OSError as exc:  # left for a later pass; said once per pass
+                log.warning(json.dumps({"event": "checkpoint_not_removed", "id": row.id, "error": str(exc)[:200]}))
+                continue
+            if not outcome:
+                done.deleted += 1
+            ids.append(row.id)
+            whys.append(row.why + outcome)
+        if ids:
+            await session.execute(MARK, {"ids": ids, "whys": whys})
+            done.marked = len(ids)
+            log.info(json.dumps({"event": "checkpoints_collected", "marked": done.marked, "removed": done.deleted}))
+    return done
