@@ -132,6 +132,7 @@ def running_stack(
         "TRAINMASTER_POLL_INTERVAL_S": "1",
         "TRAINMASTER_INFEASIBLE_TIMEOUT_S": "8",
         "TRAINMASTER_LEASE_S": "15",
+        "TRAINMASTER_CHECKPOINT_GC_INTERVAL_S": "1",
         **(extra_env or {}),
     }
     dispatchers = Dispatchers(env=env, log_dir=work_dir)

@@ -157,12 +157,26 @@ def test_failure_with_a_retry_resumes_from_the_checkpoint(stack: Stack, tmp_path
             scaling=tm.Scaling(num_workers=2),
             config=small_mlp(epochs=3, fail_at_epoch=1, ledger_path=str(ledger)),
             max_retries=1,
+            checkpoint=tm.CheckpointPolicy(num_to_keep=1),  # the collector deletes the older ones as it goes
         )
         done = wait_for(client, job.id, TERMINAL, timeout=360)
         assert done.status is tm.JobStatus.succeeded, done.error
         assert [a.status for a in done.attempts] == ["failed", "succeeded"]
         assert "injected failure at epoch 1" in (done.attempts[0].error or "")
         assert done.attempts[1].ray_submission_id == f"tm-{job.id}-2"
+
+        # The dispatcher's collector (api/checkpoints/lifecycle.py) leaves the latest checkpoint only,
+        # on disk and in the API alike; the others are listed as deleted.
+        run_folder = stack.work_dir / "storage" / job.id
+
+        def disk_agrees() -> list[tm.CheckpointInfo] | None:
+            listed = client.checkpoints(job.id)
+            kept = {c.path for c in listed if c.deleted_at is None}
+            on_disk = {str(p) for p in run_folder.glob("checkpoint_*") if p.is_dir()}
+            return listed if len(kept) == 1 and kept == on_disk else None
+
+        listed = wait_until(disk_agrees, 60, interval=0.5, what="the disk to hold the API's one kept checkpoint")
+        assert len(listed) >= 2 and all(c.deleted_why for c in listed[:-1]) and listed[-1].deleted_at is None
     lines = ledger_lines(ledger)
     assert [(line[1], line[3]) for line in lines] == [("1", "start_epoch=0"), ("2", "start_epoch=1")]
 
