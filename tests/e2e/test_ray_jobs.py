@@ -6,6 +6,7 @@ they share one Ray head. Launches are counted from a ledger the training code ap
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 import trainmaster as tm
-from tests.e2e.conftest import Stack, wait_until
+from tests.e2e.conftest import TRAINMASTER, Stack, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -177,6 +178,16 @@ def test_failure_with_a_retry_resumes_from_the_checkpoint(stack: Stack, tmp_path
 
         listed = wait_until(disk_agrees, 60, interval=0.5, what="the disk to hold the API's one kept checkpoint")
         assert len(listed) >= 2 and all(c.deleted_why for c in listed[:-1]) and listed[-1].deleted_at is None
+        shown = subprocess.run(
+            [TRAINMASTER, "checkpoints", job.id[:8], "--pin", str(listed[-1].id)],
+            env={**stack.api.env, "COLUMNS": "400"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert "pinned" in shown.stdout and "deleted: not among the job's latest 1" in shown.stdout, shown.stdout
+        assert client.checkpoints(job.id)[-1].pinned
     lines = ledger_lines(ledger)
     assert [(line[1], line[3]) for line in lines] == [("1", "start_epoch=0"), ("2", "start_epoch=1")]
 

@@ -55,6 +55,12 @@ def test_clusters_projects_and_tokens_from_the_cli(api: ApiProcess, database_url
     assert vision["quota"] == {"GPU": 8, "CPU": 64} and vision["borrowing_limit"] == {"GPU": 2}
     assert vision["cohort"] is None
     assert "CPU=64,GPU=8" in cli(api, admin, "project", "ls").stdout
+    kept = cli(api, admin, "project", "set", "vision", "--checkpoint-retention-days", "7.5")
+    assert kept.returncode == 0 and "checkpoints of finished jobs kept 7.5 days" in kept.stdout, kept.stderr
+    forever = cli(api, admin, "project", "set", "vision", "--checkpoint-retention-days", "none")
+    assert forever.returncode == 0 and "kept forever" in forever.stdout, forever.stderr
+    bad_days = cli(api, admin, "project", "set", "vision", "--checkpoint-retention-days", "soon")
+    assert bad_days.returncode == 1 and "takes a number of days or 'none'" in bad_days.stderr, bad_days.stderr
     for bad, says in ((("--quota", "GPU"), "--quota takes RESOURCE=AMOUNT"), (("--quota", "memory=1"), "quota")):
         refused = cli(api, admin, "project", "set", "vision", *bad)
         assert refused.returncode == 1 and says in refused.stderr, (bad, refused.stderr)
