@@ -3,6 +3,9 @@ from the driver's log, cancel and timeout (the Ray job is stopped), lost attempt
 copy of the Ray job's output into PostgreSQL so logs outlive the cluster.
 
 Ray is asked outside any transaction; its answer is applied under the lease again (`leased`).
+
+Over 400 lines on purpose: it is one state machine from Ray's answer to the job's next status, and its
+cases (ended, lost, pending past its bound, cancelled, timed out, retried) are read together.
 """
 
 from __future__ import annotations

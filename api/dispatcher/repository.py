@@ -1,4 +1,8 @@
-"""Queries the dispatcher runs: claims in queue order, leases, attempts."""
+"""Queries the dispatcher runs: claims in queue order, leases, attempts.
+
+Over 400 lines on purpose: most of it is SQL text, and a round's statements (the claim, the bulk write
+of its outcomes under the status machine's rules, the lease checks) stay side by side so that what a
+round locks and writes reads in one place."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, String, cast, func, select, text, tuple_
+from sqlalchemy import Select, String, cast, select, text, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
@@ -348,11 +348,6 @@ async def group_ranks(direct: Direct, project_id: uuid.UUID, priority: int, limi
 async def list_events(session: AsyncSession, job_id: uuid.UUID) -> list[JobEvent]:
     query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
     return list((await session.execute(query)).scalars())
-
-
-async def count_by_status(session: AsyncSession) -> dict[JobStatus, int]:
-    rows = await session.execute(select(Job.status, func.count()).group_by(Job.status))
-    return {status: int(count) for status, count in rows.all()}
 
 
 async def project_name_and_max_priority(session: AsyncSession, project_id: uuid.UUID) -> tuple[str, int]:

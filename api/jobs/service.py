@@ -1,4 +1,6 @@
-"""Decisions about jobs: submit, read, list, cancel. Services flush; the request commits."""
+"""Decisions about jobs: submit, read, list, cancel. Services flush; the request commits.
+
+About 400 lines: the four verbs and the checks they share (ownership, writability, priority limits)."""
 
 from __future__ import annotations
 
