@@ -96,25 +96,51 @@ def build_trainer(spec: JobSpec, context: JobContext) -> Any:
     # (api/checkpoints/lifecycle.py), and marks it in the API; Ray deleting too would remove pinned or
     # best checkpoints. On remote storage Ray's own num_to_keep deletes.
     ray_keeps = spec.checkpoint.num_to_keep if "://" in storage else None
-    return framework.trainer(
-        spec,
-        train_fn=train_worker,
-        config={**spec.config, "_trainmaster": tm},
-        scaling=ScalingConfig(
-            num_workers=spec.scaling.num_workers,
-            use_gpu=spec.uses_gpu,
-            resources_per_worker=resources,
-            placement_strategy=spec.scaling.placement_strategy.value,
-        ),
-        run=RunConfig(
-            name=context.job_id,
-            storage_path=storage,
-            failure_config=FailureConfig(max_failures=spec.max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=ray_keeps),
-            # JobTokenCallback first: the controller and the workers hold the job token before anything reports
-            callbacks=[JobTokenCallback(context.token), TrainmasterCallback(), PlacementCallback()],  # type: ignore[list-item]
-        ),
+    return without_idle_actors(
+        framework.trainer(
+            spec,
+            train_fn=train_worker,
+            config={**spec.config, "_trainmaster": tm},
+            scaling=ScalingConfig(
+                num_workers=spec.scaling.num_workers,
+                use_gpu=spec.uses_gpu,
+                resources_per_worker=resources,
+                placement_strategy=spec.scaling.placement_strategy.value,
+            ),
+            run=RunConfig(
+                name=context.job_id,
+                storage_path=storage,
+                failure_config=FailureConfig(max_failures=spec.max_failures),
+                checkpoint_config=CheckpointConfig(num_to_keep=ray_keeps),
+                # JobTokenCallback first: the controller and the workers hold the job token before anything reports
+                callbacks=[JobTokenCallback(context.token), TrainmasterCallback(), PlacementCallback()],  # type: ignore[list-item]
+            ),
+        )
     )
+
+
+# Ray Train's default controller callbacks that start an actor (a Ray worker process, about 1.5 CPU s
+# to start and import) which a trainmaster job does not use: the Ray Data manager, when the run has no
+# Ray Datasets; the detached placement-group cleaner, which polls the state API every second for the
+# controller's death. A trainmaster job's controller is an actor of its driver's Ray job, whose
+# placement groups Ray removes when that job ends, and the dispatcher stops the Ray job of every
+# attempt it ends, so the cleaner has nothing to do that Ray does not do.
+IDLE_ACTOR_CALLBACKS = ("DatasetsCallback", "PlacementGroupCleanerCallback")
+
+
+def without_idle_actors(trainer: Any) -> Any:
+    """`trainer`, whose `fit()` leaves out the callbacks of IDLE_ACTOR_CALLBACKS (Datasets only when it
+    has none). A Ray release without that hook is left as it is."""
+    defaults = getattr(trainer, "_create_default_callbacks", None)
+    if defaults is None:
+        return trainer
+
+    def lean() -> list[Any]:
+        dropped = set(IDLE_ACTOR_CALLBACKS) - ({"DatasetsCallback"} if getattr(trainer, "datasets", None) else set())
+        return [callback for callback in defaults() if type(callback).__name__ not in dropped]
+
+    trainer._create_default_callbacks = lean
+    return trainer
 
 
 def main(argv: list[str] | None = None) -> int:
