@@ -10,6 +10,8 @@ ratio is the growth), on a scratch database migrated (and its token made) in pro
   against the same queue without quotas (`quotas` below).
 - usage: GET /v1/usage per project and day over a year of `--jobs` ended attempts (rollups), against
   the same figures scanned from the attempts (`usage` below).
+- checkpoints: one pass of the checkpoint collector over `--checkpoints` checkpoints, against a count of
+  the live ones (`checkpoints` below).
 - jobs, usage, metrics and logs go through `trainmaster api` (one worker) with a project token, `--requests`
   sequential requests per figure after 10 unmeasured. jobs: GET /v1/jobs (first page, a deep cursor
   page, `status=failed`, `status=queued`) and GET /v1/jobs/{id} of the newest queued job, at 1,000 rows
@@ -22,7 +24,7 @@ Bulk rows come from INSERT ... SELECT generate_series (triggers run as for any i
 CHECKPOINT and VACUUM ANALYZE, as a system in steady state would have had.
 
     .venv/bin/python bench/scale.py [--nodes 1000] [--depths 100 1000 10000] [--jobs 1000000]
-        [--points 10000000] [--log-bytes 1000000000] [--sections admission quotas jobs usage metrics logs]
+        [--points 10000000] [--log-bytes 1000000000] [--sections admission quotas jobs usage checkpoints metrics logs]
 """
 
 from __future__ import annotations
@@ -273,6 +275,56 @@ def usage(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Names
     record.ratio(figure, api["p50_ms"], "the same figures scanned from the attempts", scan["p50_ms"])
 
 
+CHECKPOINTS = """INSERT INTO checkpoints (job_id, attempt, path, step, metrics)
+    SELECT j.id, 1, '/storage/' || j.id || '/checkpoint_' || s, s, jsonb_build_object('acc', random())
+    FROM (SELECT id FROM jobs ORDER BY created_at LIMIT %s) j, generate_series(1, %s) s"""
+
+
+def checkpoints(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namespace, record: Record) -> None:
+    """One pass of the checkpoint collector (api/checkpoints/lifecycle.py: what it finds due and marks,
+    200 at most; the files are already gone) over `--checkpoints` checkpoints of 10 each on `--jobs` jobs,
+    a tenth of them with a policy (latest 3, best by a metric), half the projects with a 7-day retention,
+    against a plain scan of the live checkpoints (direct SQL)."""
+    from api.checkpoints.lifecycle import collect
+
+    grow_jobs(url, bench, args.jobs)
+    holders = args.checkpoints // 10
+    print(f"checkpoints: {args.checkpoints:,} on {holders:,} jobs", flush=True)
+    sql(url, "TRUNCATE checkpoints")
+    sql(url, CHECKPOINTS, (holders, 10))
+    sql(
+        url,
+        'UPDATE jobs SET spec = spec || \'{"checkpoint": {"num_to_keep": 3, "keep_best": {"metric": "acc"}}}\''
+        " WHERE id IN (SELECT id FROM jobs ORDER BY created_at LIMIT %s) AND random() < 0.1",
+        (holders,),
+    )
+    sql(url, "UPDATE projects SET checkpoint_retention_days = 7 WHERE name LIKE 'p%' AND substr(name, 2)::int % 2 = 0")
+    settle(url, "checkpoints", "jobs", "projects")
+
+    async def passes(count: int) -> list[float]:
+        engine = create_engine(Settings(database_url=url))
+        took = []
+        with tempfile.TemporaryDirectory() as storage:
+            for _ in range(count):
+                began = time.perf_counter()
+                await collect(session_factory(engine), storage)
+                took.append(time.perf_counter() - began)
+        await engine.dispose()
+        return took
+
+    count = max(5, args.requests // 10)
+    collector = ms(asyncio.run(passes(count + 1))[1:], 50, 99)
+    scan = ms(
+        timed(lambda: sql(url, "SELECT count(*) FROM checkpoints WHERE deleted_at IS NULL"), count, warmup=1), 50, 99
+    )
+    record.tables["checkpoint collector"] = [
+        {"read": "one collector pass (200 marked)", "checkpoints": args.checkpoints, **collector},
+        {"read": "count of the live checkpoints, direct SQL", "checkpoints": args.checkpoints, **scan},
+    ]
+    figure = f"checkpoint collector pass over {args.checkpoints:,} checkpoints p50, ms"
+    record.ratio(figure, collector["p50_ms"], "a count of the live checkpoints", scan["p50_ms"])
+
+
 def ingest(client: httpx.Client, job_id: str, points: int, senders: int = 4) -> dict[str, float]:
     """Points per second through POST /v1/jobs/{id}/metrics, `senders` concurrent batches of 1,000, and
     the batches' latency (a batch that waited on a lock would stand out at p99 and max)."""
@@ -407,8 +459,9 @@ def main() -> None:
         ("--points", 10_000_000, "points of the big metrics job"),
         ("--ingest-points", 200_000, "points per ingest measurement"),
         ("--log-bytes", 1_000_000_000, "log bytes of the big logs job"),
+        ("--checkpoints", 1_000_000, "checkpoint rows for the collector (10 per job)"),
         ("--requests", 100, "measured requests per read figure"),
-        ("--sections", ["admission", "quotas", "jobs", "usage", "metrics", "logs"], None),
+        ("--sections", ["admission", "quotas", "jobs", "usage", "checkpoints", "metrics", "logs"], None),
         database=True,
     )
     os.environ.setdefault("TRAINMASTER_DB_CONNECT_TIMEOUT_S", "60")  # the API's, on a busy machine
@@ -430,7 +483,7 @@ def main() -> None:
             api_process(db.url) as api,
             httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as client,
         ):
-            for section in (jobs, usage, metrics, logs):
+            for section in (jobs, usage, checkpoints, metrics, logs):
                 if section.__name__ in args.sections:
                     section(db.url, client, bench, args, record)
         record.facts["database_bytes_at_end"] = sql(db.url, "SELECT pg_database_size(current_database())")[0][0]

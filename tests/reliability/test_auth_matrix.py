@@ -57,7 +57,7 @@ def endpoints(client: TestClient) -> list[tuple[str, str]]:
 
 def call(client: TestClient, method: str, path: str, job_id: str, headers: dict[str, str]) -> int:
     url = path.replace("{job_id}", job_id).replace("{sweep_id}", str(uuid.UUID(int=7)))
-    url = url.replace("{name}", "alpha").replace("{token_id}", str(uuid.UUID(int=9)))
+    url = url.replace("{name}", "alpha").replace("{token_id}", str(uuid.UUID(int=9))).replace("{checkpoint_id}", "1")
     body = BODIES.get((method, path))
     if path == "/v1/code":
         return client.post(
