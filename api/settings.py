@@ -76,7 +76,9 @@ class Settings(BaseSettings):
     code_retention_days: float | None = 30.0
     # How often a dispatcher deletes the checkpoints that nothing keeps (api/checkpoints/lifecycle.py:
     # a job's checkpoint policy, pins, the project's checkpoint_retention_days); 0: never.
-    checkpoint_gc_interval_s: float = 60.0
+    # A pass reads every live checkpoint of the jobs with a policy or a retention: 1.8 s at 1,000,000
+    # (bench/scale.py --sections checkpoints), hence minutes apart.
+    checkpoint_gc_interval_s: float = 600.0
 
 
 @lru_cache(maxsize=1)
