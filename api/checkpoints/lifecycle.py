@@ -11,7 +11,9 @@ What keeps a checkpoint (anything else is deleted):
 The dispatcher runs a pass every `checkpoint_gc_interval_s`, on the storage it gives jobs
 (`storage_path`): it is the process that sees the same filesystem as the cluster's checkpoints.
 Only local storage is collected: with a remote URI (s3://, gs://) Ray's own `num_to_keep` deletes
-(workers/driver.py hands it to Ray then) and pins and `keep_best` are not honoured.
+(workers/driver.py hands it to Ray then) and pins and `keep_best` are not honoured. A storage folder
+that does not exist on the dispatcher's host (not mounted there) is not collected at all, rather than
+every checkpoint being marked as gone: the dispatcher must mount the storage the Ray nodes write.
 
 A job's code is hostile and its checkpoint paths are what it reported: a path is removed only when it
 resolves (links followed) inside the job's own folder, `<storage>/<job id>/`, where Ray Train writes
@@ -125,6 +127,9 @@ async def collect(sessions: async_sessionmaker[AsyncSession], storage_path: str,
     if "://" in storage_path:
         return done  # remote storage: Ray's num_to_keep deletes (see the module's docstring)
     storage = Path(storage_path).expanduser()
+    if not storage.is_dir():  # not mounted on this host: nothing can be checked, so nothing is marked
+        log.warning(json.dumps({"event": "checkpoint_storage_missing", "storage_path": storage_path}))
+        return done
     async with sessions() as session, session.begin():
         due = (await session.execute(DUE, {"limit": limit})).all()
         if not due:

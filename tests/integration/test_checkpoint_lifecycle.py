@@ -199,3 +199,13 @@ def test_a_bad_checkpoint_policy_is_422_naming_the_field(
     assert any(field in error["loc"] for error in answer.json()["detail"]), answer.text
     with psycopg.connect(libpq(database_url)) as conn:
         assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+
+
+def test_storage_not_mounted_on_the_dispatchers_host_is_not_collected(
+    sdk: tm.Client, database_url: str, tmp_path: Path
+) -> None:
+    """Every checkpoint would look gone: none is marked, and the files on the nodes stay listed."""
+    job = sdk.submit(tm.JobSpec.model_validate(spec(checkpoint={"num_to_keep": 1})))
+    add_checkpoints(database_url, tmp_path / "storage", job.id, [{}, {}])
+    assert run_collector(database_url, tmp_path / "not-mounted") == Collected()
+    assert len(kept(sdk, job.id)) == 2

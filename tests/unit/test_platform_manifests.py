@@ -409,6 +409,23 @@ def test_checkpoints_go_to_a_read_write_many_volume_mounted_at_shared_in_every_r
     assert storage.startswith(("/shared/", "s3://"))
 
 
+def test_the_dispatcher_mounts_the_storage_the_ray_pods_write() -> None:
+    """Its checkpoint collector deletes there what no policy, pin or retention keeps
+    (api/checkpoints/lifecycle.py); without the mount it would collect nothing, and Ray deletes
+    nothing on a local path."""
+    ray_claims = {
+        v["persistentVolumeClaim"]["claimName"]
+        for t in RAY_TEMPLATES
+        for v in t.spec.get("volumes", [])
+        if "persistentVolumeClaim" in v
+    }
+    spec = component("dispatcher").spec
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0].get("volumeMounts", [])}
+    assert "/shared" in mounts, "the dispatcher must mount /shared"
+    assert volumes[mounts["/shared"]]["persistentVolumeClaim"]["claimName"] in ray_claims
+
+
 # -- api and dispatcher ------------------------------------------------------------------------------------
 
 
