@@ -127,12 +127,14 @@ async def collect(sessions: async_sessionmaker[AsyncSession], storage_path: str,
     if "://" in storage_path:
         return done  # remote storage: Ray's num_to_keep deletes (see the module's docstring)
     storage = Path(storage_path).expanduser()
-    if not storage.is_dir():  # not mounted on this host: nothing can be checked, so nothing is marked
-        log.warning(json.dumps({"event": "checkpoint_storage_missing", "storage_path": storage_path}))
-        return done
     async with sessions() as session, session.begin():
         due = (await session.execute(DUE, {"limit": limit})).all()
         if not due:
+            return done
+        if not storage.is_dir():  # not mounted on this host: nothing can be checked, so nothing is marked
+            log.warning(
+                json.dumps({"event": "checkpoint_storage_missing", "storage_path": storage_path, "due": len(due)})
+            )
             return done
         locked = set((await session.execute(LOCK, {"ids": [row.id for row in due]})).scalars())
         ids, whys = [], []
