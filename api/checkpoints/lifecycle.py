@@ -8,7 +8,8 @@ What keeps a checkpoint (anything else is deleted):
   unset) or the job's best by `checkpoint.keep_best` (the metric reported with it; a checkpoint
   without that metric as a number is never the best).
 
-The dispatcher runs a pass every `checkpoint_gc_interval_s`, on the storage it gives jobs
+The dispatcher runs a pass every `checkpoint_gc_interval_s` (`collect_every`, a task beside its rounds),
+on the storage it gives jobs
 (`storage_path`): it is the process that sees the same filesystem as the cluster's checkpoints.
 Only local storage is collected: with a remote URI (s3://, gs://) Ray's own `num_to_keep` deletes
 (workers/driver.py hands it to Ray then) and pins and `keep_best` are not honoured. A storage folder
@@ -26,6 +27,7 @@ work and none deletes a checkpoint twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -83,8 +85,11 @@ DUE = text(
     LIMIT :limit
     """
 )
-# Locks the rows of a pass (another dispatcher's pass skips them) and marks them deleted.
-LOCK = text("SELECT id FROM checkpoints WHERE id = ANY(:ids) AND deleted_at IS NULL FOR UPDATE SKIP LOCKED")
+# Locks the rows of a pass (another dispatcher's pass, or a pin being written, holds them: skipped), and
+# checks them again as they are now: one pinned since DUE read it stays.
+LOCK = text(
+    "SELECT id FROM checkpoints WHERE id = ANY(:ids) AND deleted_at IS NULL AND NOT pinned FOR UPDATE SKIP LOCKED"
+)
 MARK = text(
     """
     UPDATE checkpoints SET deleted_at = now(), deleted_why = marked.why
@@ -155,3 +160,19 @@ async def collect(sessions: async_sessionmaker[AsyncSession], storage_path: str,
             done.marked = len(ids)
             log.info(json.dumps({"event": "checkpoints_collected", "marked": done.marked, "removed": done.deleted}))
     return done
+
+
+async def collect_every(
+    sessions: async_sessionmaker[AsyncSession], storage_path: str, every_s: float, stopping: asyncio.Event
+) -> None:
+    """A pass now and every `every_s` until `stopping` is set (never when `every_s` is 0); a pass that
+    raises is logged and the next one tries again."""
+    if every_s <= 0:
+        return
+    while not stopping.is_set():
+        try:
+            await collect(sessions, storage_path)
+        except Exception as exc:
+            log.exception(json.dumps({"event": "checkpoint_collection_failed", "error": str(exc)[:300]}))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), every_s)

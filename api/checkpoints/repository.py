@@ -3,7 +3,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -25,16 +25,6 @@ async def list_for_job(session: AsyncSession, job_id: uuid.UUID) -> list[Checkpo
     return list((await session.execute(query)).scalars())
 
 
-async def set_pinned(session: AsyncSession, job_id: uuid.UUID, checkpoint_id: int, pinned: bool) -> Checkpoint | None:
-    """The checkpoint with `pinned` set, when it exists and is not deleted; else as it is (or None)."""
-    changed = (
-        update(Checkpoint)
-        .where(Checkpoint.job_id == job_id, Checkpoint.id == checkpoint_id, Checkpoint.deleted_at.is_(None))
-        .values(pinned=pinned)
-        .returning(Checkpoint)
-    )
-    row = (await session.execute(changed)).scalar_one_or_none()
-    if row is not None:
-        return row
-    found = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.id == checkpoint_id)
-    return (await session.execute(found)).scalar_one_or_none()
+async def find_for_update(session: AsyncSession, job_id: uuid.UUID, checkpoint_id: int) -> Checkpoint | None:
+    query = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.id == checkpoint_id).with_for_update()
+    return (await session.execute(query)).scalar_one_or_none()

@@ -38,23 +38,14 @@ async def pin(
 ) -> CheckpointInfo:
     """Pin (kept whatever the job's policy and its project's retention say) or unpin a checkpoint."""
     job = await jobs.get_owned(session, principal, raw_id)
-    row = await repository.set_pinned(session, job.id, checkpoint_id, pinned)
+    row = await repository.find_for_update(session, job.id, checkpoint_id)  # the collector's pass skips it
     if row is None:
         raise CheckpointNotFound(f"job {raw_id} has no checkpoint {checkpoint_id}: list them with GET .../checkpoints")
     if row.deleted_at is not None and pinned:
         raise CheckpointDeleted(f"checkpoint {checkpoint_id} was deleted ({row.deleted_why}): there is nothing to pin")
+    row.pinned = pinned
     return to_wire(row)
 
 
 def to_wire(row: Checkpoint) -> CheckpointInfo:
-    return CheckpointInfo(
-        id=row.id,
-        attempt=row.attempt,
-        path=row.path,
-        step=row.step,
-        metrics=row.metrics,
-        created_at=row.created_at,
-        pinned=row.pinned,
-        deleted_at=row.deleted_at,
-        deleted_why=row.deleted_why,
-    )
+    return CheckpointInfo.model_validate(row, from_attributes=True)

@@ -189,17 +189,18 @@ def join(
     if resources:
         command.append(f"--resources={json.dumps(resources)}")
     what = f"`ray start --address={gcs_address}`"
-    for attempt in range(JOIN_TRIES):
+    tries = 1
+    while True:
         try:
             _run(command, ray_env(token_path), log_path, what)
             return command
         except RuntimeError as exc:
             # Ray waits a fixed 30 s for a new raylet to register; a loaded machine or GCS can take
             # longer. Its half-started processes are stopped (by their temp dir) before it is tried again.
-            if "timed out during startup" not in str(exc) or attempt + 1 == JOIN_TRIES:
+            if "timed out during startup" not in str(exc) or tries == JOIN_TRIES:
                 raise
-            stop(temp_dir)
-    raise AssertionError("unreachable")
+        stop(temp_dir)
+        tries += 1
 
 
 def _run(command: list[str], env: dict[str, str], log_path: Path | None, what: str) -> None:

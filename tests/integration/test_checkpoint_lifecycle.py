@@ -209,3 +209,49 @@ def test_storage_not_mounted_on_the_dispatchers_host_is_not_collected(
     add_checkpoints(database_url, tmp_path / "storage", job.id, [{}, {}])
     assert run_collector(database_url, tmp_path / "not-mounted") == Collected()
     assert len(kept(sdk, job.id)) == 2
+
+
+def test_a_checkpoint_pinned_after_the_pass_read_it_is_not_deleted(
+    sdk: tm.Client, database_url: str, tmp_path: Path
+) -> None:
+    """The pass reads what is due, then locks it: the lock checks the row again, so a pin written in
+    between wins."""
+    from api.checkpoints.lifecycle import DUE, LOCK
+
+    storage = tmp_path / "storage"
+    job = sdk.submit(tm.JobSpec.model_validate(spec(checkpoint={"num_to_keep": 1})))
+    ids = add_checkpoints(database_url, storage, job.id, [{}, {}])
+    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+        due = [row[0] for row in conn.execute(DUE.text.replace(":limit", "10"))]
+        assert due == [ids[0]]
+        sdk.pin_checkpoint(job.id, ids[0])
+        assert conn.execute(LOCK.text.replace(":ids", "%s"), ([ids[0]],)).fetchall() == []
+
+
+def test_the_dispatchers_collector_task_passes_at_once_and_stops_when_told(
+    sdk: tm.Client, database_url: str, tmp_path: Path
+) -> None:
+    from api.checkpoints.lifecycle import collect_every
+
+    storage = tmp_path / "storage"
+    job = sdk.submit(tm.JobSpec.model_validate(spec(checkpoint={"num_to_keep": 1})))
+    add_checkpoints(database_url, storage, job.id, [{}, {}])
+
+    async def go() -> None:
+        engine = create_engine(Settings(database_url=database_url))
+        sessions, stopping = session_factory(engine), asyncio.Event()
+        try:
+            await asyncio.wait_for(collect_every(sessions, str(storage), 0, stopping), 5)  # 0: never collects
+            assert len(kept(sdk, job.id)) == 2
+            task = asyncio.create_task(collect_every(sessions, str(storage), 3600, stopping))
+            deadline = asyncio.get_running_loop().time() + 30
+            while len(await asyncio.to_thread(kept, sdk, job.id)) != 1:  # the first pass, at once
+                assert asyncio.get_running_loop().time() < deadline, "no pass within 30 s"
+                await asyncio.sleep(0.05)
+            stopping.set()
+            await asyncio.wait_for(task, 5)  # not an hour
+        finally:
+            await engine.dispose()
+
+    asyncio.run(go())
+    assert on_disk(storage, job.id) == kept(sdk, job.id)

@@ -94,6 +94,18 @@ def _resources(text: str | None, option: str) -> dict[str, float] | None:
         fail(str(exc))
 
 
+def _days(text: str | None, option: str) -> float | Unset | None:
+    """Left out: unchanged; 'none': cleared; else a number of days."""
+    if text is None:
+        return UNSET
+    if text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        fail(f"{option} takes a number of days or 'none', not {text!r}")
+
+
 @project_app.command("create")
 @client_errors
 def project_create(
@@ -177,14 +189,6 @@ def project_set(
             "give --cluster, --max-priority, --quota, --cohort, --borrowing-limit, --lending-limit"
             " or --checkpoint-retention-days"
         )
-    retention: float | Unset | None = UNSET
-    if checkpoint_retention_days is not None and checkpoint_retention_days.lower() != "none":
-        try:
-            retention = float(checkpoint_retention_days)
-        except ValueError:
-            fail(f"--checkpoint-retention-days takes a number of days or 'none', not {checkpoint_retention_days!r}")
-    elif checkpoint_retention_days is not None:
-        retention = None
 
     def cleared(text: str | None, option: str) -> dict[str, float] | Unset | None:
         if text is None:
@@ -200,7 +204,7 @@ def project_set(
             cohort=UNSET if cohort is None else (None if cohort.lower() == "none" else cohort),
             borrowing_limit=cleared(borrowing_limit, "--borrowing-limit"),
             lending_limit=cleared(lending_limit, "--lending-limit"),
-            checkpoint_retention_days=retention,
+            checkpoint_retention_days=_days(checkpoint_retention_days, "--checkpoint-retention-days"),
         )
     kept = "forever" if project.checkpoint_retention_days is None else f"{project.checkpoint_retention_days:g} days"
     console.print(
