@@ -23,7 +23,7 @@ import httpx
 import trainmaster
 from trainmaster.context import ENV_WORKER_RANK, ClaimRefused, JobContext, post_event
 from trainmaster.models import JobSpec
-from workers import entrypoints, frameworks, job_output, system_metrics, warm
+from workers import entrypoints, frameworks, job_output, run_snapshot, system_metrics, warm
 from workers.collectives.timeout import collective_timeout_s, explain_failure
 
 
@@ -96,6 +96,12 @@ def build_trainer(spec: JobSpec, context: JobContext) -> Any:
     # (api/checkpoints/lifecycle.py), and marks it in the API; Ray deleting too would remove pinned or
     # best checkpoints. On remote storage Ray's own num_to_keep deletes.
     ray_keeps = spec.checkpoint.num_to_keep if "://" in storage else None
+    # The run's snapshot may list checkpoints deleted since (Ray would not start the run): pruned first.
+    if "://" not in storage and (gone := run_snapshot.prune(Path(storage) / context.job_id)):
+        print(
+            f"[trainmaster] checkpoints deleted since the last attempt, not resumed from: {', '.join(gone)}",
+            flush=True,
+        )
     return without_idle_actors(
         framework.trainer(
             spec,

@@ -156,14 +156,26 @@ def test_failure_with_a_retry_resumes_from_the_checkpoint(stack: Stack, tmp_path
             name="retry",
             entrypoint="builtin:mlp",
             scaling=tm.Scaling(num_workers=2),
-            config=small_mlp(epochs=3, fail_at_epoch=1, ledger_path=str(ledger)),
+            # Two checkpoints before the failure, and 2 s after the second for the collector (a pass a
+            # second here) to delete the first, which Ray's run snapshot still lists.
+            config=small_mlp(epochs=3, fail_at_epoch=2, epoch_sleep_s=2, ledger_path=str(ledger)),
             max_retries=1,
             checkpoint=tm.CheckpointPolicy(num_to_keep=1),  # the collector deletes the older ones as it goes
         )
         done = wait_for(client, job.id, TERMINAL, timeout=360)
         assert done.status is tm.JobStatus.succeeded, done.error
         assert [a.status for a in done.attempts] == ["failed", "succeeded"]
-        assert "injected failure at epoch 1" in (done.attempts[0].error or "")
+        assert "injected failure at epoch 2" in (done.attempts[0].error or "")
+        # The retry started although the checkpoint Ray's snapshot named first was gone (Ray refuses that).
+        wait_until(
+            lambda: any(
+                "deleted since the last attempt, not resumed from: checkpoint_" in line.line
+                for line in client.logs(job.id)
+            ),
+            30,
+            interval=0.5,
+            what="the retry's driver to say which checkpoints it found deleted",
+        )
         assert done.attempts[1].ray_submission_id == f"tm-{job.id}-2"
 
         # The dispatcher's collector (api/checkpoints/lifecycle.py) leaves the latest checkpoint only,
@@ -189,7 +201,7 @@ def test_failure_with_a_retry_resumes_from_the_checkpoint(stack: Stack, tmp_path
         assert "pinned" in shown.stdout and "deleted: not among the job's latest 1" in shown.stdout, shown.stdout
         assert client.checkpoints(job.id)[-1].pinned
     lines = ledger_lines(ledger)
-    assert [(line[1], line[3]) for line in lines] == [("1", "start_epoch=0"), ("2", "start_epoch=1")]
+    assert [(line[1], line[3]) for line in lines] == [("1", "start_epoch=0"), ("2", "start_epoch=2")]
 
 
 def test_two_dispatchers_launch_each_job_exactly_once(stack: Stack, tmp_path: Path) -> None:
