@@ -37,6 +37,7 @@ from api.projects.routes import router as projects_router
 from api.queues.routes import router as queues_router
 from api.retention.service import start_retention
 from api.settings import Settings, get_settings
+from api.storage.routes import router as storage_router
 from api.streaming.broker import Broker
 from api.streaming.limits import StreamLimiter
 from api.sweeps.routes import router as sweeps_router
@@ -103,6 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(projects_router)
     app.include_router(queues_router)
     app.include_router(usage_router)
+    app.include_router(storage_router)
     app.include_router(tokens_router)
     app.include_router(ui_router)
     app.mount(UI_PREFIX, static_files(), name="ui")

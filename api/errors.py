@@ -123,6 +123,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:
         422: "Invalid field (detail names it)",
         429: "Too many open streams for this token",
         503: "Database unavailable; retry",
+        507: "Over the project's storage quota (detail says how much is stored and what to do)",
     }
     # Errors are JSON even on routes whose success is a stream of server-sent events.
     return {

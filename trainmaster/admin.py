@@ -18,7 +18,7 @@ import httpx
 
 from trainmaster import config as client_config
 from trainmaster.errors import TrainmasterError, error_from_response
-from trainmaster.models import Cluster, Project, TokenCreated, TokenInfo
+from trainmaster.models import Cluster, Project, ProjectStorage, StorageList, TokenCreated, TokenInfo
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -125,9 +125,17 @@ class Admin:
         cohort: str | None = None,
         borrowing_limit: dict[str, float] | None = None,
         lending_limit: dict[str, float] | None = None,
+        storage_quota_bytes: int | None = None,
     ) -> Project:
         body: dict[str, Any] = {"name": name, "cluster": cluster, "max_priority": max_priority, "quota": quota or {}}
-        body.update(_given(cohort=cohort, borrowing_limit=borrowing_limit, lending_limit=lending_limit))
+        body.update(
+            _given(
+                cohort=cohort,
+                borrowing_limit=borrowing_limit,
+                lending_limit=lending_limit,
+                storage_quota_bytes=storage_quota_bytes,
+            )
+        )
         return Project.model_validate(self._call("POST", "/v1/projects", body))
 
     def projects(self) -> list[Project]:
@@ -147,9 +155,10 @@ class Admin:
         borrowing_limit: dict[str, float] | Unset | None = UNSET,
         lending_limit: dict[str, float] | Unset | None = UNSET,
         checkpoint_retention_days: float | Unset | None = UNSET,
+        storage_quota_bytes: int | Unset | None = UNSET,
     ) -> Project:
-        """Change what is given; `cohort`, `borrowing_limit`, `lending_limit` and
-        `checkpoint_retention_days` given as None are cleared."""
+        """Change what is given; `cohort`, `borrowing_limit`, `lending_limit`,
+        `checkpoint_retention_days` and `storage_quota_bytes` given as None are cleared."""
         body = _given(cluster=cluster, max_priority=max_priority, quota=quota)
         body.update(
             {
@@ -159,11 +168,17 @@ class Admin:
                     ("borrowing_limit", borrowing_limit),
                     ("lending_limit", lending_limit),
                     ("checkpoint_retention_days", checkpoint_retention_days),
+                    ("storage_quota_bytes", storage_quota_bytes),
                 )
                 if not isinstance(value, Unset)
             }
         )
         return Project.model_validate(self._call("PATCH", f"/v1/projects/{name}", body))
+
+    def storage(self) -> list[ProjectStorage]:
+        """Bytes each project stores (live checkpoints, code packages) against its storage quota; a
+        project token sees its own."""
+        return StorageList.model_validate(self._call("GET", "/v1/storage")).items
 
     # -- tokens -----------------------------------------------------------------------------------
 

@@ -172,11 +172,13 @@ class JobApi:
         body = {"kind": kind, "message": message, "data": {"attempt": self.attempt, **(data or {})}}
         return self.http.post(f"{self.job_url}/events", json=body)
 
-    def record_checkpoint(self, path: str, step: int | None, metrics: dict[str, float]) -> httpx.Response:
+    def record_checkpoint(
+        self, path: str, step: int | None, metrics: dict[str, float], size_bytes: int | None = None
+    ) -> httpx.Response:
         return self.http.post(
             f"{self.job_url}/checkpoints",
             params={"attempt": self.attempt} if self.attempt else None,
-            json={"path": path, "step": step, "metrics": metrics},
+            json={"path": path, "step": step, "metrics": metrics, "size_bytes": size_bytes},
         )
 
     def post_metrics(self, batch: dict[str, Any]) -> tuple[int, bytes]:
@@ -240,30 +242,52 @@ class MetricsPoster:
             self.connection = None
 
 
-def _best_effort(what: str, call: Callable[[JobApi], httpx.Response]) -> bool:
-    """Run one report with a fresh client; False (and a printed line) outside a job or on error."""
+def _best_effort(
+    what: str, call: Callable[[JobApi], httpx.Response], *, answers: tuple[int, ...] = ()
+) -> httpx.Response | None:
+    """Run one report with a fresh client: its answer when it succeeded or is one of `answers`; None
+    (and a printed line) outside a job or on error."""
     context = JobContext.from_env()
     if context is None or not context.can_report:
-        return False
+        return None
     api = context.api()
     try:
-        call(api).raise_for_status()
-        return True
+        response = call(api)
+        if response.status_code not in answers:
+            response.raise_for_status()
+        return response
     except httpx.HTTPError as exc:
         print(f"[trainmaster] could not record {what}: {exc}", file=sys.stderr, flush=True)
-        return False
+        return None
     finally:
         api.close()
 
 
 def post_event(kind: str, message: str, data: dict[str, Any] | None = None) -> bool:
     """A best-effort job event from any process of the job; printed instead outside a job."""
-    if _best_effort(f"event {kind!r}", lambda api: api.post_event(kind, message, data)):
+    if _best_effort(f"event {kind!r}", lambda api: api.post_event(kind, message, data)) is not None:
         return True
     print(f"[trainmaster] {kind}: {message} {data or ''}", flush=True)
     return False
 
 
-def record_checkpoint(path: str, step: int | None, metrics: dict[str, float]) -> bool:
-    """Tell the API about a checkpoint Ray Train registered; best effort like every report."""
-    return _best_effort(f"checkpoint {path}", lambda api: api.record_checkpoint(path, step, metrics))
+STORAGE_QUOTA_EXCEEDED = 507
+
+
+def record_checkpoint(
+    path: str, step: int | None, metrics: dict[str, float], size_bytes: int | None = None
+) -> str | None:
+    """Tell the API about a checkpoint Ray Train registered; best effort like every report. The API's
+    refusal when the checkpoint would take the project over its storage quota (it is recorded as
+    deleted, and its files are the caller's to remove), else None."""
+    response = _best_effort(
+        f"checkpoint {path}",
+        lambda api: api.record_checkpoint(path, step, metrics, size_bytes),
+        answers=(STORAGE_QUOTA_EXCEEDED,),
+    )
+    if response is None or response.status_code != STORAGE_QUOTA_EXCEEDED:
+        return None
+    try:
+        return str(response.json()["detail"])
+    except (ValueError, KeyError):
+        return response.text or "over the project's storage quota"

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import sys
+from pathlib import Path
 from typing import Any
 
 from ray.train import UserCallback
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 
 import trainmaster
-from trainmaster.context import ENV_JOB_TOKEN, post_event, record_checkpoint
+from trainmaster.context import ENV_JOB_ID, ENV_JOB_TOKEN, post_event, record_checkpoint
 
 MAX_LISTED_WORKERS = 64  # event data stays small for a gang of 1,024
 
@@ -54,7 +57,30 @@ class TrainmasterCallback(UserCallback):
         if numbers:
             trainmaster.log({f"report/{k}": v for k, v in numbers.items()}, step=step)
         if checkpoint is not None:
-            record_checkpoint(str(checkpoint.path), step, {k: v for k, v in numbers.items() if math.isfinite(v)})
+            folder = Path(str(checkpoint.path))
+            size = folder_bytes(folder)
+            finite = {k: v for k, v in numbers.items() if math.isfinite(v)}
+            if (refused := record_checkpoint(str(folder), step, finite, size)) is not None:
+                removed = remove_refused(folder)
+                print(f"[trainmaster] checkpoint {folder.name} {removed}: {refused}", file=sys.stderr, flush=True)
+
+
+def folder_bytes(folder: Path) -> int | None:
+    """The bytes of the files under a local checkpoint folder; None when it is not one (remote storage)."""
+    if not folder.is_dir():
+        return None
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def remove_refused(folder: Path) -> str:
+    """Removes a checkpoint the API refused (over the project's storage quota; it lists it as deleted),
+    only where Ray Train writes this job's run (`<storage>/<job id>/<checkpoint>`); says what it did."""
+    job_id = os.environ.get(ENV_JOB_ID, "")
+    real = Path(os.path.realpath(folder))
+    if not job_id or real.parent.name != job_id or not real.is_dir():
+        return "refused and left in place (not in this job's storage folder)"
+    shutil.rmtree(real, ignore_errors=True)
+    return "refused and removed"
 
 
 def _step_of(metrics: dict[str, Any]) -> int | None:

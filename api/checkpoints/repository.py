@@ -3,21 +3,41 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.models import Checkpoint
+from trainmaster.models import CheckpointIn
 
 
 async def record(
-    session: AsyncSession, job_id: uuid.UUID, attempt: int | None, path: str, step: int | None, metrics: dict[str, Any]
-) -> None:
-    await session.execute(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    attempt: int | None,
+    checkpoint: CheckpointIn,
+    metrics: dict[str, Any],
+    refused: str | None,
+) -> bool:
+    """Whether it is new (a path reported again is kept as first recorded). A refused one is recorded
+    deleted, with why."""
+    values: dict[str, Any] = {
+        "job_id": job_id,
+        "attempt": attempt,
+        "path": checkpoint.path,
+        "step": checkpoint.step,
+        "metrics": metrics,
+        "size_bytes": checkpoint.size_bytes,
+    }
+    if refused is not None:
+        values |= {"deleted_at": func.now(), "deleted_why": refused}
+    inserted = await session.execute(
         insert(Checkpoint)
-        .values(job_id=job_id, attempt=attempt, path=path, step=step, metrics=metrics)
+        .values(**values)
         .on_conflict_do_nothing(index_elements=["job_id", "path"])
+        .returning(Checkpoint.id)
     )
+    return inserted.scalar_one_or_none() is not None
 
 
 async def list_for_job(session: AsyncSession, job_id: uuid.UUID) -> list[Checkpoint]:

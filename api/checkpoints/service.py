@@ -9,6 +9,8 @@ from api.checkpoints import repository
 from api.db.models import Checkpoint
 from api.errors import Conflict, NotFound
 from api.jobs import service as jobs
+from api.jobs.status import record_event
+from api.storage import service as storage
 from trainmaster.models import CheckpointIn, CheckpointInfo
 
 
@@ -22,10 +24,19 @@ class CheckpointDeleted(Conflict):
 
 async def record(
     session: AsyncSession, principal: Principal, raw_id: str, checkpoint: CheckpointIn, attempt: int | None
-) -> None:
+) -> str | None:
+    """Records the checkpoint; over its project's storage quota it is recorded as deleted, with an
+    event on the job, and the refusal is returned (the caller answers 507 and the job removes its files)."""
     job = await jobs.get_writable(session, principal, raw_id)
     metrics = json.loads(json.dumps(checkpoint.metrics, default=str))
-    await repository.record(session, job.id, attempt, checkpoint.path, checkpoint.step, metrics)
+    refused = await storage.refusal(session, job.project_id, checkpoint.size_bytes or 0, "this checkpoint")
+    stored = await repository.record(
+        session, job.id, attempt, checkpoint, metrics, None if refused is None else f"refused: {refused}"
+    )
+    if refused is not None and stored:
+        data = {"path": checkpoint.path, "step": checkpoint.step, "size_bytes": checkpoint.size_bytes}
+        await record_event(session, job, "checkpoint_refused", f"checkpoint not kept: {refused}", data)
+    return refused
 
 
 async def list_for_job(session: AsyncSession, principal: Principal, raw_id: str) -> list[CheckpointInfo]:

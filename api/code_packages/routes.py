@@ -9,7 +9,7 @@ from api.deps import AppSettings
 from api.errors import NotFound, UnsupportedMediaType, error_responses
 from trainmaster.models import CodeUpload
 
-router = APIRouter(prefix="/v1/code", tags=["code"], responses=error_responses(400, 401, 403, 413, 415, 422, 503))
+router = APIRouter(prefix="/v1/code", tags=["code"], responses=error_responses(400, 401, 403, 413, 415, 422, 503, 507))
 
 ZIP_TYPES = {"application/zip", "application/x-zip-compressed", "application/octet-stream"}
 

@@ -11,12 +11,18 @@ from api.auth.principal import Principal
 from api.code_packages import archive, repository
 from api.errors import PayloadTooLarge, ValidationError
 from api.settings import Settings
+from api.storage import service as storage
+from api.storage.service import StorageQuotaExceeded
 from trainmaster.models import CodeUpload
 
 
 async def upload(session: AsyncSession, principal: Principal, content: bytes, settings: Settings) -> CodeUpload:
     # Reading every member and hashing take about a second per 100 MB: off the event loop.
     code_id, info = await asyncio.to_thread(_checked, content, settings)
+    # A package the project stores already adds nothing (content-addressed).
+    adding = 0 if await repository.exists(session, principal.project_id, code_id) else len(content)
+    if (refused := await storage.refusal(session, principal.project_id, adding, "this upload")) is not None:
+        raise StorageQuotaExceeded(refused)
     await repository.store(session, principal.project_id, code_id, content, info.file_count)
     return CodeUpload(id=code_id, size=len(content), file_count=info.file_count)
 

@@ -96,6 +96,7 @@ class Project(Base):
     lending_limit: Mapped[dict[str, float] | None] = mapped_column(JSONB)
     # A finished job's unpinned checkpoints are deleted this long after it finished (0018); NULL: kept.
     checkpoint_retention_days: Mapped[float | None] = mapped_column(Double)
+    storage_quota_bytes: Mapped[int | None] = mapped_column(BigInteger)  # live checkpoints + code packages
 
 
 class ApiToken(Base):
@@ -346,6 +347,18 @@ class LogLine(Base):
     ts: Mapped[datetime] = _now()
 
 
+class ProjectStorage(Base):
+    """Bytes each project stores: its live checkpoints (and how many) and its code packages, kept by
+    statement triggers on checkpoints and code_packages (migration 0019)."""
+
+    __tablename__ = "project_storage"
+
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
+    checkpoint_bytes: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    checkpoints: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    code_bytes: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+
+
 class CodePackage(Base):
     """A zipped working directory, content-addressed (sha256 of the archive) within a project."""
 
@@ -379,6 +392,7 @@ class Checkpoint(Base):
     pinned: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     deleted_why: Mapped[str | None] = mapped_column(Text)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)  # its folder when reported (0019)
 
 
 class Sweep(Base):

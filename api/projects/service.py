@@ -15,7 +15,7 @@ from api.projects import repository
 from trainmaster.models import Project, ProjectPatch, ProjectSpec
 
 QUOTA_FIELDS = ("quota", "cohort", "borrowing_limit", "lending_limit")
-CLEARABLE = (*QUOTA_FIELDS[1:], "checkpoint_retention_days")  # given as null: cleared
+CLEARABLE = (*QUOTA_FIELDS[1:], "checkpoint_retention_days", "storage_quota_bytes")  # given as null: cleared
 
 
 class ProjectExists(Conflict):
@@ -35,7 +35,7 @@ async def _cluster(session: AsyncSession, name: str) -> ClusterRow:
 
 async def create(session: AsyncSession, spec: ProjectSpec) -> Project:
     cluster = await _cluster(session, spec.cluster)
-    values = spec.model_dump(include={*QUOTA_FIELDS, "max_priority", "checkpoint_retention_days"})
+    values = spec.model_dump(include={*QUOTA_FIELDS, "max_priority", *CLEARABLE})
     if not await repository.insert_new(session, spec.name, cluster.id, values):
         raise ProjectExists(f"a project named {spec.name!r} exists")
     return await read(session, None, spec.name)
@@ -85,4 +85,5 @@ def to_wire(found: repository.Found) -> Project:
         lending_limit=row.lending_limit,
         usage=found.usage,
         checkpoint_retention_days=row.checkpoint_retention_days,
+        storage_quota_bytes=row.storage_quota_bytes,
     )

@@ -67,6 +67,17 @@ def test_high_priority_gang_preempts_and_the_low_job_resumes_without_losing_a_st
         steps = [p.step for p in client.metrics(low.id, names=["loss"]) if p.rank == 0]
         assert sorted(steps) == list(range(1, STEPS + 1)), steps  # every step once: none lost, none redone
 
+        # Usage (issue 30): the preempted attempt's lost seconds are exactly those since its last
+        # checkpoint (the one it saved when asked to), to its release; the rest of its run trained.
+        preempted = done_low.attempts[0]
+        saved = max(c.created_at for c in client.checkpoints(low.id) if c.attempt == 1)
+        assert preempted.running_at and preempted.finished_at and preempted.lost_s is not None
+        assert preempted.productive_s is not None
+        since_saved = (preempted.finished_at - max(saved, preempted.running_at)).total_seconds()
+        assert abs(preempted.lost_s - since_saved) < 1e-3, (preempted, saved)
+        ran = (preempted.finished_at - preempted.running_at).total_seconds()
+        assert abs(preempted.productive_s - (ran - since_saved)) < 1e-3 and preempted.productive_s > 0
+
 
 def test_a_project_reclaims_its_lent_quota_and_the_borrower_resumes_at_its_step(stack: Stack) -> None:
     """Two projects in one cohort, through the real stack and its usual dispatcher (the preemption setting

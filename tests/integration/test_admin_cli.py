@@ -40,12 +40,15 @@ def test_clusters_projects_and_tokens_from_the_cli(api: ApiProcess, database_url
     listed = cli(api, admin, "cluster", "ls", "--json")
     assert {c["name"]: c["token_env"] for c in json.loads(listed.stdout)} == {"default": None, "gpu-a": "RAY_A"}
 
-    created = cli(api, admin, "project", "create", "vision", "--cluster", "gpu-a", "--max-priority", "10")
+    created = cli(
+        api, admin, "project", "create", "vision", "--cluster", "gpu-a", "--max-priority", "10", "--storage-quota", "1T"
+    )
     assert created.returncode == 0, created.stderr
     changed = cli(api, admin, "project", "set", "vision", "--max-priority", "20")
     assert changed.returncode == 0, changed.stderr
     projects = {p["name"]: p for p in json.loads(cli(api, admin, "project", "ls", "--json").stdout)}
     assert projects["vision"]["cluster"] == "gpu-a" and projects["vision"]["max_priority"] == 20
+    assert projects["vision"]["storage_quota_bytes"] == 1024**4
     quota = cli(api, admin, "project", "set", "vision", "--quota", "GPU=8,CPU=64", "--cohort", "research")
     assert quota.returncode == 0, quota.stderr
     assert "quota CPU=64,GPU=8, cohort research" in quota.stdout
@@ -61,6 +64,18 @@ def test_clusters_projects_and_tokens_from_the_cli(api: ApiProcess, database_url
     assert forever.returncode == 0 and "kept forever" in forever.stdout, forever.stderr
     bad_days = cli(api, admin, "project", "set", "vision", "--checkpoint-retention-days", "soon")
     assert bad_days.returncode == 1 and "takes a number of days or 'none'" in bad_days.stderr, bad_days.stderr
+    sized = cli(api, admin, "project", "set", "vision", "--storage-quota", "2G")
+    assert sized.returncode == 0 and "storage quota 2.0 GB" in sized.stdout, sized.stderr
+    storage = cli(api, admin, "storage")
+    assert storage.returncode == 0, storage.stderr
+    rows = [line.replace("│", " ").split() for line in storage.stdout.splitlines()]
+    assert ["vision", "0", "B", "2.0", "GB", "0%"] in [row[:6] for row in rows], storage.stdout
+    as_json = {row["project"]: row for row in json.loads(cli(api, admin, "storage", "--json").stdout)}
+    assert as_json["vision"]["quota_bytes"] == 2 * 1024**3 and as_json["vision"]["used_bytes"] == 0
+    bad_size = cli(api, admin, "project", "set", "vision", "--storage-quota", "lots")
+    assert bad_size.returncode == 1 and "--storage-quota takes a size or 'none'" in bad_size.stderr, bad_size.stderr
+    unlimited = cli(api, admin, "project", "set", "vision", "--storage-quota", "none")
+    assert unlimited.returncode == 0 and "storage quota unlimited" in unlimited.stdout, unlimited.stderr
     for bad, says in ((("--quota", "GPU"), "--quota takes RESOURCE=AMOUNT"), (("--quota", "memory=1"), "quota")):
         refused = cli(api, admin, "project", "set", "vision", *bad)
         assert refused.returncode == 1 and says in refused.stderr, (bad, refused.stderr)

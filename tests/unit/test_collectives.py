@@ -62,7 +62,7 @@ def test_parse_size(text: str, size: int) -> None:
     assert bench.parse_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["", "M", "1.5M", "64T", "-8"])
+@pytest.mark.parametrize("text", ["", "M", "1.5M", "64P", "-8"])
 def test_parse_size_rejects_nonsense(text: str) -> None:
     with pytest.raises(ValueError, match="not a size"):
         bench.parse_size(text)

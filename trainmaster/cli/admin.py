@@ -1,4 +1,5 @@
-"""`trainmaster cluster add|ls`, `trainmaster project create|ls|set`, `trainmaster token ls|revoke`: over
+"""`trainmaster cluster add|ls`, `trainmaster project create|ls|set`, `trainmaster token ls|revoke`,
+`trainmaster storage`: over
 the REST API with an admin token (a project token reads its own project and tokens)."""
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainmaster.admin import UNSET, Admin, Unset, parse_resources
+from trainmaster.cli.bench import parse_size
 from trainmaster.cli.output import ApiUrl, Token, amounts, client_errors, console, fail
 from trainmaster.errors import TrainmasterError
+from trainmaster.packing import human_bytes
 
 SHORT_ID = 8
 cluster_app = typer.Typer(help="Ray clusters (trust domains) the platform dispatches to; admin.", no_args_is_help=True)
@@ -116,10 +119,14 @@ def project_create(
     cohort: CohortOption = None,
     borrowing_limit: BorrowOption = None,
     lending_limit: LendOption = None,
+    storage_quota: Annotated[
+        str | None, typer.Option(help="bytes of checkpoints and code it may store, e.g. 500G (default: unlimited)")
+    ] = None,
     api_url: ApiUrl = None,
     token: Token = None,
 ) -> None:
-    """Create a project on a cluster, with a quota and a cohort when given."""
+    """Create a project on a cluster, with a quota, a cohort and a storage quota when given."""
+    storage_quota_bytes = _bytes(storage_quota, "--storage-quota")
     with Admin(api_url, token) as admin:
         project = admin.create_project(
             name,
@@ -129,6 +136,7 @@ def project_create(
             cohort=cohort,
             borrowing_limit=_resources(borrowing_limit, "--borrowing-limit"),
             lending_limit=_resources(lending_limit, "--lending-limit"),
+            storage_quota_bytes=None if isinstance(storage_quota_bytes, Unset) else storage_quota_bytes,
         )
     console.print(f"project [bold]{project.name}[/] on cluster {project.cluster}", highlight=False)
 
@@ -179,15 +187,27 @@ def project_set(
         str | None,
         typer.Option(help="days after a job finished that its unpinned checkpoints are deleted; 'none': kept"),
     ] = None,
+    storage_quota: Annotated[
+        str | None, typer.Option(help="bytes of checkpoints and code it may store, e.g. 500G; 'none': unlimited")
+    ] = None,
     api_url: ApiUrl = None,
     token: Token = None,
 ) -> None:
-    """Change a project's cluster, max priority, quota, cohort, limits or checkpoint retention."""
-    given = (cluster, max_priority, quota, cohort, borrowing_limit, lending_limit, checkpoint_retention_days)
+    """Change a project's cluster, max priority, quota, cohort, limits, checkpoint retention or storage quota."""
+    given = (
+        cluster,
+        max_priority,
+        quota,
+        cohort,
+        borrowing_limit,
+        lending_limit,
+        checkpoint_retention_days,
+        storage_quota,
+    )
     if all(value is None for value in given):
         fail(
-            "give --cluster, --max-priority, --quota, --cohort, --borrowing-limit, --lending-limit"
-            " or --checkpoint-retention-days"
+            "give --cluster, --max-priority, --quota, --cohort, --borrowing-limit, --lending-limit,"
+            " --checkpoint-retention-days or --storage-quota"
         )
 
     def cleared(text: str | None, option: str) -> dict[str, float] | Unset | None:
@@ -205,14 +225,56 @@ def project_set(
             borrowing_limit=cleared(borrowing_limit, "--borrowing-limit"),
             lending_limit=cleared(lending_limit, "--lending-limit"),
             checkpoint_retention_days=_days(checkpoint_retention_days, "--checkpoint-retention-days"),
+            storage_quota_bytes=_bytes(storage_quota, "--storage-quota"),
         )
     kept = "forever" if project.checkpoint_retention_days is None else f"{project.checkpoint_retention_days:g} days"
     console.print(
         f"project [bold]{escape(project.name)}[/]: cluster {escape(project.cluster)}, max priority "
         f"{project.max_priority}, quota {amounts(project.quota)}, cohort {escape(project.cohort or '-')}, "
-        f"checkpoints of finished jobs kept {kept}",
+        f"checkpoints of finished jobs kept {kept}, storage quota {_quota_bytes(project.storage_quota_bytes)}",
         highlight=False,
     )
+
+
+def _bytes(text: str | None, option: str) -> int | Unset | None:
+    """A size option: left out, unchanged; 'none', cleared; else bytes (500G, 2T, 1024)."""
+    if text is None:
+        return UNSET
+    if text.lower() == "none":
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        fail(f"{option} takes a size or 'none': {exc}")
+
+
+def _quota_bytes(quota: int | None) -> str:
+    return "unlimited" if quota is None else human_bytes(quota)
+
+
+@client_errors
+def storage(
+    output_json: Annotated[bool, typer.Option("--json")] = False, api_url: ApiUrl = None, token: Token = None
+) -> None:
+    """What each project stores: live checkpoints and code packages, against its storage quota."""
+    with Admin(api_url, token) as admin:
+        rows = admin.storage()
+    if output_json:
+        print(json.dumps([row.model_dump(mode="json") for row in rows], indent=2))
+        return
+    table = _table("PROJECT", "USED", "QUOTA", "USE", "CHECKPOINTS", "CHECKPOINT BYTES", "CODE BYTES")
+    for row in rows:
+        share = "-" if not row.quota_bytes else f"{row.used_bytes / row.quota_bytes:.0%}"
+        table.add_row(
+            escape(row.project),
+            human_bytes(row.used_bytes),
+            _quota_bytes(row.quota_bytes),
+            share,
+            str(row.checkpoints),
+            human_bytes(row.checkpoint_bytes),
+            human_bytes(row.code_bytes),
+        )
+    console.print(table)
 
 
 @client_errors
@@ -253,5 +315,6 @@ def token_revoke(
 def register(app: typer.Typer, token_app: typer.Typer) -> None:
     app.add_typer(cluster_app, name="cluster")
     app.add_typer(project_app, name="project")
+    app.command("storage")(storage)
     token_app.command("ls")(token_ls)
     token_app.command("revoke")(token_revoke)

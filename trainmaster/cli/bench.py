@@ -26,15 +26,15 @@ from trainmaster.models import JobSpec, MetricValue
 
 bench_app = typer.Typer(help="Benchmarks that run as trainmaster jobs.", no_args_is_help=True)
 
-UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
-SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(I?B)?\s*$", re.IGNORECASE)
+UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
-    """'8', '8B', '64K', '64KiB', '1M', '2G' -> bytes (K, M and G are powers of 1024, as in nccl-tests)."""
+    """'8', '8B', '64K', '64KiB', '1M', '2G', '1T' -> bytes (K, M, G, T are powers of 1024, as in nccl-tests)."""
     match = SIZE.match(text)
     if not match:
-        raise ValueError(f"not a size: {text!r} (examples: 8, 64K, 16M, 1G)")
+        raise ValueError(f"not a size: {text!r} (examples: 8, 64K, 16M, 1G, 2T)")
     return int(match.group(1)) * UNITS[match.group(2).upper()]
 
 

@@ -47,6 +47,8 @@ Amount = Annotated[float, Field(ge=0, le=1e9)]
 Quota = dict[QuotaResource, Amount]
 # Days after a job finished that its unpinned checkpoints are deleted (0: at the collector's next pass).
 RetentionDays = Annotated[float, Field(ge=0, le=36500)]
+# Bytes of live checkpoints and code packages a project may store (up to an exbibyte).
+StorageBytes = Annotated[int, Field(ge=0, le=2**60)]
 
 
 class ProjectSpec(StoredRequestModel):
@@ -63,12 +65,13 @@ class ProjectSpec(StoredRequestModel):
     borrowing_limit: Quota | None = None
     lending_limit: Quota | None = None
     checkpoint_retention_days: RetentionDays | None = None
+    storage_quota_bytes: StorageBytes | None = None  # live checkpoints + code packages; None: unlimited
 
 
 class ProjectPatch(StoredRequestModel):
     """The fields to change; those left out stay. `quota` replaces the whole quota (`{}` lifts it);
-    `cohort`, `borrowing_limit`, `lending_limit` and `checkpoint_retention_days` given as null are
-    cleared."""
+    `cohort`, `borrowing_limit`, `lending_limit`, `checkpoint_retention_days` and
+    `storage_quota_bytes` given as null are cleared."""
 
     cluster: Name | None = None
     max_priority: Priority | None = None
@@ -77,6 +80,7 @@ class ProjectPatch(StoredRequestModel):
     borrowing_limit: Quota | None = None
     lending_limit: Quota | None = None
     checkpoint_retention_days: RetentionDays | None = None
+    storage_quota_bytes: StorageBytes | None = None
 
 
 class Project(ResponseModel):
@@ -90,10 +94,27 @@ class Project(ResponseModel):
     lending_limit: dict[str, float] | None = None
     usage: dict[str, float] = Field(default_factory=dict)  # what its active jobs hold now
     checkpoint_retention_days: float | None = None  # a finished job's unpinned checkpoints, then deleted
+    storage_quota_bytes: int | None = None
 
 
 class ProjectList(ResponseModel):
     items: list[Project]
+
+
+class ProjectStorage(ResponseModel):
+    """What a project stores: its live checkpoints (as their jobs measured them when reported) and
+    its code packages, against its `quota_bytes` (None: unlimited)."""
+
+    project: str
+    used_bytes: int
+    checkpoint_bytes: int
+    checkpoints: int
+    code_bytes: int
+    quota_bytes: int | None = None
+
+
+class StorageList(ResponseModel):
+    items: list[ProjectStorage]
 
 
 class TokenSpec(StoredRequestModel):

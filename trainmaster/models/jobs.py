@@ -302,6 +302,7 @@ class CheckpointIn(StoredRequestModel):
     path: str = Field(min_length=1, max_length=4096)
     step: int | None = Field(default=None, ge=0)
     metrics: dict[str, Any] = Field(default_factory=dict)
+    size_bytes: int | None = Field(default=None, ge=0, le=2**62)  # what its folder holds (local storage)
 
 
 class CheckpointInfo(ResponseModel):
@@ -314,6 +315,7 @@ class CheckpointInfo(ResponseModel):
     pinned: bool = False  # kept whatever the policy and the retention say
     deleted_at: datetime | None = None  # removed from storage (the row stays), and why
     deleted_why: str | None = None
+    size_bytes: int | None = None
 
 
 class CheckpointList(ResponseModel):

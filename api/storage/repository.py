@@ -1,0 +1,65 @@
+"""Reads of `project_storage` (kept by migration 0019's triggers) with each project's quota."""
+
+from __future__ import annotations
+
+import uuid
+from typing import NamedTuple
+
+from sqlalchemy import Select, func, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.db.models import Project, ProjectStorage
+
+
+class Stored(NamedTuple):
+    project: str
+    quota_bytes: int | None
+    checkpoint_bytes: int
+    checkpoints: int
+    code_bytes: int
+
+    @property
+    def used_bytes(self) -> int:
+        return self.checkpoint_bytes + self.code_bytes
+
+
+def _stored() -> Select[str, int | None, int, int, int]:
+    """Every project, with zeros for one that never stored anything."""
+    return (
+        select(
+            Project.name,
+            Project.storage_quota_bytes,
+            func.coalesce(ProjectStorage.checkpoint_bytes, 0),
+            func.coalesce(ProjectStorage.checkpoints, 0),
+            func.coalesce(ProjectStorage.code_bytes, 0),
+        )
+        .select_from(Project)
+        .outerjoin(ProjectStorage, ProjectStorage.project_id == Project.id)
+    )
+
+
+async def list_stored(session: AsyncSession, project_id: uuid.UUID | None) -> list[Stored]:
+    query = _stored().order_by(Project.name)
+    if project_id is not None:
+        query = query.where(Project.id == project_id)
+    return [Stored(*row.tuple()) for row in await session.execute(query)]
+
+
+async def lock(session: AsyncSession, project_id: uuid.UUID) -> Stored:
+    """The project's figures, its row locked to the end of the transaction: two checkpoints or uploads
+    of one project are judged one after the other, each seeing what the other added."""
+    await session.execute(insert(ProjectStorage).values(project_id=project_id).on_conflict_do_nothing())
+    query = (
+        select(
+            Project.name,
+            Project.storage_quota_bytes,
+            ProjectStorage.checkpoint_bytes,
+            ProjectStorage.checkpoints,
+            ProjectStorage.code_bytes,
+        )
+        .join(ProjectStorage, ProjectStorage.project_id == Project.id)
+        .where(Project.id == project_id)
+        .with_for_update(of=ProjectStorage)
+    )
+    return Stored(*(await session.execute(query)).one().tuple())
