@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -79,6 +80,11 @@ class Settings(BaseSettings):
     # A pass reads every live checkpoint of the jobs with a policy or a retention: 1.8 s at 1,000,000
     # (bench/scale.py --sections checkpoints), hence minutes apart.
     checkpoint_gc_interval_s: float = 600.0
+    # Fair sharing between projects of equal priority (migration 0020): each project's share of the
+    # cluster is averaged with this half-life (a day: what a project used yesterday counts half), and
+    # sampled by admission rounds this often.
+    fair_share_half_life_s: float = Field(default=86400.0, gt=0)
+    fair_share_sample_s: float = Field(default=30.0, gt=0)
 
 
 @lru_cache(maxsize=1)

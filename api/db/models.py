@@ -14,6 +14,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
+    Computed,
     DateTime,
     Double,
     Enum,
@@ -322,6 +323,24 @@ class ProjectUsage(Base):
     active: Mapped[int] = mapped_column(Integer)
     gpus: Mapped[float] = mapped_column(Numeric(asdecimal=False))
     cpus: Mapped[float] = mapped_column(Numeric(asdecimal=False))
+    # Fair sharing (0020): the project's share of the cluster's CPUs and GPUs averaged with a half-life,
+    # sampled by admission rounds (SAMPLE_FAIR_SHARE, api/dispatcher/repository.py) against the
+    # capacities then; `share`, its dominant share (history plus what it holds now), orders admission.
+    history_cpus: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    history_gpus: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    cpu_capacity: Mapped[float | None] = mapped_column(Numeric(asdecimal=False))
+    gpu_capacity: Mapped[float | None] = mapped_column(Numeric(asdecimal=False))
+    sampled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    share: Mapped[float] = mapped_column(
+        Double,
+        Computed(
+            "greatest(history_cpus + CASE WHEN cpu_capacity IS NULL THEN CAST(cpus AS double precision)"
+            " WHEN cpu_capacity > 0 THEN CAST(cpus / cpu_capacity AS double precision) ELSE 0 END,"
+            " history_gpus + CASE WHEN gpu_capacity IS NULL THEN CAST(gpus AS double precision)"
+            " WHEN gpu_capacity > 0 THEN CAST(gpus / gpu_capacity AS double precision) ELSE 0 END)",
+            persisted=True,
+        ),
+    )
 
 
 class MetricBatch(Base):

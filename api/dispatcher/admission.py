@@ -38,9 +38,11 @@ async def admit_round(context: RoundContext) -> int:
     launches: list[Launch] = []
     async with context.sessions() as session, session.begin():
         await repo.lock_admission(session)
+        total = cluster.total()
+        # Before the queue is read in fair-share order: a sample due now orders this round.
+        await repo.sample_fair_share(session, total, settings.fair_share_half_life_s, settings.fair_share_sample_s)
         now, held_cpus, held_gpus = await repo.held_resources(session)
         book = await repo.quota_book(session)
-        total = cluster.total()
         budget = {"CPU": total.get("CPU", 0.0) - held_cpus, "GPU": total.get("GPU", 0.0) - held_gpus}
         warning = storage_warning(settings.storage_path, cluster)  # the same for every job of the round
         admitted: list[QueuedJob] = []  # their attempts are written together, see start_attempts

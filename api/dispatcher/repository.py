@@ -55,6 +55,43 @@ async def held_resources(session: AsyncSession) -> tuple[datetime, float, float]
     return row[0], float(row[1]), float(row[2])
 
 
+# Fair sharing's history (migration 0020), sampled when due: each project's share of the cluster's CPUs
+# and GPUs (what its active jobs hold over the capacities) enters an exponential moving average with
+# the given half-life, weighted by the time since that project's last sample (the first sample only
+# records the capacities). Run by admission rounds under `lock_admission`, so dispatchers take turns,
+# and only where `sampled_at` is `interval` old, so a round between samples changes nothing.
+SAMPLE_FAIR_SHARE = text(
+    """
+    UPDATE project_usage u SET
+        history_cpus = u.history_cpus * keep.w + (1 - keep.w) * CASE WHEN :cpus > 0 THEN u.cpus / :cpus ELSE 0 END,
+        history_gpus = u.history_gpus * keep.w + (1 - keep.w) * CASE WHEN :gpus > 0 THEN u.gpus / :gpus ELSE 0 END,
+        cpu_capacity = :cpus, gpu_capacity = :gpus, sampled_at = now()
+    FROM (
+        SELECT project_id,
+               power(0.5, extract(epoch FROM now() - coalesce(sampled_at, now())) / :half_life) AS w
+        FROM project_usage
+        WHERE sampled_at IS NULL OR sampled_at <= now() - make_interval(secs => :interval)
+    ) keep
+    WHERE u.project_id = keep.project_id
+    """
+)
+
+
+async def sample_fair_share(
+    session: AsyncSession, capacity: dict[str, float], half_life_s: float, interval_s: float
+) -> None:
+    """Add what each project holds now to its fair-share history, when a sample is due (SAMPLE_FAIR_SHARE)."""
+    await session.execute(
+        SAMPLE_FAIR_SHARE,
+        {
+            "cpus": capacity.get("CPU", 0.0),
+            "gpus": capacity.get("GPU", 0.0),
+            "half_life": half_life_s,
+            "interval": interval_s,
+        },
+    )
+
+
 QUOTA_BOOK = (
     select(Project, func.coalesce(ProjectUsage.cpus, 0), func.coalesce(ProjectUsage.gpus, 0))
     .outerjoin(ProjectUsage, ProjectUsage.project_id == Project.id)
@@ -97,14 +134,13 @@ def _queued_query() -> Select[Any]:
         .limit(limit)
         .lateral()
     )
-    gpus = func.coalesce(usage.c.gpus, 0).label("gpus")
-    cpus = func.coalesce(usage.c.cpus, 0).label("cpus")
+    share = func.coalesce(usage.c.share, 0).label("share")
     head = (
-        select(firsts.c.id, firsts.c.priority, gpus, cpus, firsts.c.created_at)
+        select(firsts.c.id, firsts.c.priority, share, firsts.c.created_at)
         .select_from(Project)
         .join(firsts, true())
         .outerjoin(usage, usage.c.project_id == Project.id)
-        .order_by(firsts.c.priority.desc(), gpus, cpus, firsts.c.created_at, firsts.c.id)
+        .order_by(firsts.c.priority.desc(), share, firsts.c.created_at, firsts.c.id)
         .limit(limit)
         .subquery()
     )
@@ -113,7 +149,7 @@ def _queued_query() -> Select[Any]:
         select(*(getattr(Job, name) for name in QueuedJob._fields[:-1]), attempts)
         .join(head, head.c.id == Job.id)
         .where(Job.status == JobStatus.queued)
-        .order_by(head.c.priority.desc(), head.c.gpus, head.c.cpus, head.c.created_at, head.c.id)
+        .order_by(head.c.priority.desc(), head.c.share, head.c.created_at, head.c.id)
         .with_for_update(of=Job, skip_locked=True)
     )
 
@@ -125,7 +161,7 @@ async def lock_queued(session: AsyncSession, limit: int) -> list[QueuedJob]:
     """Queued jobs in admission order (api/jobs/repository.py says which), locked; rows another dispatcher holds are
     skipped.
 
-    Within one project usage is the same for every job, so the project's jobs come in the admission
+    Within one project the fair share is the same for every job, so the project's jobs come in the admission
     order by (priority, age) alone: the first `limit` of all are among the first `limit` of each
     project. Those are read per project on ix_jobs_queued_by_project with their sort keys (an
     index-only scan), only those narrow rows are sorted, and only the first `limit` are fetched and

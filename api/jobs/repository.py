@@ -39,15 +39,14 @@ INSERT_QUEUED = text(
         SELECT id, 'status', 'queued', 'submitted', '{}'::jsonb FROM job
     ),
     mine AS (
-        SELECT coalesce(min(gpus), 0) AS gpus, coalesce(min(cpus), 0) AS cpus
-        FROM project_usage WHERE project_id = :project_id
+        SELECT coalesce(min(share), 0) AS share FROM project_usage WHERE project_id = :project_id
     )
     SELECT id, created_at, spec, pg_notify(:channel, :payload),
            1 + coalesce((
                SELECT sum(q.queued) FROM queue_counts q LEFT JOIN project_usage u ON u.project_id = q.project_id
                WHERE q.priority > :priority
                   OR (q.priority = :priority
-                      AND (coalesce(u.gpus, 0), coalesce(u.cpus, 0)) <= (mine.gpus, mine.cpus))
+                      AND coalesce(u.share, 0) <= mine.share)
            ), 0) AS queue_position
     FROM job, mine
     """
@@ -145,13 +144,13 @@ def _older_in_group(group: str, created_at: str, job_id: str) -> str:
     """
 
 
-# The admission order: priority (high first), then fair share (the project holding the fewest GPUs,
-# then CPUs, in active jobs, as `project_usage` counts them), then age. The dispatcher's claim
-# (api/dispatcher/repository.py, `lock_queued`) takes jobs in this order, so the position a user sees
-# is the order admission takes.
+# The admission order: priority (high first), then fair share (the project with the smallest dominant
+# share, `project_usage.share`: its share of the cluster averaged with a half-life plus what its active
+# jobs hold now; migration 0020), then age. The dispatcher's claim (api/dispatcher/repository.py,
+# `lock_queued`) takes jobs in this order, so the position a user sees is the order admission takes.
 # The jobs ahead of each one in that order, without reading the whole queue: whole
-# (priority, project) groups ahead (higher priority, or the same priority and less usage) come from
-# `queue_counts`; only projects with the same priority and exactly the same usage interleave by age.
+# (priority, project) groups ahead (higher priority, or the same priority and a smaller share) come from
+# `queue_counts`; only projects with the same priority and exactly the same share interleave by age.
 # Those tied jobs older than the page's oldest asked-for job of a class are counted on
 # ix_jobs_queued_by_project (an index-only count per tied project, no sort), from whichever end is
 # nearer: when fewer than NEWER_CAP of the project's queued jobs are at or after that job (a first
@@ -159,7 +158,7 @@ def _older_in_group(group: str, created_at: str, job_id: str) -> str:
 # counting every older job; otherwise the older ones are counted. Only the tied jobs from
 # that oldest to the newest asked-for job are read and numbered in age order, once for the whole page.
 # A job is tied with its own project's older jobs at its priority (always) and with other projects'
-# only while their usage equals its project's (e.g. both hold nothing).
+# only while their share equals its project's (e.g. both never used anything).
 # The page's jobs are found by their ids joined from the array (a primary-key probe each): with
 # `id = ANY(:ids) AND status = 'queued'` the planner read every queued job's entry of ix_jobs_status
 # into a BitmapAnd (2.7 ms at 10,000 queued).
@@ -167,7 +166,7 @@ QUEUE_POSITIONS = text(
     """
     WITH me AS (
         SELECT j.id, j.priority, j.project_id, j.created_at,
-               coalesce(u.gpus, 0) AS gpus, coalesce(u.cpus, 0) AS cpus
+               coalesce(u.share, 0) AS share
         FROM unnest(CAST(:ids AS uuid[])) AS asked(id)
         JOIN jobs j ON j.id = asked.id
         LEFT JOIN project_usage u ON u.project_id = j.project_id
@@ -175,38 +174,38 @@ QUEUE_POSITIONS = text(
     ),
     groups AS (
         SELECT q.priority, q.project_id, sum(q.queued) AS queued,
-               coalesce(min(u.gpus), 0) AS gpus, coalesce(min(u.cpus), 0) AS cpus
+               coalesce(min(u.share), 0) AS share
         FROM queue_counts q LEFT JOIN project_usage u ON u.project_id = q.project_id
         GROUP BY q.priority, q.project_id
         HAVING sum(q.queued) > 0
     ),
     newest AS (
-        SELECT DISTINCT ON (priority, gpus, cpus) priority, gpus, cpus, created_at, id
-        FROM me ORDER BY priority, gpus, cpus, created_at DESC, id DESC
+        SELECT DISTINCT ON (priority, share) priority, share, created_at, id
+        FROM me ORDER BY priority, share, created_at DESC, id DESC
     ),
     oldest AS (
-        SELECT DISTINCT ON (priority, gpus, cpus) priority, gpus, cpus, created_at, id
-        FROM me ORDER BY priority, gpus, cpus, created_at, id
+        SELECT DISTINCT ON (priority, share) priority, share, created_at, id
+        FROM me ORDER BY priority, share, created_at, id
     ),
     classes AS (
-        SELECT n.priority, n.gpus, n.cpus, n.created_at, n.id, o.created_at AS oldest_at, o.id AS oldest_id
-        FROM newest n JOIN oldest o USING (priority, gpus, cpus)
+        SELECT n.priority, n.share, n.created_at, n.id, o.created_at AS oldest_at, o.id AS oldest_id
+        FROM newest n JOIN oldest o USING (priority, share)
     ),
     tied AS (
         SELECT c.*, g.project_id
-        FROM classes c JOIN groups g ON g.priority = c.priority AND g.gpus = c.gpus AND g.cpus = c.cpus
+        FROM classes c JOIN groups g ON g.priority = c.priority AND g.share = c.share
         UNION
         SELECT c.*, me.project_id
-        FROM classes c JOIN me ON me.priority = c.priority AND me.gpus = c.gpus AND me.cpus = c.cpus
+        FROM classes c JOIN me ON me.priority = c.priority AND me.share = c.share
     ),
     older AS (
-        SELECT tied.priority, tied.gpus, tied.cpus, sum(c.n) AS n
+        SELECT tied.priority, tied.share, sum(c.n) AS n
         FROM tied CROSS JOIN LATERAL ({older_than_oldest}) c
-        GROUP BY tied.priority, tied.gpus, tied.cpus
+        GROUP BY tied.priority, tied.share
     ),
     numbered AS (
         SELECT t.id, row_number() OVER (
-                   PARTITION BY tied.priority, tied.gpus, tied.cpus ORDER BY t.created_at, t.id) - 1 AS ahead
+                   PARTITION BY tied.priority, tied.share ORDER BY t.created_at, t.id) - 1 AS ahead
         FROM tied CROSS JOIN LATERAL (
             SELECT j.id, j.created_at FROM jobs j
             WHERE j.status = 'queued' AND j.project_id = tied.project_id AND j.priority = tied.priority
@@ -218,10 +217,10 @@ QUEUE_POSITIONS = text(
         1 + coalesce((
             SELECT sum(g.queued) FROM groups g
             WHERE g.priority > me.priority
-               OR (g.priority = me.priority AND (g.gpus, g.cpus) < (me.gpus, me.cpus))
+               OR (g.priority = me.priority AND g.share < me.share)
         ), 0) + older.n + numbered.ahead AS position
     FROM me JOIN numbered ON numbered.id = me.id
-    JOIN older ON older.priority = me.priority AND older.gpus = me.gpus AND older.cpus = me.cpus
+    JOIN older ON older.priority = me.priority AND older.share = me.share
     """.format(older_than_oldest=_older_in_group("tied", "tied.oldest_at", "tied.oldest_id"))
 )
 
@@ -262,14 +261,14 @@ READ_JOB = text(
     """
     WITH me AS (
         SELECT j.priority, j.project_id, j.created_at, j.id,
-               coalesce(u.gpus, 0) AS gpus, coalesce(u.cpus, 0) AS cpus
+               coalesce(u.share, 0) AS share
         FROM (SELECT * FROM jobs WHERE id = :id OFFSET 0) j
         LEFT JOIN project_usage u ON u.project_id = j.project_id
         WHERE j.project_id = :project_id AND j.status = 'queued'
     ),
     groups AS (
         SELECT q.priority, q.project_id, sum(q.queued) AS queued,
-               coalesce(min(u.gpus), 0) AS gpus, coalesce(min(u.cpus), 0) AS cpus
+               coalesce(min(u.share), 0) AS share
         FROM queue_counts q LEFT JOIN project_usage u ON u.project_id = q.project_id
         WHERE q.priority >= (SELECT priority FROM me)
         GROUP BY q.priority, q.project_id
@@ -277,7 +276,7 @@ READ_JOB = text(
     ),
     others AS (
         SELECT g.project_id FROM groups g, me
-        WHERE g.priority = me.priority AND g.gpus = me.gpus AND g.cpus = me.cpus AND g.project_id <> me.project_id
+        WHERE g.priority = me.priority AND g.share = me.share AND g.project_id <> me.project_id
     ),
     own AS MATERIALIZED (
         SELECT coalesce(CAST(:older AS bigint), ({older_than_me})) AS older
@@ -287,7 +286,7 @@ READ_JOB = text(
         SELECT 1 + coalesce((
                    SELECT sum(g.queued) FROM groups g
                    WHERE g.priority > me.priority
-                      OR (g.priority = me.priority AND (g.gpus, g.cpus) < (me.gpus, me.cpus))
+                      OR (g.priority = me.priority AND g.share < me.share)
                ), 0) + own.older + (
                    SELECT count(*) FROM others CROSS JOIN LATERAL (
                        SELECT 1 FROM jobs o

@@ -10,9 +10,9 @@ from api.db.models import Job, Project, ProjectUsage, QueueCount
 from trainmaster.models import JobStatus
 
 
-async def projects_of(session: AsyncSession, cluster: uuid.UUID) -> list[tuple[Project, float, float, int]]:
-    """Each project of the cluster, what its active jobs hold (CPU, GPU) and how many jobs it has queued
-    (the maintained counts: no scan of the queue)."""
+async def projects_of(session: AsyncSession, cluster: uuid.UUID) -> list[tuple[Project, float, float, int, float]]:
+    """Each project of the cluster, what its active jobs hold (CPU, GPU), how many jobs it has queued
+    (the maintained counts: no scan of the queue) and its fair share (the admission order's key)."""
     waiting = (
         select(func.coalesce(func.sum(QueueCount.queued), 0))
         .where(QueueCount.project_id == Project.id)
@@ -20,12 +20,18 @@ async def projects_of(session: AsyncSession, cluster: uuid.UUID) -> list[tuple[P
         .scalar_subquery()
     )
     query = (
-        select(Project, func.coalesce(ProjectUsage.cpus, 0), func.coalesce(ProjectUsage.gpus, 0), waiting)
+        select(
+            Project,
+            func.coalesce(ProjectUsage.cpus, 0),
+            func.coalesce(ProjectUsage.gpus, 0),
+            waiting,
+            func.coalesce(ProjectUsage.share, 0),
+        )
         .outerjoin(ProjectUsage, ProjectUsage.project_id == Project.id)
         .where(Project.cluster_id == cluster)
         .order_by(Project.name)
     )
-    return [(row[0], float(row[1]), float(row[2]), int(row[3])) for row in await session.execute(query)]
+    return [(row[0], float(row[1]), float(row[2]), int(row[3]), float(row[4])) for row in await session.execute(query)]
 
 
 async def first_queued(session: AsyncSession, project_ids: list[uuid.UUID], limit: int) -> list[Any]:

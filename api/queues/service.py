@@ -1,5 +1,5 @@
-"""`GET /v1/queues`: each project of a cluster as its queue stands (quota, usage, borrowed, lent,
-waiting jobs in admission order), read from the maintained counts and usage rows, so it costs the
+"""`GET /v1/queues`: each project of a cluster as its queue stands (quota, usage, borrowed, lent, fair
+share, waiting jobs in admission order), read from the maintained counts and usage rows, so it costs the
 same at 50,000 queued jobs as at 5."""
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ async def read(session: AsyncSession, principal: Principal, cluster: str | None,
     if found is None:
         raise ValidationError.field(["query", "cluster"], f"no cluster {name!r}")
     rows = await repository.projects_of(session, found.id)
-    book = Book({row.id: Standing.of(row, cpus, gpus) for row, cpus, gpus, _ in rows})
+    book = Book({row.id: Standing.of(row, cpus, gpus) for row, cpus, gpus, _, _ in rows})
     lent = _lent(book)
-    waits = [row.id for row, _, _, waiting in rows if waiting > 0]
+    waits = [row.id for row, _, _, waiting, _ in rows if waiting > 0]
     queued = await repository.first_queued(session, waits, limit)
     positions = await queue_positions_of(session, [job.id for job in queued])
     jobs: dict[uuid.UUID, list[QueuedJobInfo]] = defaultdict(list)
@@ -42,7 +42,7 @@ async def read(session: AsyncSession, principal: Principal, cluster: str | None,
             )
         )
     items = []
-    for row, _, _, waiting in rows:
+    for row, _, _, waiting, share in rows:
         standing = book.projects[row.id]
         items.append(
             ProjectQueue(
@@ -53,6 +53,7 @@ async def read(session: AsyncSession, principal: Principal, cluster: str | None,
                 borrowed={r: amount for r in RESOURCES if (amount := standing.borrowed(r)) > 0},
                 lent=lent.get(row.id, {}),
                 waiting=waiting,
+                fair_share=share,
                 jobs=jobs.get(row.id, []),
             )
         )

@@ -294,14 +294,15 @@ def queue(
     api_url: ApiUrl = None,
     token: Token = None,
 ) -> None:
-    """The queue of your cluster, per project: quota, what it holds, borrowed or lent, who waits and why."""
+    """The queue of your cluster, per project: quota, what it holds, borrowed or lent, its fair share
+    (smaller goes first among equal priorities), who waits and why."""
     with Client(api_url, token) as client:
         queues = client.queues(limit)
     if output_json:
         print(queues.model_dump_json(indent=2))
         return
     table = Table(show_edge=False, header_style="bold", title=f"cluster {escape(queues.cluster)}")
-    for column in ("PROJECT", "QUOTA", "HOLDS", "BORROWED", "LENT", "WAITING"):
+    for column in ("PROJECT", "QUOTA", "HOLDS", "BORROWED", "LENT", "SHARE", "WAITING"):
         table.add_column(column, overflow="fold")
     for item in queues.items:
         table.add_row(
@@ -310,6 +311,7 @@ def queue(
             amounts({name: amount for name, amount in item.usage.items() if amount}),
             amounts(item.borrowed),
             amounts(item.lent),
+            f"{item.fair_share:.0%}",
             str(item.waiting),
         )
     console.print(table)

@@ -34,8 +34,8 @@ class QueuedJobInfo(ResponseModel):
 
 class ProjectQueue(ResponseModel):
     """One project of a cluster as its queue stands: its quota, what its active jobs hold, what of
-    that is borrowed from its cohort, what of its own quota others of the cohort use (`lent`), and its
-    waiting jobs in admission order (the first `limit`; `waiting` counts them all)."""
+    that is borrowed from its cohort, what of its own quota others of the cohort use (`lent`), its fair
+    share, and its waiting jobs in admission order (the first `limit`; `waiting` counts them all)."""
 
     project: str
     quota: dict[str, float] = Field(default_factory=dict)
@@ -44,6 +44,9 @@ class ProjectQueue(ResponseModel):
     borrowed: dict[str, float] = Field(default_factory=dict)
     lent: dict[str, float] = Field(default_factory=dict)
     waiting: int = 0
+    # Its dominant share of the cluster: averaged with a half-life plus what it holds now. Of projects of
+    # equal priority, the smaller share is admitted first.
+    fair_share: float = 0.0
     jobs: list[QueuedJobInfo] = Field(default_factory=list)
 
 
