@@ -159,9 +159,14 @@ def up(
     node_ip: Annotated[str, typer.Option(help="this machine's address for Ray (set it for other machines to join)")] = (
         "127.0.0.1"
     ),
+    labels: Annotated[
+        list[str],
+        typer.Option(help="node labels, KEY=VALUE[,...], once per node in order (the head first): rack=a"),
+    ] = [],  # noqa: B006
 ) -> None:
     """Start the whole platform locally: PostgreSQL, a Ray head (and worker nodes), the API and a dispatcher."""
     stack = _server("api.stack.local")
+    node_labels = [_labels(text) for text in labels]
     try:
         state, started = stack.up(
             num_cpus=num_cpus,
@@ -171,9 +176,10 @@ def up(
             cpus_per_node=cpus_per_node,
             node_resources=_json_resources(resources, "--resources"),
             node_ip=node_ip,
+            node_labels=node_labels,
             say=lambda msg: console.print(f"[dim]•[/] {msg}"),
         )
-    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+    except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as exc:
         raise _fail(f"{exc}\n(`trainmaster down` cleans up a half-started stack)") from exc
     console.print(
         ("[green]trainmaster is up[/]" if started else "trainmaster is already running") + f": {state.api_url}"
@@ -191,6 +197,7 @@ def join(
     num_gpus: Annotated[int | None, typer.Option(help="GPUs to offer (default: detected)")] = None,
     resources: Annotated[str | None, typer.Option(help='custom resources, JSON: {"ssd": 1}')] = None,
     node_ip: Annotated[str | None, typer.Option(help="this machine's address, as the head reaches it")] = None,
+    labels: Annotated[str | None, typer.Option(help="node labels, KEY=VALUE[,...]: rack=r1,block=b2")] = None,
 ) -> None:
     """Add this machine to a trainmaster Ray cluster as a worker node (token auth on)."""
     from pathlib import Path
@@ -207,11 +214,21 @@ def join(
             num_gpus=num_gpus,
             resources=_json_resources(resources, "--resources"),
             node_ip=node_ip,
+            labels=_labels(labels) if labels else None,
         )
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         raise _fail(f"{exc}\n(check that {address} is reachable from here and the token is the head's)") from exc
     console.print(f"[green]joined[/] {address}; `trainmaster down` takes this machine out again")
     console.print("[dim]the same by hand: RAY_AUTH_MODE=token RAY_AUTH_TOKEN=<token> " + " ".join(command[1:]) + "[/]")
+
+
+def _labels(text: str) -> dict[str, str]:
+    from api.stack.ray_head import parse_labels
+
+    try:
+        return parse_labels(text)
+    except ValueError as exc:
+        raise _fail(f"--labels: {exc}") from exc
 
 
 def _json_resources(raw: str | None, option: str) -> dict[str, float] | None:

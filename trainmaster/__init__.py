@@ -32,6 +32,7 @@ from trainmaster.models import (
     KeepBest,
     PlacementStrategy,
     Scaling,
+    Topology,
 )
 
 __version__ = "0.1.0"
@@ -62,6 +63,7 @@ __all__ = [
     "PlacementStrategy",
     "Scaling",
     "ServiceUnavailable",
+    "Topology",
     "TrainmasterError",
     "Unauthorized",
     "ValidationFailed",

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 import trainmaster
-from trainmaster.context import ENV_WORKER_RANK, ClaimRefused, JobContext, post_event
+from trainmaster.context import ENV_LABEL_SELECTOR, ENV_WORKER_RANK, ClaimRefused, JobContext, post_event
 from trainmaster.models import JobSpec
 from workers import entrypoints, frameworks, job_output, run_snapshot, system_metrics, warm
 from workers.collectives.timeout import collective_timeout_s, explain_failure
@@ -34,6 +34,12 @@ def storage_path(context: JobContext) -> str:
     path = Path(raw).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     return str(path)
+
+
+def label_selector() -> dict[str, str] | None:
+    """The node labels every worker must carry: the domain admission placed a gang with a topology in."""
+    raw = os.environ.get(ENV_LABEL_SELECTOR)
+    return {str(k): str(v) for k, v in json.loads(raw).items()} if raw else None
 
 
 def train_worker(config: dict[str, Any]) -> Any:
@@ -112,6 +118,8 @@ def build_trainer(spec: JobSpec, context: JobContext) -> Any:
                 use_gpu=spec.uses_gpu,
                 resources_per_worker=resources,
                 placement_strategy=spec.scaling.placement_strategy.value,
+                # scaling.topology: the node-label domain admission chose (api/dispatcher/placement.py)
+                label_selector=label_selector(),  # type: ignore[call-arg]  # Ray Train v2's (mypy sees v1's)
             ),
             run=RunConfig(
                 name=context.job_id,

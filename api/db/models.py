@@ -205,6 +205,8 @@ class JobAttempt(Base):
     starting_s: Mapped[float | None] = mapped_column(Double)
     productive_s: Mapped[float | None] = mapped_column(Double)
     lost_s: Mapped[float | None] = mapped_column(Double)
+    # The node-label domain admission placed the gang inside (`scaling.topology`, 0021), e.g. {"rack": "r2"}.
+    selector: Mapped[dict[str, str] | None] = mapped_column(JSONB)
 
     job: Mapped[Job] = relationship(lazy="raise", back_populates="attempts")
 

@@ -46,6 +46,7 @@ async def admit_round(context: RoundContext) -> int:
         budget = {"CPU": total.get("CPU", 0.0) - held_cpus, "GPU": total.get("GPU", 0.0) - held_gpus}
         warning = storage_warning(settings.storage_path, cluster)  # the same for every job of the round
         admitted: list[QueuedJob] = []  # their attempts are written together, see start_attempts
+        selectors: dict[uuid.UUID, dict[str, str]] = {}  # the node-label domain of those with a topology
         reasons: dict[uuid.UUID, str] = {}  # the waiting jobs' new reasons, written together
         # Jobs that fail here, the round going on: their admission raised, or their code package is one
         # this dispatcher found cannot be unpacked (content-addressed: the same digest, the same bytes).
@@ -81,6 +82,8 @@ async def admit_round(context: RoundContext) -> int:
                 budget["GPU"] -= job.gang_gpus
                 book.take(job.project_id, need)
                 admitted.append(job)
+                if admission.selector:
+                    selectors[job.id] = admission.selector
             elif admission.decision is Decision.wait:
                 reason = admission.reason
                 reclaim = not held_by_quota and book.reclaims(job.project_id, need)
@@ -88,7 +91,9 @@ async def admit_round(context: RoundContext) -> int:
                     if settings.preemption:
                         # Priority preemption counts what active jobs hold in the database: the gangs
                         # admitted so far in this round must be written first. (Reclaim reads the book.)
-                        launches += await launch.start_attempts(context, session, admitted, now, warning)
+                        launches += await launch.start_attempts(
+                            context, session, admitted, now, warning, selectors=selectors
+                        )
                         admitted.clear()
                     waiting = await session.get_one(Job, job.id)  # locked already, by lock_queued
                     reclaiming = book if reclaim else None
@@ -98,7 +103,9 @@ async def admit_round(context: RoundContext) -> int:
                     reasons[job.id] = reason
             else:
                 await _infeasible(context, session, job, admission.reason, now)
-        launches += await launch.start_attempts(context, session, admitted, now, warning, reasons, failures)
+        launches += await launch.start_attempts(
+            context, session, admitted, now, warning, reasons, failures, selectors=selectors
+        )
     # The attempt rows are committed: only now may Ray hear of them.
     await launch.submit_all(context, launches)
     return len(launches)

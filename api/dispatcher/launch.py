@@ -27,7 +27,7 @@ from api.dispatcher.context import RoundContext
 from api.dispatcher.repository import QueuedJob
 from api.jobs.status import JOB_CHANNEL, record_event
 from api.settings import Settings
-from trainmaster.context import JobContext
+from trainmaster.context import ENV_LABEL_SELECTOR, JobContext
 from trainmaster.models import AttemptStatus, JobSpec
 
 log = logging.getLogger("trainmaster.dispatcher")
@@ -58,6 +58,7 @@ async def start_attempts(
     warning: str | None = None,
     reasons: Mapping[uuid.UUID, str] | None = None,
     failures: Mapping[uuid.UUID, tuple[str, str]] | None = None,
+    selectors: Mapping[uuid.UUID, dict[str, str]] | None = None,
 ) -> list[Launch]:
     """New attempt rows for the gangs an admission round admitted (committed by the caller before any
     submit) and the launches that go with them. Each job's status change to starting, attempt, events
@@ -67,8 +68,10 @@ async def start_attempts(
     the status machine lets become starting; one that may not (it left `queued` after the claim) gets
     nothing and is not launched, and the round goes on with the others. Nothing here reads or unpacks
     code (that waits for the commit: `submit_all`), and a launch that cannot be built is returned
-    refused, for `submit_all` to fail its job alone."""
+    refused, for `submit_all` to fail its job alone. `selectors`: the node-label domain each gang with
+    a topology was placed inside."""
     settings = context.settings
+    selectors = selectors or {}
     claims = [new_token() for _ in admitted]  # each job token row is written with its claim's hash
     gangs = [
         repo.Gang(
@@ -76,7 +79,9 @@ async def start_attempts(
             job.attempts + 1,
             submission_id(job.id, job.attempts + 1),
             hash_token(claim),
-            f"admitted; attempt {job.attempts + 1} ({submission_id(job.id, job.attempts + 1)})",
+            f"admitted; attempt {job.attempts + 1} ({submission_id(job.id, job.attempts + 1)})"
+            + "".join(f" inside {key}={value}" for key, value in (selectors.get(job.id) or {}).items()),
+            selectors.get(job.id),
         )
         for job, claim in zip(admitted, claims, strict=True)
     ]
@@ -96,18 +101,21 @@ async def start_attempts(
             log.warning(json.dumps({"event": "start_refused", "job_id": str(gang.job.id), "reason": "not queued"}))
             continue
         try:
-            launches.append(build(settings, gang.job, LaunchSpec.stored(gang.job.spec), gang.n, claim))
+            spec = LaunchSpec.stored(gang.job.spec)
+            launches.append(build(settings, gang.job, spec, gang.n, claim, gang.selector))
         except Exception as exc:  # this job's spec, or a bug: its job fails, the round goes on
             log.exception(json.dumps({"event": "build_failed", "job_id": str(gang.job.id)}))
             launches.append(refused(gang.job, gang.n, f"the launch could not be built: {type(exc).__name__}: {exc}"))
     return launches
 
 
-async def prepare(settings: Settings, session: AsyncSession, job: Job, spec: JobSpec, n: int) -> Launch:
-    """A fresh job token claim for one submit of attempt `n` (first or repeated); the code is unpacked
-    by `submit_all`, outside the caller's transaction."""
+async def prepare(
+    settings: Settings, session: AsyncSession, job: Job, spec: JobSpec, n: int, selector: dict[str, str] | None
+) -> Launch:
+    """A fresh job token claim for one submit of attempt `n` (first or repeated; `selector`, the domain
+    it was admitted into); the code is unpacked by `submit_all`, outside the caller's transaction."""
     claim = await create_job_token(session, job.project_id, job.id, n)
-    return build(settings, job, spec, n, claim)
+    return build(settings, job, spec, n, claim, selector)
 
 
 def refused(job: JobRef, n: int, why: str) -> Launch:
@@ -177,10 +185,17 @@ async def with_code(context: RoundContext, launch: Launch) -> Launch:
     return replace(launch, runtime_env={**launch.runtime_env, "working_dir": str(folder)})
 
 
-def build(settings: Settings, job: JobRef, spec: JobSpec | LaunchSpec, n: int, claim: str) -> Launch:
+def build(
+    settings: Settings,
+    job: JobRef,
+    spec: JobSpec | LaunchSpec,
+    n: int,
+    claim: str,
+    selector: dict[str, str] | None = None,
+) -> Launch:
     """Attempt `n`'s launch. It carries the claim of its job token, never the token: every job on the
     cluster can read a launch's environment through Ray's Jobs API, and the driver exchanges the claim
-    once (JobContext.claimed)."""
+    once (JobContext.claimed). `selector`: the node-label domain its workers must stay inside."""
     if isinstance(spec, JobSpec):
         spec = LaunchSpec.of(spec)
     context = JobContext(
@@ -199,6 +214,8 @@ def build(settings: Settings, job: JobRef, spec: JobSpec | LaunchSpec, n: int, c
         "RAY_CHDIR_TO_TRIAL_DIR": "0",  # workers run in the job's working directory
         "RAY_DEDUP_LOGS": "0",  # every rank's line is stored: Ray would fold lines that differ in numbers
     }
+    if selector:
+        env[ENV_LABEL_SELECTOR] = json.dumps(selector)
     runtime_env: dict[str, object] = {"env_vars": env}
     if spec.pip:
         runtime_env["pip"] = list(spec.pip)

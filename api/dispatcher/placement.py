@@ -33,6 +33,7 @@ class Node:
     total: Resources
     free: Resources
     ip: str = ""
+    labels: dict[str, str] = field(default_factory=dict)  # `ray start --labels rack=r1`
 
     @property
     def label(self) -> str:
@@ -117,6 +118,9 @@ class Admission:
     decision: Decision
     reason: str
     placement: dict[str, list[Resources]] = field(default_factory=dict)
+    # The node label value the gang was placed inside (`scaling.topology`), which its launch asks Ray
+    # Train to keep its workers in (ScalingConfig.label_selector); None: anywhere.
+    selector: dict[str, str] | None = None
 
 
 def gang(spec: JobSpec | Scaling, driver: Resources) -> list[Resources]:
@@ -131,6 +135,8 @@ def gang(spec: JobSpec | Scaling, driver: Resources) -> list[Resources]:
 def admit(spec: JobSpec | Scaling, cluster: Cluster, driver: Resources) -> Admission:
     """Whether the gang of `spec` (a whole JobSpec, or only its `scaling`: all placement reads) fits."""
     scaling = _scaling(spec)
+    if scaling.topology is not None:
+        return admit_in_domain(scaling, cluster, driver)
     bundles = gang(scaling, driver)
     strategy = scaling.placement_strategy
     need = describe(scaling)
@@ -175,6 +181,75 @@ def admit(spec: JobSpec | Scaling, cluster: Cluster, driver: Resources) -> Admis
     return Admission(Decision.admit, f"fits: {need}", by_node)
 
 
+def admit_in_domain(scaling: Scaling, cluster: Cluster, driver: Resources) -> Admission:
+    """A gang with a `topology`: its workers inside one value of a node label (the driver's bundle goes
+    where Ray puts the driver, anywhere). The domains are tried the most free first; `required` waits
+    (or can never fit) when none has room, naming the domains it considered; `preferred` is then placed
+    across the cluster as any gang, as few nodes as first-fit takes."""
+    assert scaling.topology is not None
+    label, required = scaling.topology.label, scaling.topology.required is not None
+    workers = gang(scaling, {})
+    need = describe(scaling)
+    domains: dict[str, list[int]] = {}
+    for index, node in enumerate(cluster.nodes):
+        if label in node.labels:
+            domains.setdefault(node.labels[label], []).append(index)
+
+    def fits(indices: list[int], free: bool) -> dict[int, list[Resources]] | None:
+        capacities = [cluster.nodes[i].free if free else cluster.nodes[i].total for i in indices]
+        placed = _place(workers, capacities, scaling.placement_strategy, scaling.num_workers)
+        return None if placed is None else {indices[i]: bundles for i, bundles in placed.items()}
+
+    def seen(free: bool) -> str:
+        def amounts(i: int) -> Resources:
+            return cluster.nodes[i].free if free else cluster.nodes[i].total
+
+        shown = [
+            f"{label}={value} {_fmt(_sum(amounts(i) for i in indices))}"
+            for value, indices in sorted(domains.items())[:8]
+        ]
+        more = f" and {len(domains) - 8} more" if len(domains) > 8 else ""
+        return ", ".join(shown) + more if shown else f"no node carries the label {label!r}"
+
+    ever = [value for value, indices in domains.items() if fits(indices, free=False) is not None]
+    if required and not ever:
+        return Admission(
+            Decision.infeasible,
+            f"can never fit inside one {label}: needs {need}; in all: {seen(free=False)}."
+            f" Label more nodes (ray start --labels {label}=...), or ask for fewer.",
+        )
+    by_room = sorted(ever, key=lambda v: _order_key(_sum(cluster.nodes[i].free for i in domains[v])))
+    for value in by_room:
+        placed = fits(domains[value], free=True)
+        if placed is not None and (admission := _with_driver(placed, cluster, driver, need)) is not None:
+            admission.reason += f" inside {label}={value}"
+            admission.selector = {label: value}
+            return admission
+    if required:
+        return Admission(Decision.wait, f"waiting for room inside one {label}: needs {need}; free: {seen(free=True)}")
+    anywhere = admit(scaling.model_copy(update={"topology": None}), cluster, driver)
+    if anywhere.decision is Decision.admit:
+        anywhere.reason += f" across {label}s (no single {label} had room: {seen(free=True)})"
+    return anywhere
+
+
+def _with_driver(
+    placed: dict[int, list[Resources]], cluster: Cluster, driver: Resources, need: str
+) -> Admission | None:
+    """The workers' placement plus the driver's bundle on a node with room left, as by-node-id bundles."""
+    by_node = {cluster.nodes[index].node_id: list(bundles) for index, bundles in placed.items()}
+    if any(amount > 0 for amount in driver.values()):
+        left = {index: dict(cluster.nodes[index].free) for index in range(len(cluster.nodes))}
+        for index, bundles in placed.items():
+            for bundle in bundles:
+                _take(bundle, left[index])
+        spot = next((index for index, room in left.items() if _fits(driver, room)), None)
+        if spot is None:
+            return None
+        by_node.setdefault(cluster.nodes[spot].node_id, []).append(dict(driver))
+    return Admission(Decision.admit, f"fits: {need}", by_node)
+
+
 def nodes_free(cluster: Cluster, limit: int = 8, *, free: bool = True) -> str:
     """Each node's free (or total) resources, the most first, for reasons a person reads. Free
     resources are ranked in the order placement tries the nodes (`Cluster.free_order`, kept by
@@ -200,7 +275,10 @@ def describe(spec: JobSpec | Scaling) -> str:
     per_worker = scaling.worker_resources()
     n = scaling.num_workers
     parts = [f"{_num(amount * n)} {name}" for name, amount in per_worker.items() if name != "memory"]
-    return f"{', '.join(parts)} as {n} x {_fmt(per_worker)} {scaling.placement_strategy.value}"
+    where = ""
+    if scaling.topology is not None:
+        where = f" inside one {scaling.topology.required}" if scaling.topology.required else ""
+    return f"{', '.join(parts)} as {n} x {_fmt(per_worker)} {scaling.placement_strategy.value}{where}"
 
 
 def _scaling(spec: JobSpec | Scaling) -> Scaling:

@@ -104,7 +104,8 @@ class RayJobsBackend:
             known = {name: pair for name, pair in usage.items() if name in names}
             total = {names[name]: float(pair[1]) for name, pair in known.items()}
             free = {names[name]: float(pair[1]) - float(pair[0]) for name, pair in known.items()}
-            nodes.append(Node(node_id=node_id, total=total, free=free, ip=state.get("node_ip") or ""))
+            labels = {str(k): str(v) for k, v in (state.get("labels") or {}).items()}  # `ray start --labels`
+            nodes.append(Node(node_id=node_id, total=total, free=free, ip=state.get("node_ip") or "", labels=labels))
         return Cluster(nodes=nodes)
 
     def close(self) -> None:

@@ -208,7 +208,7 @@ async def _resubmit_pending(context: RoundContext, job_id: uuid.UUID, sub_id: st
             attempt.error = f"not launched within {waited:.0f} s: {attempt.error or 'Ray did not accept it'}"
             await _after_failure(held.session, job, attempt.error)
             return
-        again = await launch.prepare(context.settings, held.session, job, spec, attempt.n)
+        again = await launch.prepare(context.settings, held.session, job, spec, attempt.n, attempt.selector)
     await launch.submit(context, again)
 
 

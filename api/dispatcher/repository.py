@@ -185,7 +185,7 @@ ROUND_WRITES = text(
         UPDATE jobs j SET status = 'starting', lease_owner = :owner, lease_expires_at = :lease_expires_at,
                           pending_reason = NULL, infeasible_since = NULL
         FROM jsonb_to_recordset(CAST(:gangs AS jsonb))
-             AS g(at int, job_id uuid, n int, submission_id text, message text, payload text),
+             AS g(at int, job_id uuid, n int, submission_id text, message text, payload text, selector jsonb),
              jobs old
         WHERE j.id = g.job_id AND old.id = g.job_id AND old.status = ANY(CAST(:sources AS job_status[]))
         RETURNING g.*, old.status AS left_status
@@ -198,8 +198,8 @@ ROUND_WRITES = text(
         RETURNING f.*, old.status AS left_status
     ),
     attempts AS (
-        INSERT INTO job_attempts (job_id, n, ray_submission_id, status)
-        SELECT s.job_id, s.n, s.submission_id, 'pending' FROM started s
+        INSERT INTO job_attempts (job_id, n, ray_submission_id, status, selector)
+        SELECT s.job_id, s.n, s.submission_id, 'pending', s.selector FROM started s
     ),
     tokens AS (
         INSERT INTO api_tokens (id, project_id, job_id, token_hash, description, attempt)
@@ -247,6 +247,7 @@ class Gang:
     submission_id: str
     token_hash: str  # of its job token's claim (launch.build): the row authenticates nothing until claimed
     message: str
+    selector: dict[str, str] | None = None  # the node-label domain it was placed inside (topology)
 
 
 async def write_round(
@@ -278,6 +279,7 @@ async def write_round(
             "project_id": str(gang.job.project_id),
             "token_hash": gang.token_hash,
             "payload": json.dumps({"job_id": str(gang.job.id), "status": JobStatus.starting.value}),
+            "selector": gang.selector,
         }
         for at, gang in enumerate(gangs)
     ]

@@ -116,14 +116,19 @@ def up(
     cpus_per_node: float = 1.0,
     node_resources: dict[str, float] | None = None,
     node_ip: str = "127.0.0.1",
+    node_labels: list[dict[str, str]] | None = None,
     say: Any = print,
 ) -> tuple[StackState, bool]:
     """Start what is not running; returns (state, started_anything).
 
     `nodes` > 1 adds nodes - 1 Ray worker nodes on this machine, each its own raylet with
     `cpus_per_node` CPUs, a resource `tm_node_<i>: 1` naming it, and `node_resources`: multi-node
-    behaviour (spread gangs, fragmentation, a lost node) on one laptop.
+    behaviour (spread gangs, fragmentation, a lost node) on one laptop. `node_labels[i]` labels node
+    i (the head is 0), e.g. racks for `scaling.topology`.
     """
+    node_labels = node_labels or []
+    if len(node_labels) > nodes:
+        raise ValueError(f"{len(node_labels)} sets of node labels for {nodes} node(s): give at most one per node")
     existing = load_state()
     if existing is not None and all(component["healthy"] for component in status(existing).values()):
         return existing, False
@@ -149,6 +154,7 @@ def up(
         num_gpus=num_gpus,
         node_ip=node_ip,
         log_path=root / "logs" / "ray-start.log",
+        labels=node_labels[0] if node_labels else None,
     )
     worker_dirs = []
     for index in range(1, nodes):
@@ -163,6 +169,7 @@ def up(
             resources={f"tm_node_{index}": 1.0, **(node_resources or {})},
             node_ip=node_ip,
             log_path=root / "logs" / "ray-start.log",
+            labels=node_labels[index] if index < len(node_labels) else None,
         )
         worker_dirs.append(str(folder))
     wait_for(lambda: len(_nodes(head)) >= nodes, 120, f"{nodes} Ray node(s) to register", where=str(root / "logs"))
@@ -288,6 +295,7 @@ def join(
     num_gpus: int | None = None,
     resources: dict[str, float] | None = None,
     node_ip: str | None = None,
+    labels: dict[str, str] | None = None,
 ) -> list[str]:
     """Add this machine to a cluster as a Ray worker node; `trainmaster down` takes it out again."""
     root = home()
@@ -305,6 +313,7 @@ def join(
         resources=resources,
         node_ip=node_ip,
         log_path=root / "logs" / "ray-join.log",
+        labels=labels,
     )
     node_state_path().write_text(json.dumps({"gcs_address": gcs_address, "temp_dir": str(folder)}))
     return command

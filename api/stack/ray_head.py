@@ -115,6 +115,7 @@ def start(
     node_ip: str = "127.0.0.1",
     log_path: Path | None = None,
     ready_timeout_s: float = 120.0,
+    labels: dict[str, str] | None = None,
 ) -> RayHead:
     """`ray start --head` on 127.0.0.1; returns once the head reports its CPUs.
 
@@ -143,6 +144,8 @@ def start(
         command.append(f"--num-cpus={num_cpus}")
     if num_gpus is not None:
         command.append(f"--num-gpus={num_gpus}")
+    if labels:
+        command.append(label_flag(labels))
     head = RayHead(f"http://127.0.0.1:{dashboard_port}", f"127.0.0.1:{gcs_port}", token_path, temp_dir)
     _run(command, head.env, log_path, "`ray start --head`")
     wanted = float(num_cpus) if num_cpus is not None else None
@@ -153,6 +156,22 @@ def start(
 
     wait_for(ready, ready_timeout_s, "the Ray head to report its resources", where=str(log_path or temp_dir))
     return head
+
+
+def label_flag(labels: dict[str, str]) -> str:
+    """`ray start --labels key1=val1,key2=val2`."""
+    return "--labels=" + ",".join(f"{key}={value}" for key, value in labels.items())
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """`rack=r1,block=b2` -> {"rack": "r1", "block": "b2"}; ValueError naming what is wrong."""
+    labels = {}
+    for pair in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"a label is KEY=VALUE (e.g. rack=r1), not {pair!r}")
+        labels[key.strip()] = value.strip()
+    return labels
 
 
 JOIN_TRIES = 3  # `ray start` of a worker node, when it timed out waiting for its raylet to register
@@ -168,10 +187,12 @@ def join(
     resources: dict[str, float] | None = None,
     node_ip: str | None = None,
     log_path: Path | None = None,
+    labels: dict[str, str] | None = None,
 ) -> list[str]:
     """Add a node to the cluster whose GCS is at `gcs_address` (this machine or another), with token
-    auth. Several nodes may run on one machine, each with its own `temp_dir` (which is also how
-    `stop` finds its processes). Returns the `ray start` command, for people to repeat by hand."""
+    auth and node `labels` (`rack=r1`: what a job's `scaling.topology` names). Several nodes may run
+    on one machine, each with its own `temp_dir` (which is also how `stop` finds its processes).
+    Returns the `ray start` command, for people to repeat by hand."""
     command = [
         bin_path("ray"),
         "start",
@@ -188,6 +209,8 @@ def join(
         command.append(f"--num-gpus={num_gpus}")
     if resources:
         command.append(f"--resources={json.dumps(resources)}")
+    if labels:
+        command.append(label_flag(labels))
     what = f"`ray start --address={gcs_address}`"
     tries = 1
     while True:

@@ -18,7 +18,12 @@ from tests.e2e.conftest import REPO, TRAINMASTER, stop, wait_until
 
 
 def start_ray_head(
-    num_cpus: int = 4, num_gpus: int = 0, *, ports: tuple[int, int] | None = None, token: str | None = None
+    num_cpus: int = 4,
+    num_gpus: int = 0,
+    *,
+    ports: tuple[int, int] | None = None,
+    token: str | None = None,
+    labels: dict[str, str] | None = None,
 ) -> RayHead:
     """A new head (the same code `trainmaster up` runs). With the `ports` (GCS, dashboard) and `token`
     of a stopped head: that head restarted, a fresh cluster at the same address."""
@@ -28,7 +33,13 @@ def start_ray_head(
     token_path.write_text(token or secrets.token_hex(32))
     with one_start_at_a_time():
         return ray_head.start(
-            folder / "ray", token_path, num_cpus=num_cpus, num_gpus=num_gpus, ports=ports, log_path=folder / "start.log"
+            folder / "ray",
+            token_path,
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            ports=ports,
+            log_path=folder / "start.log",
+            labels=labels,
         )
 
 
@@ -78,7 +89,7 @@ class MultiNode:
     head: RayHead
     nodes: list[Path] = field(default_factory=list)  # temp dirs of the worker nodes
 
-    def add_node(self, num_cpus: float, resources: dict[str, float]) -> Path:
+    def add_node(self, num_cpus: float, resources: dict[str, float], labels: dict[str, str] | None = None) -> Path:
         folder = Path(tempfile.mkdtemp(prefix="tmn-", dir="/tmp"))
         before = len(self.node_ids())
         with one_start_at_a_time():
@@ -90,20 +101,23 @@ class MultiNode:
                 num_gpus=0,
                 resources=resources,
                 log_path=folder / "join.log",
+                labels=labels,
             )
         wait_until(lambda: len(self.node_ids()) > before, 60, interval=0.5, what="the new node to register")
         self.nodes.append(folder)
         return folder
 
-    def node_ids(self) -> list[str]:
+    def node_ids(self, **labels: str) -> list[str]:
+        """The alive nodes (those carrying every one of `labels`), as the dispatcher reads them."""
         from api.dispatcher.backend import RayUnavailable
         from api.dispatcher.ray_jobs import RayJobsBackend
 
         try:
             backend = RayJobsBackend(self.head.dashboard, token=self.head.token_path.read_text().strip())
-            return [node.node_id for node in backend.cluster().nodes]
+            nodes = backend.cluster().nodes
         except RayUnavailable:
             return []
+        return [node.node_id for node in nodes if labels.items() <= node.labels.items()]
 
     def kill_raylet(self, folder: Path) -> None:
         """SIGKILL the node's raylet, as a machine that dies would leave it."""

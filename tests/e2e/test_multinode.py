@@ -2,7 +2,8 @@
 resources, under the real API and dispatcher processes.
 
 The cluster is shared by the module: a head with 1 CPU and two worker nodes with 1 CPU each (the
-machine has 2 cores; Ray counts the CPUs it is told). Tests that need more add nodes and remove them.
+machine has 2 cores; Ray counts the CPUs it is told), the head in rack a and the two others in rack b
+(`ray start --labels`). Tests that need more add nodes and remove them.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[MultiNode]:
-    multi = MultiNode(start_ray_head(num_cpus=1))
+    multi = MultiNode(start_ray_head(num_cpus=1, labels={"rack": "a"}))
     try:
         for index in (1, 2):
-            multi.add_node(1, {f"tm_node_{index}": 1})
+            multi.add_node(1, {f"tm_node_{index}": 1}, labels={"rack": "b"})
         yield multi
     finally:
         multi.stop()
@@ -100,10 +101,17 @@ def test_strict_spread_gang_runs_one_worker_per_node_with_the_uploaded_code(
     all_cpus_free(cluster)
 
 
-def test_gang_fitting_no_single_node_waits_with_node_reasons_until_a_node_joins(
+def test_a_rack_bound_gang_lands_in_its_rack_while_a_gang_fitting_no_node_waits_for_one_to_join(
     mstack: Stack, cluster: MultiNode
 ) -> None:
     with mstack.client() as client:
+        # scaling.topology: 2 workers inside one rack fit only rack b (rack a is the head's one CPU).
+        racked = client.submit(
+            name="rack-2",
+            entrypoint="builtin:mlp",
+            scaling=tm.Scaling(num_workers=2, topology=tm.Topology(required="rack")),
+            config=small_mlp(epochs=1),
+        )
         job = client.submit(
             name="pack-2",
             entrypoint="builtin:mlp",
@@ -126,6 +134,13 @@ def test_gang_fitting_no_single_node_waits_with_node_reasons_until_a_node_joins(
             assert [a.n for a in done.attempts] == [1]  # admitted as it was, never resubmitted
             [started] = started_events(client, job.id)
             assert len({w["node_id"] for w in started.data["workers"]}) == 1
+            placed = wait_for(client, racked.id, TERMINAL, timeout=300)
+            assert placed.status is tm.JobStatus.succeeded, placed.error
+            [racked_started] = started_events(client, racked.id)
+            rack_b = set(cluster.node_ids(rack="b"))
+            assert len(rack_b) == 2 and {w["node_id"] for w in racked_started.data["workers"]} == rack_b
+            admitted = [e.message or "" for e in client.events(racked.id) if e.status is tm.JobStatus.starting]
+            assert admitted and admitted[0].endswith("inside rack=b"), admitted
         finally:
             all_cpus_free(cluster)
             cluster.stop_node(bigger)

@@ -93,3 +93,16 @@ def test_a_join_whose_raylet_was_slow_to_register_is_stopped_and_tried_again(
         retried = outcome.startswith("timed out")
         assert len(runs) == (ray_head.JOIN_TRIES if retried else 1)
         assert stopped == [node] * (len(runs) - 1)
+
+
+def test_node_labels_are_parsed_and_given_to_ray_start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert ray_head.parse_labels("rack=r1, block=b2") == {"rack": "r1", "block": "b2"}
+    for bad in ("rack", "=r1", "rack=", "rack=r1,zone"):
+        with pytest.raises(ValueError, match="KEY=VALUE"):
+            ray_head.parse_labels(bad)
+    commands: list[list[str]] = []
+    monkeypatch.setattr(ray_head, "_run", lambda command, *args: commands.append(command))
+    ray_head.join("127.0.0.1:6379", tmp_path / "token", tmp_path / "ray", labels={"rack": "r1", "block": "b2"})
+    assert "--labels=rack=r1,block=b2" in commands[0]
+    with pytest.raises(ValueError, match="2 sets of node labels for 1 node"):
+        local.up(nodes=1, node_labels=[{"rack": "a"}, {"rack": "b"}])  # refused before anything starts

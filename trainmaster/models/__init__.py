@@ -47,6 +47,7 @@ from trainmaster.models.jobs import (
     KeepBest,
     PlacementStrategy,
     Scaling,
+    Topology,
 )
 from trainmaster.models.metrics import (
     MAX_ATTEMPT,
@@ -141,6 +142,7 @@ __all__ = [
     "TokenInfo",
     "TokenList",
     "TokenSpec",
+    "Topology",
     "UsageReport",
     "UsageRow",
     "WholeNumber",

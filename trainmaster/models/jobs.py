@@ -97,11 +97,31 @@ class Framework(str, enum.Enum):
 SCRIPT_ONLY_FRAMEWORKS = frozenset({Framework.mpi, Framework.horovod})  # programs started by mpirun
 
 
+class Topology(RequestModel):
+    """Where a gang's workers go, by a node label (`ray start --labels rack=r1`): `required`, all inside
+    one value of that label; `preferred`, inside one if any has room, else across as few as placement
+    needs. Exactly one of the two."""
+
+    required: LabelKey | None = None
+    preferred: LabelKey | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Topology:
+        if (self.required is None) == (self.preferred is None):
+            raise ValueError("give exactly one of required or preferred: the node label, e.g. rack")
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.required or self.preferred or ""
+
+
 class Scaling(RequestModel):
     num_workers: WholeNumber = Field(default=1, ge=1, le=MAX_NUM_WORKERS)
     use_gpu: bool = Field(default=False, strict=True)
     resources_per_worker: dict[ResourceName, float] | None = None
     placement_strategy: PlacementStrategy = PlacementStrategy.PACK
+    topology: Topology | None = None
 
     @field_validator("resources_per_worker")
     @classmethod
