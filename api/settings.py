@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     # sampled by admission rounds this often.
     fair_share_half_life_s: float = Field(default=86400.0, gt=0)
     fair_share_sample_s: float = Field(default=30.0, gt=0)
+    # How often Ray Train considers growing an elastic gang (`scaling.num_workers: {min, max}`) toward
+    # its maximum while it runs (ScalingConfig.elastic_resize_monitor_interval_s; Ray's default 60 s).
+    elastic_resize_interval_s: float = Field(default=60.0, ge=0)
 
 
 @lru_cache(maxsize=1)

@@ -95,6 +95,9 @@ class PlacementCallback(ControllerCallback, WorkerGroupCallback):
     def __init__(self) -> None:
         self.node_of_rank: dict[int, dict[str, str]] = {}
         self.group_starts = 0
+        self.size = 0  # workers in the group that started last
+        self.nodes: set[str] = set()  # and the nodes they ran on
+        self.why = ""  # what ended that group: a loss, or Ray Train's elastic policy growing it
 
     def after_controller_state_update(self, previous_state: Any, current_state: Any) -> None:
         kind = type(current_state).__name__
@@ -110,7 +113,11 @@ class PlacementCallback(ControllerCallback, WorkerGroupCallback):
         elif kind in ("RestartingState", "ReschedulingState", "ErroredState"):
             error = getattr(current_state, "training_failed_error", None)
             if error is not None:
-                post_event("workers_lost", *lost_workers(error, self.node_of_rank, restarts=kind != "ErroredState"))
+                message, data = lost_workers(error, self.node_of_rank, restarts=kind != "ErroredState")
+                post_event("workers_lost", message, data)
+                self.why = f"worker rank(s) {data['ranks']} lost" if data["ranks"] else "worker(s) lost"
+        elif kind == "ResizingState":
+            self.why = "room freed up: Ray Train's elastic policy grows the gang toward its maximum"
 
     def after_worker_group_start(self, worker_group: Any) -> None:
         self.group_starts += 1
@@ -123,6 +130,17 @@ class PlacementCallback(ControllerCallback, WorkerGroupCallback):
             f"{len(workers)} worker(s) on {len(nodes)} node(s): {', '.join(nodes)}{restart}",
             {"workers": workers[:MAX_LISTED_WORKERS], "num_workers": len(workers), "nodes": nodes},
         )
+        if self.size and len(workers) != self.size:
+            # The API moves what the job holds to the new size (api/jobs/service.py, add_event).
+            why = self.why or "Ray Train restarted the group"
+            if gone := sorted(self.nodes - set(nodes)):
+                why += f" on node(s) {', '.join(gone)}"  # the group's nodes that the new one is without
+            post_event(
+                "resized",
+                f"{self.size} -> {len(workers)} workers: {why}",
+                {"from": self.size, "to": len(workers), "why": why},
+            )
+        self.size, self.nodes, self.why = len(workers), set(nodes), ""
 
 
 def describe_worker(worker: Any) -> dict[str, Any]:

@@ -21,7 +21,14 @@ from typing import Any
 import httpx
 
 import trainmaster
-from trainmaster.context import ENV_LABEL_SELECTOR, ENV_WORKER_RANK, ClaimRefused, JobContext, post_event
+from trainmaster.context import (
+    ENV_ELASTIC_RESIZE_S,
+    ENV_LABEL_SELECTOR,
+    ENV_WORKER_RANK,
+    ClaimRefused,
+    JobContext,
+    post_event,
+)
 from trainmaster.models import JobSpec
 from workers import entrypoints, frameworks, job_output, run_snapshot, system_metrics, warm
 from workers.collectives.timeout import collective_timeout_s, explain_failure
@@ -34,6 +41,30 @@ def storage_path(context: JobContext) -> str:
     path = Path(raw).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     return str(path)
+
+
+ELASTIC_RESTARTS = 3  # an elastic gang's group restarts (smaller) after lost workers, when max_failures is 0
+
+
+def failures_allowed(spec: JobSpec) -> int:
+    """Ray Train's max_failures: the job's; an elastic gang that left it 0 restarts smaller instead of
+    failing its attempt on the first lost worker, ELASTIC_RESTARTS times."""
+    return spec.max_failures or (ELASTIC_RESTARTS if spec.scaling.elastic else 0)
+
+
+def ray_scaling(spec: JobSpec) -> dict[str, Any]:
+    """Ray Train's ScalingConfig (v2's: mypy knows v1's, hence a dict) for the job's gang."""
+    scaling = spec.scaling
+    return {
+        # an elastic gang ({min, max}): Ray Train's elastic policy between the two
+        "num_workers": (scaling.min_workers, scaling.max_workers) if scaling.elastic else scaling.min_workers,
+        "elastic_resize_monitor_interval_s": float(os.environ.get(ENV_ELASTIC_RESIZE_S, "60")),
+        "use_gpu": spec.uses_gpu,
+        "resources_per_worker": scaling.worker_resources(),
+        "placement_strategy": scaling.placement_strategy.value,
+        # scaling.topology: the node-label domain admission chose (api/dispatcher/placement.py)
+        "label_selector": label_selector(),
+    }
 
 
 def label_selector() -> dict[str, str] | None:
@@ -96,7 +127,6 @@ def build_trainer(spec: JobSpec, context: JobContext) -> Any:
         entrypoints.resolve(spec.entrypoint)  # fail here, with a clear message, not in every worker
         tm = {"mode": "function", "entrypoint": spec.entrypoint}
     tm["framework"] = spec.framework.value
-    resources = spec.scaling.worker_resources()
     storage = storage_path(context)
     # On local storage the dispatcher's collector deletes what the policy, pins and retention leave
     # (api/checkpoints/lifecycle.py), and marks it in the API; Ray deleting too would remove pinned or
@@ -113,18 +143,11 @@ def build_trainer(spec: JobSpec, context: JobContext) -> Any:
             spec,
             train_fn=train_worker,
             config={**spec.config, "_trainmaster": tm},
-            scaling=ScalingConfig(
-                num_workers=spec.scaling.num_workers,
-                use_gpu=spec.uses_gpu,
-                resources_per_worker=resources,
-                placement_strategy=spec.scaling.placement_strategy.value,
-                # scaling.topology: the node-label domain admission chose (api/dispatcher/placement.py)
-                label_selector=label_selector(),  # type: ignore[call-arg]  # Ray Train v2's (mypy sees v1's)
-            ),
+            scaling=ScalingConfig(**ray_scaling(spec)),
             run=RunConfig(
                 name=context.job_id,
                 storage_path=storage,
-                failure_config=FailureConfig(max_failures=spec.max_failures),
+                failure_config=FailureConfig(max_failures=failures_allowed(spec)),
                 checkpoint_config=CheckpointConfig(num_to_keep=ray_keeps),
                 # JobTokenCallback first: the controller and the workers hold the job token before anything reports
                 callbacks=[JobTokenCallback(context.token), TrainmasterCallback(), PlacementCallback()],  # type: ignore[list-item]

@@ -27,7 +27,7 @@ from api.dispatcher.context import RoundContext
 from api.dispatcher.repository import QueuedJob
 from api.jobs.status import JOB_CHANNEL, record_event
 from api.settings import Settings
-from trainmaster.context import ENV_LABEL_SELECTOR, JobContext
+from trainmaster.context import ENV_ELASTIC_RESIZE_S, ENV_LABEL_SELECTOR, JobContext
 from trainmaster.models import AttemptStatus, JobSpec
 
 log = logging.getLogger("trainmaster.dispatcher")
@@ -213,6 +213,7 @@ def build(
         **context.to_env(),
         "RAY_CHDIR_TO_TRIAL_DIR": "0",  # workers run in the job's working directory
         "RAY_DEDUP_LOGS": "0",  # every rank's line is stored: Ray would fold lines that differ in numbers
+        ENV_ELASTIC_RESIZE_S: f"{settings.elastic_resize_interval_s:g}",
     }
     if selector:
         env[ENV_LABEL_SELECTOR] = json.dumps(selector)

@@ -126,7 +126,7 @@ class Admission:
 def gang(spec: JobSpec | Scaling, driver: Resources) -> list[Resources]:
     """The bundles a job needs: one per worker, plus the driver's (when it asks for anything)."""
     scaling = _scaling(spec)
-    bundles = [dict(scaling.worker_resources()) for _ in range(scaling.num_workers)]
+    bundles = [dict(scaling.worker_resources()) for _ in range(scaling.min_workers)]  # elastic: its minimum
     if any(amount > 0 for amount in driver.values()):
         bundles.append(dict(driver))
     return bundles
@@ -141,11 +141,11 @@ def admit(spec: JobSpec | Scaling, cluster: Cluster, driver: Resources) -> Admis
     strategy = scaling.placement_strategy
     need = describe(scaling)
     # Every worker's bundle is the same: the shape is the description, the worker's and the driver's bundle.
-    shape = (need, scaling.num_workers, tuple(sorted(bundles[0].items())), tuple(sorted(driver.items())))
+    shape = (need, scaling.min_workers, tuple(sorted(bundles[0].items())), tuple(sorted(driver.items())))
     feasible = cluster._memo.get(("feasible", *shape))
     if feasible is None:
         totals = cluster._kept("total list", lambda: [node.total for node in cluster.nodes])
-        feasible = _place(bundles, totals, strategy, scaling.num_workers, cluster._total_keys()) is not None
+        feasible = _place(bundles, totals, strategy, scaling.min_workers, cluster._total_keys()) is not None
         cluster._memo[("feasible", *shape)] = feasible
     if not feasible:
         total = _fmt(cluster.total())
@@ -161,7 +161,7 @@ def admit(spec: JobSpec | Scaling, cluster: Cluster, driver: Resources) -> Admis
     placement = None
     if ("no room", *shape) not in cluster._memo:
         room = cluster._kept("free list", lambda: [node.free for node in cluster.nodes])  # changed in place
-        placement = _place(bundles, room, strategy, scaling.num_workers, cluster._free_keys())
+        placement = _place(bundles, room, strategy, scaling.min_workers, cluster._free_keys())
     if placement is None:
         # Free resources only shrink during a round, so a shape that found no room finds none later
         # in the round: only its reason (the free resources now) is written again after a reserve.
@@ -197,7 +197,7 @@ def admit_in_domain(scaling: Scaling, cluster: Cluster, driver: Resources) -> Ad
 
     def fits(indices: list[int], free: bool) -> dict[int, list[Resources]] | None:
         capacities = [cluster.nodes[i].free if free else cluster.nodes[i].total for i in indices]
-        placed = _place(workers, capacities, scaling.placement_strategy, scaling.num_workers)
+        placed = _place(workers, capacities, scaling.placement_strategy, scaling.min_workers)
         return None if placed is None else {indices[i]: bundles for i, bundles in placed.items()}
 
     def seen(free: bool) -> str:
@@ -273,11 +273,13 @@ def nodes_free(cluster: Cluster, limit: int = 8, *, free: bool = True) -> str:
 def describe(spec: JobSpec | Scaling) -> str:
     scaling = _scaling(spec)
     per_worker = scaling.worker_resources()
-    n = scaling.num_workers
+    n = scaling.min_workers
     parts = [f"{_num(amount * n)} {name}" for name, amount in per_worker.items() if name != "memory"]
     where = ""
     if scaling.topology is not None:
         where = f" inside one {scaling.topology.required}" if scaling.topology.required else ""
+    if scaling.elastic:
+        where += f" (elastic: {n} to {scaling.max_workers} workers)"
     return f"{', '.join(parts)} as {n} x {_fmt(per_worker)} {scaling.placement_strategy.value}{where}"
 
 

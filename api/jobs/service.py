@@ -1,6 +1,7 @@
-"""Decisions about jobs: submit, read, list, cancel. Services flush; the request commits.
+"""Decisions about jobs: submit, read, list, cancel, and the events a job reports (an elastic gang's
+resize moves what it holds). Services flush; the request commits.
 
-About 400 lines: the four verbs and the checks they share (ownership, writability, priority limits)."""
+About 420 lines: the four verbs and the checks they share (ownership, writability, priority limits)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from api.errors import IdempotencyKeyReused, IllegalTransition, JobNotFound, Sub
 from api.jobs import repository
 from api.jobs.ranks import QueueRanks, Stamp
 from api.jobs.status import JOB_CHANNEL, record_event, transition
-from trainmaster.models import Attempt, Job, JobControl, JobEvent, JobEventIn, JobSpec, JobStatus
+from trainmaster.models import Attempt, Job, JobControl, JobEvent, JobEventIn, JobSpec, JobStatus, Scaling
 
 MAX_IDEMPOTENCY_KEY = 256
 log = logging.getLogger("trainmaster.api")
@@ -64,8 +65,9 @@ def _queued_values(principal: Principal, spec: JobSpec, idempotency_key: str | N
         "spec": json.dumps(spec_json),
         "labels": json.dumps(spec.labels),
         "priority": spec.priority,
-        "gang_cpus": resources.get("CPU", 0.0) * spec.scaling.num_workers,
-        "gang_gpus": resources.get("GPU", 0.0) * spec.scaling.num_workers,
+        # An elastic gang is held at its minimum until it reports a resize (`resized` events).
+        "gang_cpus": resources.get("CPU", 0.0) * spec.scaling.min_workers,
+        "gang_gpus": resources.get("GPU", 0.0) * spec.scaling.min_workers,
         "idempotency_key": idempotency_key,
         "request_hash": _hash_of(spec_json),
         "pending_reason": WAITING,
@@ -259,8 +261,23 @@ async def control(session: AsyncSession, principal: Principal, raw_id: str) -> J
 
 async def add_event(session: AsyncSession, principal: Principal, raw_id: str, event: JobEventIn) -> JobEvent:
     job = await get_writable(session, principal, raw_id)
+    if event.kind == "resized":
+        resized(job, event.data.get("to"))
     row = await record_event(session, job, event.kind, event.message, event.data)
     return _event_to_wire(row)
+
+
+def resized(job: JobRow, workers: object) -> None:
+    """An elastic gang's new size, reported by its controller: what the job holds (and so its
+    project's usage, its quota and admission's book) follows it, kept within the job's {min, max}.
+    Only while it holds resources; any other report changes nothing."""
+    scaling = Scaling.model_validate(job.spec.get("scaling", {}))  # validated when submitted
+    if not scaling.elastic or job.status not in repository.ACTIVE or type(workers) is not int:
+        return
+    size = min(max(workers, scaling.min_workers), scaling.max_workers)
+    per_worker = scaling.worker_resources()
+    job.gang_cpus = per_worker.get("CPU", 0.0) * size
+    job.gang_gpus = per_worker.get("GPU", 0.0) * size
 
 
 def encode_cursor(job: JobRow) -> str:

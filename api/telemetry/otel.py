@@ -142,7 +142,7 @@ class OtelExport:
                     "trainmaster.project": job.project,
                     "trainmaster.job.status": job.status,
                     "trainmaster.job.attempts": len(job.attempts),
-                    "trainmaster.job.num_workers": int(job.spec.get("scaling", {}).get("num_workers", 0)),
+                    "trainmaster.job.num_workers": _workers(job.spec.get("scaling", {}).get("num_workers", 0)),
                 },
             )
             root.add_event("submit", timestamp=_ns(job.created_at))
@@ -207,3 +207,8 @@ class _JobTraceIds(RandomIdGenerator):
         if _JobTraceIds.current is not None:
             return _JobTraceIds.current.int
         return super().generate_trace_id()
+
+
+def _workers(size: Any) -> int:
+    """The gang's size; an elastic gang's ({min, max}) maximum."""
+    return int(size.get("max", 0)) if isinstance(size, dict) else int(size)

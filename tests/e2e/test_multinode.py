@@ -208,3 +208,38 @@ def test_node_lost_without_failures_left_fails_naming_the_node(
         done = wait_for(client, job_id, TERMINAL, timeout=300)
         assert done.status is tm.JobStatus.failed
         assert victim[:8] in (done.error or ""), done.error
+
+
+def test_an_elastic_gang_that_loses_a_node_goes_on_smaller_in_the_same_attempt(
+    mstack: Stack, cluster: MultiNode, fault_nodes: dict[str, Path]
+) -> None:
+    """Issue 29: `{min: 1, max: 2}`, one worker per fault node; one node dies after a checkpoint, and Ray
+    Train's elastic policy restarts the group on the one node left (max_failures left 0: an elastic
+    gang restarts smaller all the same), resumed from the checkpoint, the resize an event."""
+    scaling = tm.Scaling.model_validate(
+        {
+            "num_workers": {"min": 1, "max": 2},
+            "placement_strategy": "SPREAD",
+            "resources_per_worker": {"CPU": 0.5, "tm_fault": 2},  # a fault node holds one worker
+        }
+    )
+    with mstack.client() as client:
+        job = client.submit(
+            name="elastic-node-loss",
+            entrypoint="builtin:mlp",
+            scaling=scaling,
+            config=small_mlp(epochs=6, epoch_sleep_s=2),
+        )
+        wait_until(lambda: client.checkpoints(job.id), 240, interval=0.5, what="a checkpoint registered")
+        [started] = started_events(client, job.id)
+        assert started.data["num_workers"] == 2  # grown to its maximum: both fault nodes were free
+        victim = next(w["node_id"] for w in started.data["workers"] if w["node_id"] in fault_nodes)
+        cluster.kill_raylet(fault_nodes[victim])
+        done = wait_for(client, job.id, TERMINAL, timeout=420)
+        assert done.status is tm.JobStatus.succeeded, done.error
+        assert [a.n for a in done.attempts] == [1]  # shrunk inside the attempt, not retried
+        [resized] = [e for e in client.events(job.id) if e.kind == "resized"]
+        assert (resized.data["from"], resized.data["to"]) == (2, 1), resized.data
+        assert "lost" in resized.data["why"] and victim[:8] in resized.data["why"], resized.data
+        assert all(w["node_id"] != victim for w in started_events(client, job.id)[-1].data["workers"])
+        assert any(e.kind == "resumed" for e in client.events(job.id))  # from the checkpoint, not from scratch

@@ -156,9 +156,10 @@ def test_failure_with_a_retry_resumes_from_the_checkpoint(stack: Stack, tmp_path
             name="retry",
             entrypoint="builtin:mlp",
             scaling=tm.Scaling(num_workers=2),
-            # Two checkpoints before the failure, and 2 s after the second for the collector (a pass a
-            # second here) to delete the first, which Ray's run snapshot still lists.
-            config=small_mlp(epochs=3, fail_at_epoch=2, epoch_sleep_s=2, ledger_path=str(ledger)),
+            # Two checkpoints before the failure; between the second and the retry's start (a second's
+            # sleep, then the failure, the requeue and a new driver: seconds) the collector, a pass a second
+            # here, deletes the first, which Ray's run snapshot still lists.
+            config=small_mlp(epochs=3, fail_at_epoch=2, epoch_sleep_s=1, ledger_path=str(ledger)),
             max_retries=1,
             checkpoint=tm.CheckpointPolicy(num_to_keep=1),  # the collector deletes the older ones as it goes
         )

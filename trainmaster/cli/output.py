@@ -127,7 +127,7 @@ def jobs_table(jobs: Iterable[Job], width: int = 80) -> Table:
                 job.id[:SHORT_ID],
                 job.name.replace("\n", " "),
                 job.status,
-                str(scaling.get("num_workers", 1)),
+                gang_size(scaling),
                 ago(job.created_at).removesuffix(" ago"),
                 detail.replace("\n", " "),
             )
@@ -141,6 +141,12 @@ def jobs_table(jobs: Iterable[Job], width: int = 80) -> Table:
     for job_id, name, status, workers, age, detail in rows:
         table.add_row(job_id, escape(name), styled_status(status), workers, age, escape(detail))
     return table
+
+
+def gang_size(scaling: dict[str, Any]) -> str:
+    """A job's workers as a column shows them: `4`, or an elastic gang's range `2-8`."""
+    workers = scaling.get("num_workers", 1)
+    return f"{workers.get('min')}-{workers.get('max')}" if isinstance(workers, dict) else str(workers)
 
 
 def wide_jobs_table(jobs: Iterable[Job]) -> Table:
@@ -158,7 +164,7 @@ def wide_jobs_table(jobs: Iterable[Job]) -> Table:
             job.id,
             escape(job.name.replace("\n", " ")),
             styled_status(job.status),
-            str(scaling.get("num_workers", 1)),
+            gang_size(scaling),
             f"{gpus:g}",
             str(job.spec.get("priority", 0)),
             f"{job.created_at:%Y-%m-%d %H:%M:%S}",

@@ -10,7 +10,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictStr, StringConstraints, field_validator, model_validator
+from pydantic import Discriminator, Field, StrictStr, StringConstraints, Tag, field_validator, model_validator
 
 from trainmaster.models.base import (
     LabelKey,
@@ -116,8 +116,35 @@ class Topology(RequestModel):
         return self.required or self.preferred or ""
 
 
+Workers = Annotated[WholeNumber, Field(ge=1, le=MAX_NUM_WORKERS)]
+
+
+class WorkerRange(RequestModel):
+    """An elastic gang: admitted when `min` workers fit, grown toward `max` as room frees up, and
+    shrunk (not failed) when a node is lost, by Ray Train's elastic policy."""
+
+    min: Workers
+    max: Workers
+
+    @model_validator(mode="after")
+    def _ordered(self) -> WorkerRange:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be at most max ({self.max})")
+        return self
+
+
+def _gang_kind(value: Any) -> str:
+    return "range" if isinstance(value, dict | WorkerRange) else "integer"
+
+
+# An integer is a fixed gang, {"min", "max"} an elastic one; an error names which form it read.
+GangSize = Annotated[
+    Annotated[Workers, Tag("integer")] | Annotated[WorkerRange, Tag("range")], Discriminator(_gang_kind)
+]
+
+
 class Scaling(RequestModel):
-    num_workers: WholeNumber = Field(default=1, ge=1, le=MAX_NUM_WORKERS)
+    num_workers: GangSize = 1
     use_gpu: bool = Field(default=False, strict=True)
     resources_per_worker: dict[ResourceName, float] | None = None
     placement_strategy: PlacementStrategy = PlacementStrategy.PACK
@@ -137,6 +164,19 @@ class Scaling(RequestModel):
             elif amount <= 0:
                 raise ValueError(f"{name} must be > 0")
         return value
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.num_workers, WorkerRange)
+
+    @property
+    def min_workers(self) -> int:
+        """What admission places and accounts at first: the whole gang, or an elastic gang's minimum."""
+        return self.num_workers.min if isinstance(self.num_workers, WorkerRange) else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers.max if isinstance(self.num_workers, WorkerRange) else self.num_workers
 
     def worker_resources(self) -> dict[str, float]:
         """What one worker asks of Ray: CPU 1 and one GPU with use_gpu, unless stated otherwise."""
@@ -202,6 +242,15 @@ class JobSpec(StoredRequestModel):
     def _backend_matches_devices(self) -> JobSpec:
         if self.backend == "nccl" and not self.uses_gpu:
             raise ValueError("backend 'nccl' needs GPUs: set scaling.use_gpu or resources_per_worker.GPU")
+        return self
+
+    @model_validator(mode="after")
+    def _elastic_needs_torch(self) -> JobSpec:
+        if self.scaling.elastic and self.framework is not Framework.torch:
+            raise ValueError(
+                f"scaling.num_workers: an elastic gang ({{min, max}}) runs under Ray Train's elastic policy, "
+                f"which framework {self.framework.value!r} does not have: give an integer, or use framework torch"
+            )
         return self
 
     @model_validator(mode="after")

@@ -77,10 +77,12 @@ export function resources(map) {
     .join(", ");
 }
 
-// The resources a job asks for in all: workers x per-worker resources, as the dispatcher counts them.
+// The resources a job asks for in all: workers x per-worker resources, as the dispatcher counts them
+// (an elastic gang, {min, max}, is admitted and counted at its minimum until it resizes).
 export function requested(spec) {
   const scaling = spec.scaling || {};
-  const workers = scaling.num_workers || 1;
+  const size = scaling.num_workers || 1;
+  const workers = typeof size === "object" ? size.min : size;
   const perWorker = { CPU: 1, ...(scaling.resources_per_worker || {}) };
   if (scaling.use_gpu && perWorker.GPU === undefined) perWorker.GPU = 1;
   const total = {};

@@ -1,0 +1,70 @@
+"""Elastic gangs (issue 29): `scaling.num_workers: {min, max}` is admitted when `min` fits and held at
+`min` until it resizes; the driver hands Ray Train the (min, max) pair and lets the group restart
+smaller after a lost worker; the controller's callback reports each resize as a `resized` event (from,
+to, why), which the API turns into what the job holds."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from ray.train import ScalingConfig
+
+from api.dispatcher.placement import Cluster, Decision, Node, admit
+from trainmaster.models import JobSpec, Scaling
+from workers import callbacks, driver
+
+
+def elastic(low: int, high: int, **more: Any) -> JobSpec:
+    body = {"name": "e", "entrypoint": "builtin:mlp", "scaling": {"num_workers": {"min": low, "max": high}}, **more}
+    return JobSpec.model_validate(body)
+
+
+def test_an_elastic_gang_is_admitted_when_its_minimum_fits() -> None:
+    two_free = Cluster([Node("n1", {"CPU": 4}, {"CPU": 2})])
+    admission = admit(elastic(2, 4), two_free, {})
+    assert admission.decision is Decision.admit and sum(len(b) for b in admission.placement.values()) == 2
+    assert "(elastic: 2 to 4 workers)" in admission.reason
+    waiting = admit(elastic(3, 4), two_free, {})
+    assert waiting.decision is Decision.wait and "needs 3 CPU" in waiting.reason
+    assert admit(elastic(5, 8), two_free, {}).decision is Decision.infeasible  # not even its minimum, ever
+
+
+def test_the_driver_gives_ray_train_the_range_and_restarts_for_lost_workers() -> None:
+    spec = elastic(1, 3)
+    scaling = ScalingConfig(**driver.ray_scaling(spec))  # Ray Train v2's own validation
+    assert scaling.elasticity_enabled and (scaling.min_workers, scaling.max_workers) == (1, 3)
+    assert driver.failures_allowed(spec) == driver.ELASTIC_RESTARTS
+    assert driver.failures_allowed(elastic(1, 3, max_failures=7)) == 7
+    fixed = JobSpec.model_validate({"name": "f", "entrypoint": "builtin:mlp", "scaling": {"num_workers": 2}})
+    assert ScalingConfig(**driver.ray_scaling(fixed)).num_workers == 2 and driver.failures_allowed(fixed) == 0
+    assert Scaling.model_validate({"num_workers": {"min": 2, "max": 2}}).elastic  # a range, even of one size
+
+
+def group(*nodes: str) -> Any:
+    workers = [
+        SimpleNamespace(
+            metadata=SimpleNamespace(node_ip="10.0.0.1", node_id=node * 8, hostname="h", pid=1, gpu_ids=[]),
+            distributed_context=SimpleNamespace(world_rank=rank, node_rank=rank),
+        )
+        for rank, node in enumerate(nodes)
+    ]
+    return SimpleNamespace(get_workers=lambda: workers)
+
+
+def test_each_resize_of_the_group_is_an_event_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    posted: list[tuple[str, str, dict[str, Any]]] = []
+    monkeypatch.setattr(callbacks, "post_event", lambda kind, message, data=None: posted.append((kind, message, data)))
+    placement = callbacks.PlacementCallback()
+    placement.after_worker_group_start(group("a", "b", "c"))
+    lost = SimpleNamespace(worker_failures={2: RuntimeError("node died")})
+    placement.after_controller_state_update(None, type("RestartingState", (), {"training_failed_error": lost})())
+    placement.after_worker_group_start(group("a", "b"))
+    placement.after_controller_state_update(None, type("ResizingState", (), {})())
+    placement.after_worker_group_start(group("a", "b", "d"))
+    placement.after_worker_group_start(group("a", "b", "d"))  # the same size again: no resize
+    resizes = [(message, data) for kind, message, data in posted if kind == "resized"]
+    assert [data["from"] for _, data in resizes] == [3, 2] and [data["to"] for _, data in resizes] == [2, 3]
+    assert resizes[0][0] == "3 -> 2 workers: worker rank(s) [2] lost on node(s) 10.0.0.1/cccccccc"
+    assert "grows the gang toward its maximum" in resizes[1][1]["why"]
