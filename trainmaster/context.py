@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -47,6 +48,15 @@ ENV_WORKER_RANK = "TRAINMASTER_WORKER_RANK"
 DEFAULT_STORAGE_PATH = "~/.trainmaster/storage"
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
 DEFAULT_SYSTEM_METRICS_INTERVAL_S = 5.0
+
+
+def within_job(storage: str | os.PathLike[str], job_id: str, path: str) -> Path | None:
+    """A checkpoint's folder when it resolves (links followed) inside `<storage>/<job id>/`, where Ray
+    Train writes the job's run, else None: what trainmaster may delete of a path a job reported (the
+    dispatcher's collector, a job's refused checkpoint)."""
+    root = Path(os.path.realpath(Path(storage).expanduser() / job_id))
+    target = Path(os.path.realpath(path))
+    return target if target != root and target.is_relative_to(root) else None
 
 
 def _float(raw: str | None, default: float) -> float:

@@ -27,7 +27,7 @@ from ray.train import UserCallback
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 
 import trainmaster
-from trainmaster.context import ENV_JOB_ID, ENV_JOB_TOKEN, post_event, record_checkpoint
+from trainmaster.context import ENV_JOB_ID, ENV_JOB_TOKEN, ENV_STORAGE_PATH, post_event, record_checkpoint, within_job
 
 MAX_LISTED_WORKERS = 64  # event data stays small for a gang of 1,024
 
@@ -74,12 +74,12 @@ def folder_bytes(folder: Path) -> int | None:
 
 def remove_refused(folder: Path) -> str:
     """Removes a checkpoint the API refused (over the project's storage quota; it lists it as deleted),
-    only where Ray Train writes this job's run (`<storage>/<job id>/<checkpoint>`); says what it did."""
-    job_id = os.environ.get(ENV_JOB_ID, "")
-    real = Path(os.path.realpath(folder))
-    if not job_id or real.parent.name != job_id or not real.is_dir():
+    only inside this job's storage folder, as the collector does (`within_job`); says what it did."""
+    storage, job_id = os.environ.get(ENV_STORAGE_PATH, ""), os.environ.get(ENV_JOB_ID, "")
+    target = within_job(storage, job_id, str(folder)) if storage and job_id else None
+    if target is None or not target.is_dir():
         return "refused and left in place (not in this job's storage folder)"
-    shutil.rmtree(real, ignore_errors=True)
+    shutil.rmtree(target, ignore_errors=True)
     return "refused and removed"
 
 

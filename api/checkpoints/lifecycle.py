@@ -30,13 +30,14 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from trainmaster.context import within_job
 
 log = logging.getLogger("trainmaster.checkpoints")
 
@@ -103,13 +104,6 @@ MARK = text(
 class Collected:
     deleted: int = 0  # folders removed from disk
     marked: int = 0  # rows marked deleted (also those whose files were gone or not the job's)
-
-
-def within_job(storage: Path, job_id: str, path: str) -> Path | None:
-    """The checkpoint's folder when it resolves inside `<storage>/<job id>/`, else None."""
-    root = Path(os.path.realpath(storage / job_id))
-    target = Path(os.path.realpath(path))
-    return target if target != root and target.is_relative_to(root) else None
 
 
 def remove(storage: Path, job_id: str, path: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
@@ -40,7 +41,9 @@ async def admit_round(context: RoundContext) -> int:
         await repo.lock_admission(session)
         total = cluster.total()
         # Before the queue is read in fair-share order: a sample due now orders this round.
-        await repo.sample_fair_share(session, total, settings.fair_share_half_life_s, settings.fair_share_sample_s)
+        if time.monotonic() - context.fair_share_sampled >= settings.fair_share_sample_s:
+            await repo.sample_fair_share(session, total, settings.fair_share_half_life_s, settings.fair_share_sample_s)
+            context.fair_share_sampled = time.monotonic()
         now, held_cpus, held_gpus = await repo.held_resources(session)
         book = await repo.quota_book(session)
         budget = {"CPU": total.get("CPU", 0.0) - held_cpus, "GPU": total.get("GPU", 0.0) - held_gpus}

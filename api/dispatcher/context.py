@@ -65,6 +65,9 @@ class RoundContext:
     # What each package's cache folder must hold (digest -> archive.members_digest), learnt from the
     # store by this process: a folder that holds anything else is unpacked again. Cleared past 1,000.
     code_trees: dict[str, str] = field(default_factory=dict)
+    # time.monotonic() of this process's last fair-share sample: rounds between samples skip the
+    # statement (another dispatcher's sample is found by the statement's own check of `sampled_at`).
+    fair_share_sampled: float = float("-inf")
 
     def remember_bad_code(self, digest: str, why: str) -> None:
         _remember(self.bad_code, digest, why)

@@ -239,11 +239,14 @@ def _with_driver(
     """The workers' placement plus the driver's bundle on a node with room left, as by-node-id bundles."""
     by_node = {cluster.nodes[index].node_id: list(bundles) for index, bundles in placed.items()}
     if any(amount > 0 for amount in driver.values()):
-        left = {index: dict(cluster.nodes[index].free) for index in range(len(cluster.nodes))}
-        for index, bundles in placed.items():
-            for bundle in bundles:
-                _take(bundle, left[index])
-        spot = next((index for index, room in left.items() if _fits(driver, room)), None)
+        taken = {index: _sum(bundles) for index, bundles in placed.items()}  # only these nodes' room changed
+
+        def room(index: int) -> Resources:
+            free = cluster.nodes[index].free
+            used = taken.get(index)
+            return free if used is None else {name: free.get(name, 0.0) - used.get(name, 0.0) for name in free}
+
+        spot = next((index for index in range(len(cluster.nodes)) if _fits(driver, room(index))), None)
         if spot is None:
             return None
         by_node.setdefault(cluster.nodes[spot].node_id, []).append(dict(driver))

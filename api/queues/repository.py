@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -10,9 +10,16 @@ from api.db.models import Job, Project, ProjectUsage, QueueCount
 from trainmaster.models import JobStatus
 
 
-async def projects_of(session: AsyncSession, cluster: uuid.UUID) -> list[tuple[Project, float, float, int, float]]:
-    """Each project of the cluster, what its active jobs hold (CPU, GPU), how many jobs it has queued
-    (the maintained counts: no scan of the queue) and its fair share (the admission order's key)."""
+class ProjectRow(NamedTuple):
+    project: Project
+    cpus: float  # what its active jobs hold
+    gpus: float
+    waiting: int  # its queued jobs (the maintained counts: no scan of the queue)
+    share: float  # its fair share, the admission order's key among equal priorities
+
+
+async def projects_of(session: AsyncSession, cluster: uuid.UUID) -> list[ProjectRow]:
+    """Each project of the cluster, as `ProjectRow` says."""
     waiting = (
         select(func.coalesce(func.sum(QueueCount.queued), 0))
         .where(QueueCount.project_id == Project.id)
@@ -31,7 +38,10 @@ async def projects_of(session: AsyncSession, cluster: uuid.UUID) -> list[tuple[P
         .where(Project.cluster_id == cluster)
         .order_by(Project.name)
     )
-    return [(row[0], float(row[1]), float(row[2]), int(row[3]), float(row[4])) for row in await session.execute(query)]
+    return [
+        ProjectRow(row[0], float(row[1]), float(row[2]), int(row[3]), float(row[4]))
+        for row in await session.execute(query)
+    ]
 
 
 async def first_queued(session: AsyncSession, project_ids: list[uuid.UUID], limit: int) -> list[Any]:

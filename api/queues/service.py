@@ -25,9 +25,9 @@ async def read(session: AsyncSession, principal: Principal, cluster: str | None,
     if found is None:
         raise ValidationError.field(["query", "cluster"], f"no cluster {name!r}")
     rows = await repository.projects_of(session, found.id)
-    book = Book({row.id: Standing.of(row, cpus, gpus) for row, cpus, gpus, _, _ in rows})
+    book = Book({row.project.id: Standing.of(row.project, row.cpus, row.gpus) for row in rows})
     lent = _lent(book)
-    waits = [row.id for row, _, _, waiting, _ in rows if waiting > 0]
+    waits = [row.project.id for row in rows if row.waiting > 0]
     queued = await repository.first_queued(session, waits, limit)
     positions = await queue_positions_of(session, [job.id for job in queued])
     jobs: dict[uuid.UUID, list[QueuedJobInfo]] = defaultdict(list)
@@ -42,19 +42,19 @@ async def read(session: AsyncSession, principal: Principal, cluster: str | None,
             )
         )
     items = []
-    for row, _, _, waiting, share in rows:
-        standing = book.projects[row.id]
+    for row in rows:
+        standing = book.projects[row.project.id]
         items.append(
             ProjectQueue(
-                project=row.name,
+                project=row.project.name,
                 quota=standing.quota,
                 cohort=standing.cohort,
                 usage=standing.usage,
                 borrowed={r: amount for r in RESOURCES if (amount := standing.borrowed(r)) > 0},
-                lent=lent.get(row.id, {}),
-                waiting=waiting,
-                fair_share=share,
-                jobs=jobs.get(row.id, []),
+                lent=lent.get(row.project.id, {}),
+                waiting=row.waiting,
+                fair_share=row.share,
+                jobs=jobs.get(row.project.id, []),
             )
         )
     return Queues(cluster=name, items=items)

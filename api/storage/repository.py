@@ -24,8 +24,9 @@ class Stored(NamedTuple):
         return self.checkpoint_bytes + self.code_bytes
 
 
-def _stored() -> Select[str, int | None, int, int, int]:
-    """Every project, with zeros for one that never stored anything."""
+def _stored(*, every_project: bool = True) -> Select[str, int | None, int, int, int]:
+    """Each project's figures; `every_project`, with zeros for one that never stored anything (an outer
+    join, which FOR UPDATE cannot lock through: `lock` makes the row first)."""
     return (
         select(
             Project.name,
@@ -35,7 +36,7 @@ def _stored() -> Select[str, int | None, int, int, int]:
             func.coalesce(ProjectStorage.code_bytes, 0),
         )
         .select_from(Project)
-        .outerjoin(ProjectStorage, ProjectStorage.project_id == Project.id)
+        .join(ProjectStorage, ProjectStorage.project_id == Project.id, isouter=every_project)
     )
 
 
@@ -50,16 +51,5 @@ async def lock(session: AsyncSession, project_id: uuid.UUID) -> Stored:
     """The project's figures, its row locked to the end of the transaction: two checkpoints or uploads
     of one project are judged one after the other, each seeing what the other added."""
     await session.execute(insert(ProjectStorage).values(project_id=project_id).on_conflict_do_nothing())
-    query = (
-        select(
-            Project.name,
-            Project.storage_quota_bytes,
-            ProjectStorage.checkpoint_bytes,
-            ProjectStorage.checkpoints,
-            ProjectStorage.code_bytes,
-        )
-        .join(ProjectStorage, ProjectStorage.project_id == Project.id)
-        .where(Project.id == project_id)
-        .with_for_update(of=ProjectStorage)
-    )
+    query = _stored(every_project=False).where(Project.id == project_id).with_for_update(of=ProjectStorage)
     return Stored(*(await session.execute(query)).one().tuple())

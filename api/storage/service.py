@@ -38,14 +38,4 @@ async def refusal(session: AsyncSession, project_id: uuid.UUID, adding: int, wha
 async def list_visible(session: AsyncSession, principal: Principal) -> list[ProjectStorage]:
     """Every project's for an admin, a project token its own."""
     rows = await repository.list_stored(session, None if principal.is_admin else principal.project_id)
-    return [
-        ProjectStorage(
-            project=row.project,
-            used_bytes=row.used_bytes,
-            checkpoint_bytes=row.checkpoint_bytes,
-            checkpoints=row.checkpoints,
-            code_bytes=row.code_bytes,
-            quota_bytes=row.quota_bytes,
-        )
-        for row in rows
-    ]
+    return [ProjectStorage.model_validate(row, from_attributes=True) for row in rows]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from trainmaster.context import ENV_JOB_ID
+from trainmaster.context import ENV_JOB_ID, ENV_STORAGE_PATH
 from workers import callbacks
 
 
@@ -24,6 +24,7 @@ def checkpoint_folder(root: Path, job_id: str, name: str) -> Path:
 
 def test_a_refused_checkpoint_is_measured_sent_and_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_JOB_ID, "job-1")
+    monkeypatch.setenv(ENV_STORAGE_PATH, str(tmp_path))
     folder = checkpoint_folder(tmp_path, "job-1", "checkpoint_000003")
     (folder / "link").symlink_to(tmp_path)  # a link is not counted, nor followed
     sent: list[tuple[Any, ...]] = []
@@ -42,6 +43,7 @@ def test_a_kept_checkpoint_stays_and_a_refused_one_elsewhere_is_left(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(ENV_JOB_ID, "job-1")
+    monkeypatch.setenv(ENV_STORAGE_PATH, str(tmp_path))
     mine = checkpoint_folder(tmp_path, "job-1", "checkpoint_000000")
     monkeypatch.setattr(callbacks, "record_checkpoint", lambda *args: None)
     callbacks.TrainmasterCallback().after_report(None, [{"step": 0}], SimpleNamespace(path=str(mine)))

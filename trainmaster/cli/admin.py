@@ -5,8 +5,9 @@ the REST API with an admin token (a project token reads its own project and toke
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 from rich.markup import escape
@@ -97,16 +98,28 @@ def _resources(text: str | None, option: str) -> dict[str, float] | None:
         fail(str(exc))
 
 
-def _days(text: str | None, option: str) -> float | Unset | None:
-    """Left out: unchanged; 'none': cleared; else a number of days."""
+T = TypeVar("T")
+
+
+def _clearable(text: str | None, option: str, parse: Callable[[str], T], expects: str) -> T | Unset | None:
+    """An option that may clear a setting: left out, unchanged; 'none', cleared; else `parse`d."""
     if text is None:
         return UNSET
     if text.lower() == "none":
         return None
     try:
-        return float(text)
+        return parse(text)
     except ValueError:
-        fail(f"{option} takes a number of days or 'none', not {text!r}")
+        fail(f"{option} takes {expects} or 'none', not {text!r}")
+
+
+def _days(text: str | None, option: str) -> float | Unset | None:
+    return _clearable(text, option, float, "a number of days")
+
+
+def _bytes(text: str | None, option: str) -> int | Unset | None:
+    """500G, 2T, 1024 (K, M, G, T are powers of 1024)."""
+    return _clearable(text, option, parse_size, "a size")
 
 
 @project_app.command("create")
@@ -234,18 +247,6 @@ def project_set(
         f"checkpoints of finished jobs kept {kept}, storage quota {_quota_bytes(project.storage_quota_bytes)}",
         highlight=False,
     )
-
-
-def _bytes(text: str | None, option: str) -> int | Unset | None:
-    """A size option: left out, unchanged; 'none', cleared; else bytes (500G, 2T, 1024)."""
-    if text is None:
-        return UNSET
-    if text.lower() == "none":
-        return None
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        fail(f"{option} takes a size or 'none': {exc}")
 
 
 def _quota_bytes(quota: int | None) -> str:
