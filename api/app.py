@@ -17,7 +17,7 @@ from api.auth.cache import TokenCache
 from api.auth.routes import router as tokens_router
 from api.checkpoints.routes import router as checkpoints_router
 from api.cluster.routes import router as cluster_router
-from api.cluster.service import ClusterReader
+from api.cluster.service import ClusterReaders
 from api.clusters.routes import router as clusters_router
 from api.code_packages.routes import router as code_router
 from api.db.direct import Direct
@@ -73,7 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.broker = Broker(settings.database_url, app.state.tokens, app.state.ranks)
         app.state.broker.start()  # the token cache is trusted only while it listens
         app.state.stream_limiter = StreamLimiter(settings.max_streams_per_token, settings.stream_slots_dir)
-        app.state.cluster = ClusterReader(settings.ray_address)  # connects on the first GET /v1/cluster
+        app.state.cluster = ClusterReaders(settings.ray_address)  # each connects on its first GET /v1/cluster
         telemetry = start_telemetry(settings, "trainmaster-api")
         retention = start_retention(settings, app.state.sessions)
         try:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 
 from api.auth.deps import ProjectPrincipal
 from api.cluster import service
@@ -11,20 +11,28 @@ from api.errors import error_responses
 from trainmaster.models import ClusterInfo
 
 
-def cluster_reader(request: Request) -> service.ClusterReader:
-    reader: service.ClusterReader = request.app.state.cluster
-    return reader
+def cluster_readers(request: Request) -> service.ClusterReaders:
+    readers: service.ClusterReaders = request.app.state.cluster
+    return readers
 
 
-Reader = Annotated[service.ClusterReader, Depends(cluster_reader)]
+Readers = Annotated[service.ClusterReaders, Depends(cluster_readers)]
 
-router = APIRouter(prefix="/v1/cluster", tags=["cluster"], responses=error_responses(401, 403, 503))
+router = APIRouter(prefix="/v1/cluster", tags=["cluster"], responses=error_responses(401, 403, 404, 503))
 
 
 @router.get("", response_model=ClusterInfo)
-async def cluster(session: Session, principal: ProjectPrincipal, reader: Reader) -> ClusterInfo:
-    """Ray nodes with total and free CPU, GPU and memory, and the queue depth.
+async def cluster(
+    session: Session,
+    principal: ProjectPrincipal,
+    readers: Readers,
+    name: Annotated[
+        str | None, Query(max_length=64, description="a cluster's name (admin); default: the token's")
+    ] = None,
+) -> ClusterInfo:
+    """One Ray cluster's nodes with total and free CPU, GPU and memory, and its queue depth: the
+    caller's project's cluster, or (an admin token) the one named.
 
     A Ray cluster that cannot be reached is reported (`reachable: false`), not an error of the API.
     """
-    return await service.describe(session, principal, reader)
+    return await service.describe(session, principal, readers, name)

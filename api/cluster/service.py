@@ -1,38 +1,42 @@
-"""What the Ray cluster has and holds, read the way the dispatcher reads it, plus the queue depth."""
+"""What a Ray cluster has and holds, read the way the dispatcher reads it, plus its queue depth."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.principal import Principal
-from api.db.models import Job
+from api.clusters import repository as clusters_repo
+from api.clusters import service as clusters
+from api.db.models import Cluster as ClusterRow
+from api.db.models import Job, Project
 from api.dispatcher.backend import RayUnavailable
 from api.dispatcher.placement import Cluster, visible
 from api.dispatcher.ray_jobs import RayJobsBackend
+from api.errors import NotFound
 from trainmaster.models import ClusterInfo, ClusterNode, JobStatus
 
 READ_TIMEOUT_S = 5.0
 
 
 class ClusterReader:
-    """The API process's one reader of the Ray cluster: one RayJobsBackend, and with it one HTTP client,
+    """The API process's one reader of a Ray cluster: one RayJobsBackend, and with it one HTTP client,
     made on first use and closed at shutdown (the app's lifespan). A request that arrives while a read
     is under way shares its answer instead of starting another, so the backend is used by one thread
     at a time."""
 
-    def __init__(self, address: str, timeout_s: float = READ_TIMEOUT_S):
-        self.address = address
-        self.timeout_s = timeout_s
+    def __init__(self, make: Callable[[], RayJobsBackend]):
+        self.make = make
         self.backend: RayJobsBackend | None = None
         self.reading: asyncio.Future[Cluster] | None = None
 
     async def read(self) -> Cluster:
         if self.reading is None:
             if self.backend is None:
-                self.backend = RayJobsBackend(self.address, timeout_s=self.timeout_s)
+                self.backend = self.make()
             self.reading = asyncio.ensure_future(asyncio.to_thread(self.backend.cluster))
             self.reading.add_done_callback(self._read_done)
         return await asyncio.shield(self.reading)  # one request gone must not cancel the others' read
@@ -48,15 +52,53 @@ class ClusterReader:
             backend.close()
 
 
-async def describe(session: AsyncSession, principal: Principal, reader: ClusterReader) -> ClusterInfo:
+class ClusterReaders:
+    """One `ClusterReader` per cluster record, by name, made on first use. The cluster `default` is
+    the API's own TRAINMASTER_RAY_ADDRESS (clusters.backend_for); a record whose address or token
+    source changed gets a new reader."""
+
+    def __init__(self, default_address: str, timeout_s: float = READ_TIMEOUT_S):
+        self.default_address = default_address
+        self.timeout_s = timeout_s
+        self.readers: dict[str, tuple[tuple[object, ...], ClusterReader]] = {}
+
+    def of(self, row: ClusterRow) -> ClusterReader:
+        key = (row.address, row.token_file, row.token_env)
+        kept = self.readers.get(row.name)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        if kept is not None:
+            kept[1].close()
+        reader = ClusterReader(lambda: clusters.backend_for(row, self.default_address, self.timeout_s))
+        self.readers[row.name] = (key, reader)
+        return reader
+
+    def close(self) -> None:
+        for _, reader in self.readers.values():
+            reader.close()
+        self.readers.clear()
+
+
+async def describe(
+    session: AsyncSession, principal: Principal, readers: ClusterReaders, name: str | None
+) -> ClusterInfo:
+    """The caller's cluster; an admin may name any, a project token only its own (else 404)."""
+    name = name or principal.cluster_name
+    if name != principal.cluster_name and not principal.is_admin:
+        raise NotFound(f"no cluster {name!r} for this token's project (it runs on {principal.cluster_name!r})")
+    row = await clusters_repo.find(session, name)
+    if row is None:
+        raise NotFound(f"no cluster {name!r}; `trainmaster cluster ls` lists them")
+    on_cluster = Job.project_id.in_(select(Project.id).where(Project.cluster_id == row.id))
     queued = select(func.count()).select_from(Job).where(Job.status == JobStatus.queued)
-    depth = int((await session.execute(queued)).scalar_one())
+    depth = int((await session.execute(queued.where(on_cluster))).scalar_one())
     mine = int((await session.execute(queued.where(Job.project_id == principal.project_id))).scalar_one())
     try:
-        cluster = await reader.read()
+        cluster = await readers.of(row).read()
     except RayUnavailable as exc:
-        return ClusterInfo(reachable=False, error=str(exc), queue_depth=depth, project_queue_depth=mine)
+        return ClusterInfo(name=name, reachable=False, error=str(exc), queue_depth=depth, project_queue_depth=mine)
     return ClusterInfo(
+        name=name,
         reachable=True,
         nodes=[
             ClusterNode(node_id=n.node_id, ip=n.ip or None, total=visible(n.total), free=visible(n.free))

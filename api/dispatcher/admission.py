@@ -38,14 +38,16 @@ async def admit_round(context: RoundContext) -> int:
     driver = {"CPU": settings.driver_cpus} if settings.driver_cpus > 0 else {}
     launches: list[Launch] = []
     async with context.sessions() as session, session.begin():
-        await repo.lock_admission(session)
+        ours = context.cluster_id
+        await repo.lock_admission(session, ours)
         total = cluster.total()
         # Before the queue is read in fair-share order: a sample due now orders this round.
         if time.monotonic() - context.fair_share_sampled >= settings.fair_share_sample_s:
-            await repo.sample_fair_share(session, total, settings.fair_share_half_life_s, settings.fair_share_sample_s)
+            half_life, interval = settings.fair_share_half_life_s, settings.fair_share_sample_s
+            await repo.sample_fair_share(session, total, half_life, interval, ours)
             context.fair_share_sampled = time.monotonic()
-        now, held_cpus, held_gpus = await repo.held_resources(session)
-        book = await repo.quota_book(session)
+        now, held_cpus, held_gpus = await repo.held_resources(session, ours)
+        book = await repo.quota_book(session, ours)
         budget = {"CPU": total.get("CPU", 0.0) - held_cpus, "GPU": total.get("GPU", 0.0) - held_gpus}
         warning = storage_warning(settings.storage_path, cluster)  # the same for every job of the round
         admitted: list[QueuedJob] = []  # their attempts are written together, see start_attempts
@@ -54,7 +56,7 @@ async def admit_round(context: RoundContext) -> int:
         # Jobs that fail here, the round going on: their admission raised, or their code package is one
         # this dispatcher found cannot be unpacked (content-addressed: the same digest, the same bytes).
         failures: dict[uuid.UUID, tuple[str, str]] = {}  # job id -> (error, event message)
-        for job in _borrowers_last(await repo.lock_queued(session, settings.admit_batch), book):
+        for job in _borrowers_last(await repo.lock_queued(session, settings.admit_batch, ours), book):
             if (code := job.spec.get("code")) is not None and (why := context.bad_code.get(code)) is not None:
                 failures[job.id] = (why, f"not launched: {why}")
                 continue
@@ -171,8 +173,8 @@ async def _infeasible(
 
 
 async def _set_reasons_unreachable(context: RoundContext, error: str) -> None:
-    reason = f"the Ray cluster is unreachable ({error}); waiting for it to come back"
+    reason = f"the Ray cluster {context.cluster_name!r} is unreachable ({error}); waiting for it to come back"
     async with context.sessions() as session, session.begin():
-        queued = await repo.lock_queued(session, context.settings.admit_batch)
+        queued = await repo.lock_queued(session, context.settings.admit_batch, context.cluster_id)
         changed = {job.id: reason for job in queued if job.pending_reason != reason}
         await repo.write_round(session, reasons=changed, clear_infeasible=False)

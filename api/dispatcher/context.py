@@ -55,6 +55,10 @@ class RoundContext:
     sessions: async_sessionmaker[AsyncSession]
     ray: RayBackend
     owner: str  # this dispatcher's lease owner name
+    # The cluster whose jobs these rounds admit and follow, on `ray` (each cluster is a trust domain:
+    # DESIGN.md); None takes every project's jobs, for a dispatcher that knows one Ray cluster (tests).
+    cluster_id: uuid.UUID | None = None
+    cluster_name: str = "default"
     ray_down_since: float | None = None  # time.monotonic() when Ray was first found unreachable
     # When to try again: a launch (by submission id) and a finished attempt's final log read (`logs:<id>`).
     backoff: Backoff = field(default_factory=Backoff)

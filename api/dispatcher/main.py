@@ -1,4 +1,5 @@
-"""`trainmaster dispatcher`: wake on NOTIFY (poll as the fallback), admit, launch, reconcile."""
+"""`trainmaster dispatcher`: wake on NOTIFY (poll as the fallback), admit, launch, reconcile, for every
+cluster of the `clusters` table, each in rounds of its own."""
 
 from __future__ import annotations
 
@@ -10,10 +11,15 @@ import os
 import signal
 import socket
 import time
+import uuid
+from dataclasses import dataclass
 
 import psycopg
 
 from api.checkpoints import lifecycle
+from api.clusters import repository as clusters_repo
+from api.clusters import service as clusters
+from api.db.models import Cluster as ClusterRow
 from api.db.session import create_engine, session_factory
 from api.dispatcher.backend import RayBackend
 from api.dispatcher.faults import with_faults
@@ -25,6 +31,8 @@ from api.sweeps.controller import sweep_round
 from api.telemetry.service import start_telemetry
 
 log = logging.getLogger("trainmaster.dispatcher")
+
+CLUSTERS_EVERY_S = 10.0  # how often the clusters table is read for clusters added since
 
 
 class Wakeup:
@@ -53,40 +61,83 @@ class Wakeup:
             await self.connection.close()
 
 
+@dataclass
+class Serving:
+    """One cluster this dispatcher serves: its rounds (a `Dispatcher` on that cluster's Ray) in a task of
+    their own, woken by `kick`, so a slow or unreachable cluster delays only its own jobs."""
+
+    dispatcher: Dispatcher
+    kick: asyncio.Event
+    task: asyncio.Task[None]
+    backend: RayJobsBackend | None  # made here, closed at the end (a given backend is its caller's)
+
+
 async def run(settings: Settings | None = None, backend: RayBackend | None = None) -> None:
+    """Serve every cluster of the `clusters` table (new records are picked up within CLUSTERS_EVERY_S).
+    `backend`, when given, is the Ray of the cluster `default` (tests)."""
     settings = settings or get_settings()
     owner = settings.dispatcher_id or f"{socket.gethostname()}-{os.getpid()}"
     engine = create_engine(settings)
-    ray_jobs = None  # the backend made here, closed at the end (a given one is its caller's)
-    if backend is None:
-        backend = ray_jobs = RayJobsBackend(settings.ray_address)
-    dispatcher = Dispatcher(
-        settings=settings,
-        sessions=session_factory(engine),
-        ray=with_faults(backend),
-        owner=owner,
-    )
+    sessions = session_factory(engine)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
     wakeup = Wakeup(settings.database_url)
     telemetry = start_telemetry(settings, "trainmaster-dispatcher")  # OpenTelemetry / MLflow, when configured
+    serving: dict[uuid.UUID, Serving] = {}
+
+    def serve(row: ClusterRow) -> None:
+        ray: RayBackend
+        made: RayJobsBackend | None = None
+        if backend is not None and row.name == clusters.DEFAULT:
+            ray = backend
+        else:
+            ray = made = clusters.backend_for(row, settings.ray_address)
+        dispatcher = Dispatcher(
+            settings=settings,
+            sessions=sessions,
+            ray=with_faults(ray),
+            owner=owner,
+            cluster_id=row.id,
+            cluster_name=row.name,
+        )
+        kick = asyncio.Event()
+        task = asyncio.create_task(_rounds(dispatcher, kick, stopping), name=f"cluster {row.name}")
+        serving[row.id] = Serving(dispatcher, kick, task, made)
+        log.info(
+            json.dumps(
+                {
+                    "event": "cluster_served",
+                    "owner": owner,
+                    "cluster": row.name,
+                    "ray": settings.ray_address if row.name == clusters.DEFAULT else row.address,
+                }
+            )
+        )
+
     freeze_heap()
     log.info(json.dumps({"event": "dispatcher_started", "owner": owner, "ray": settings.ray_address}))
     # Beside the rounds, not in them: a pass's query (1.8 s at 1,000,000 checkpoints) never holds one up.
     collector = asyncio.create_task(
-        lifecycle.collect_every(dispatcher.sessions, settings.storage_path, settings.checkpoint_gc_interval_s, stopping)
+        lifecycle.collect_every(sessions, settings.storage_path, settings.checkpoint_gc_interval_s, stopping)
     )
+    clusters_read = float("-inf")
     try:
         while not stopping.is_set():
             started = time.monotonic()
             try:
-                await sweep_round(dispatcher.sessions)  # stops losing trials, queues new ones; never asks Ray
-                await dispatcher.reconcile_round()
-                await dispatcher.admit_round()
-            except Exception as exc:  # one bad round must not end the dispatcher
+                if started - clusters_read >= CLUSTERS_EVERY_S:
+                    async with sessions() as session:
+                        for row in await clusters_repo.list_all(session):
+                            if row.id not in serving:
+                                serve(row)
+                    clusters_read = started
+                await sweep_round(sessions)  # stops losing trials, queues new ones; never asks Ray
+            except Exception as exc:  # one bad pass must not end the dispatcher
                 log.exception(json.dumps({"event": "round_failed", "error": str(exc)[:300]}))
+            for each in serving.values():
+                each.kick.set()
             spent = time.monotonic() - started
             waiter = asyncio.ensure_future(wakeup.wait(max(0.05, settings.poll_interval_s - spent)))
             stop_waiter = asyncio.ensure_future(stopping.wait())
@@ -94,15 +145,34 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
             for task in (waiter, stop_waiter):
                 task.cancel()
     finally:
+        stopping.set()
+        for each in serving.values():
+            each.kick.set()
+        await asyncio.gather(*(each.task for each in serving.values()), return_exceptions=True)  # rounds end whole
         collector.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await collector
         await telemetry.stop()
         await wakeup.close()
         await engine.dispose()
-        if ray_jobs is not None:
-            ray_jobs.close()
+        for each in serving.values():
+            if each.backend is not None:
+                each.backend.close()
         log.info(json.dumps({"event": "dispatcher_stopped", "owner": owner}))
+
+
+async def _rounds(dispatcher: Dispatcher, kick: asyncio.Event, stopping: asyncio.Event) -> None:
+    """A cluster's rounds: reconcile, then admit, each time the main loop kicks (a NOTIFY, or the poll)."""
+    while not stopping.is_set():
+        kick.clear()
+        try:
+            await dispatcher.reconcile_round()
+            await dispatcher.admit_round()
+        except Exception as exc:  # one bad round must not end the dispatcher
+            log.exception(
+                json.dumps({"event": "round_failed", "cluster": dispatcher.cluster_name, "error": str(exc)[:300]})
+            )
+        await kick.wait()
 
 
 def main() -> None:

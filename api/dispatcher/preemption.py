@@ -23,9 +23,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
 
 from api.db.models import Checkpoint, Job, Project
 from api.dispatcher.placement import Cluster
@@ -55,10 +57,10 @@ async def make_room(
         return reclaimed
     if not settings.preemption:
         return None
-    held = await _held_by_project(session)
+    held = await _held_by_project(session, job)
     shares = settings.guaranteed_shares
     chosen: list[Job] = []
-    for victim, project in await _candidates(session, job.priority):
+    for victim, project in await _candidates(session, job):
         if _covers(room, need):
             break
         share = shares.get(project, {})
@@ -175,22 +177,33 @@ async def _victims_of(session: AsyncSession, job: Job) -> list[object]:
     return list((await session.execute(query)).scalars())
 
 
-async def _candidates(session: AsyncSession, priority: int) -> list[tuple[Job, str]]:
+def _same_cluster(job: Job) -> Any:
+    """Projects on `job`'s cluster: only its jobs hold what `job` waits for."""
+    own = aliased(Project)
+    return Project.cluster_id == select(own.cluster_id).where(own.id == job.project_id).scalar_subquery()
+
+
+async def _candidates(session: AsyncSession, job: Job) -> list[tuple[Job, str]]:
     query = (
         select(Job, Project.name)
         .join(Project, Project.id == Job.project_id)
-        .where(Job.status == JobStatus.running, Job.priority < priority, Job.preempt_requested_at.is_(None))
+        .where(
+            Job.status == JobStatus.running,
+            Job.priority < job.priority,
+            Job.preempt_requested_at.is_(None),
+            _same_cluster(job),
+        )
         .order_by(Job.priority, Job.started_at.desc())
         .with_for_update(of=Job, skip_locked=True)
     )
     return [(row[0], row[1]) for row in (await session.execute(query)).all()]
 
 
-async def _held_by_project(session: AsyncSession) -> dict[str, dict[str, float]]:
+async def _held_by_project(session: AsyncSession, job: Job) -> dict[str, dict[str, float]]:
     query = (
         select(Project.name, func.sum(Job.gang_cpus), func.sum(Job.gang_gpus))
         .join(Project, Project.id == Job.project_id)
-        .where(Job.status.in_(ACTIVE))
+        .where(Job.status.in_(ACTIVE), _same_cluster(job))
         .group_by(Project.name)
     )
     return {name: {"CPU": float(cpus), "GPU": float(gpus)} for name, cpus, gpus in (await session.execute(query)).all()}

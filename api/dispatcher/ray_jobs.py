@@ -43,8 +43,11 @@ def _camel(name: str) -> str:
 class RayJobsBackend:
     def __init__(self, address: str, token: str | None = None, timeout_s: float = 10.0):
         self.address = address.rstrip("/")
+        # A token given (even empty: a cluster whose token could not be read) is the only one sent; with
+        # none, Ray's own order finds this process's. Never another cluster's: with no Authorization
+        # header Ray's client adds the token of the environment.
         self.token = token if token is not None else read_token()
-        self.headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self.headers = {"Authorization": f"Bearer {self.token}"} if self.token is not None else {}
         self.timeout_s = timeout_s
         for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
             # Ray's client prefers these over the address it is given; ours must win.

@@ -40,7 +40,7 @@ log = logging.getLogger("trainmaster.dispatcher")
 async def reconcile_round(context: RoundContext) -> None:
     async with context.sessions() as session, session.begin():
         job_ids = await repo.claim_active(
-            session, context.owner, context.settings.lease_s, context.settings.reconcile_batch
+            session, context.owner, context.settings.lease_s, context.settings.reconcile_batch, context.cluster_id
         )
     nodes = NodesFree(context.ray)
     for job_id in job_ids:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import Integer, Select, bindparam, func, or_, select, text, true, update
+from sqlalchemy import Integer, Select, Uuid, bindparam, func, or_, select, text, true, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased, selectinload
 
@@ -23,7 +23,7 @@ from api.jobs.repository import ACTIVE
 from api.jobs.status import can_transition, sources
 from trainmaster.models import JobStatus
 
-ADMISSION_LOCK = 0x746D_6164  # "tmad": one admission round at a time across every dispatcher
+ADMISSION_LOCK = 0x746D_6164  # "tmad": one admission round at a time per cluster across every dispatcher
 STARTING_SOURCES = sources(JobStatus.starting)  # what ROUND_WRITES may move to starting
 FAILED_SOURCES = sources(JobStatus.failed)  # and to failed
 
@@ -33,25 +33,36 @@ async def db_now(session: AsyncSession) -> datetime:
     return (await session.execute(select(func.now()))).scalar_one()
 
 
-LOCK_ADMISSION = select(func.pg_advisory_xact_lock(ADMISSION_LOCK))
+# Every statement of a round is about one cluster's projects (DESIGN.md, trust domains): `cluster` is
+# the cluster's id, or NULL for every project (a dispatcher of one cluster, as tests and benches run it).
+CLUSTER = bindparam("cluster", type_=Uuid)
 
 
-async def lock_admission(session: AsyncSession) -> None:
-    """Serialise admission rounds (held until the transaction ends): the resources already held are
-    read and added to under this lock, so two dispatchers never admit against the same free capacity."""
-    await session.execute(LOCK_ADMISSION)
+def of_cluster(project_id: Any) -> Any:
+    """The condition that `project_id` is a project of the round's cluster (CLUSTER)."""
+    return or_(CLUSTER.is_(None), project_id.in_(select(Project.id).where(Project.cluster_id == CLUSTER)))
+
+
+LOCK_ADMISSION = text("SELECT pg_advisory_xact_lock(CAST(:key AS int), hashtext(coalesce(CAST(:cluster AS text), '')))")
+
+
+async def lock_admission(session: AsyncSession, cluster: uuid.UUID | None = None) -> None:
+    """Serialise a cluster's admission rounds (held until the transaction ends): the resources already
+    held are read and added to under this lock, so two dispatchers never admit against the same free
+    capacity. Rounds of different clusters run side by side."""
+    await session.execute(LOCK_ADMISSION, {"key": ADMISSION_LOCK, "cluster": cluster})
 
 
 HELD_RESOURCES = select(
     func.now(), func.coalesce(func.sum(ProjectUsage.cpus), 0), func.coalesce(func.sum(ProjectUsage.gpus), 0)
-)
+).where(of_cluster(ProjectUsage.project_id))
 
 
-async def held_resources(session: AsyncSession) -> tuple[datetime, float, float]:
-    """The database's clock, and the CPUs and GPUs held by active trainmaster jobs (their placement
-    may not show in Ray yet): the sum of `project_usage`, which a trigger keeps equal to the active
-    jobs' gangs. One statement, after `lock_admission` (its snapshot must be taken under the lock)."""
-    row = (await session.execute(HELD_RESOURCES)).one()
+async def held_resources(session: AsyncSession, cluster: uuid.UUID | None = None) -> tuple[datetime, float, float]:
+    """The database's clock, and the CPUs and GPUs held by the cluster's active trainmaster jobs (their
+    placement may not show in Ray yet): the sum of `project_usage`, which a trigger keeps equal to the
+    active jobs' gangs. One statement, after `lock_admission` (its snapshot must be taken under the lock)."""
+    row = (await session.execute(HELD_RESOURCES, {"cluster": cluster})).one()
     return row[0], float(row[1]), float(row[2])
 
 
@@ -70,7 +81,9 @@ SAMPLE_FAIR_SHARE = text(
         SELECT project_id,
                power(0.5, extract(epoch FROM now() - coalesce(sampled_at, now())) / :half_life) AS w
         FROM project_usage
-        WHERE sampled_at IS NULL OR sampled_at <= now() - make_interval(secs => :interval)
+        WHERE (sampled_at IS NULL OR sampled_at <= now() - make_interval(secs => :interval))
+          AND (CAST(:cluster AS uuid) IS NULL
+               OR project_id IN (SELECT id FROM projects WHERE cluster_id = CAST(:cluster AS uuid)))
     ) keep
     WHERE u.project_id = keep.project_id
     """
@@ -78,9 +91,14 @@ SAMPLE_FAIR_SHARE = text(
 
 
 async def sample_fair_share(
-    session: AsyncSession, capacity: dict[str, float], half_life_s: float, interval_s: float
+    session: AsyncSession,
+    capacity: dict[str, float],
+    half_life_s: float,
+    interval_s: float,
+    cluster: uuid.UUID | None = None,
 ) -> None:
-    """Add what each project holds now to its fair-share history, when a sample is due (SAMPLE_FAIR_SHARE)."""
+    """Add what each project of the cluster holds now to its fair-share history, when a sample is due
+    (SAMPLE_FAIR_SHARE): a share is of its own cluster's capacity."""
     await session.execute(
         SAMPLE_FAIR_SHARE,
         {
@@ -88,6 +106,7 @@ async def sample_fair_share(
             "gpus": capacity.get("GPU", 0.0),
             "half_life": half_life_s,
             "interval": interval_s,
+            "cluster": cluster,
         },
     )
 
@@ -95,14 +114,14 @@ async def sample_fair_share(
 QUOTA_BOOK = (
     select(Project, func.coalesce(ProjectUsage.cpus, 0), func.coalesce(ProjectUsage.gpus, 0))
     .outerjoin(ProjectUsage, ProjectUsage.project_id == Project.id)
-    .where(Project.quota != text("'{}'::jsonb"))
+    .where(Project.quota != text("'{}'::jsonb"), or_(CLUSTER.is_(None), Project.cluster_id == CLUSTER))
 )
 
 
-async def quota_book(session: AsyncSession) -> Book:
-    """Every project with a quota, and what its active jobs hold (one statement; projects are few).
-    After `lock_admission`, like `held_resources`."""
-    rows = (await session.execute(QUOTA_BOOK)).all()
+async def quota_book(session: AsyncSession, cluster: uuid.UUID | None = None) -> Book:
+    """Every project of the cluster with a quota, and what its active jobs hold (one statement;
+    projects are few). After `lock_admission`, like `held_resources`."""
+    rows = (await session.execute(QUOTA_BOOK, {"cluster": cluster})).all()
     return Book({row[0].id: Standing.of(row[0], float(row[1]), float(row[2])) for row in rows})
 
 
@@ -140,6 +159,7 @@ def _queued_query() -> Select[Any]:
         .select_from(Project)
         .join(firsts, true())
         .outerjoin(usage, usage.c.project_id == Project.id)
+        .where(or_(CLUSTER.is_(None), Project.cluster_id == CLUSTER))
         .order_by(firsts.c.priority.desc(), share, firsts.c.created_at, firsts.c.id)
         .limit(limit)
         .subquery()
@@ -157,16 +177,17 @@ def _queued_query() -> Select[Any]:
 QUEUED = _queued_query()
 
 
-async def lock_queued(session: AsyncSession, limit: int) -> list[QueuedJob]:
-    """Queued jobs in admission order (api/jobs/repository.py says which), locked; rows another dispatcher holds are
-    skipped.
+async def lock_queued(session: AsyncSession, limit: int, cluster: uuid.UUID | None = None) -> list[QueuedJob]:
+    """The cluster's queued jobs in admission order (api/jobs/repository.py says which), locked; rows
+    another dispatcher holds are skipped.
 
     Within one project the fair share is the same for every job, so the project's jobs come in the admission
     order by (priority, age) alone: the first `limit` of all are among the first `limit` of each
     project. Those are read per project on ix_jobs_queued_by_project with their sort keys (an
     index-only scan), only those narrow rows are sorted, and only the first `limit` are fetched and
     locked, so a round reads projects x limit index entries and `limit` rows however long the queue is."""
-    return [QueuedJob(*row) for row in (await session.execute(QUEUED, {"limit": limit})).all()]
+    rows = (await session.execute(QUEUED, {"limit": limit, "cluster": cluster})).all()
+    return [QueuedJob(*row) for row in rows]
 
 
 # What an admission round decided, in one statement: the admitted gangs (`gangs`) move to starting
@@ -409,8 +430,10 @@ async def fail_launches(
     return {row[0] for row in result.all()}
 
 
-async def claim_active(session: AsyncSession, owner: str, lease_s: float, limit: int = 200) -> list[uuid.UUID]:
-    """Take (or renew) the lease of active jobs that are ours or whose lease ran out.
+async def claim_active(
+    session: AsyncSession, owner: str, lease_s: float, limit: int = 200, cluster: uuid.UUID | None = None
+) -> list[uuid.UUID]:
+    """Take (or renew) the lease of the cluster's active jobs that are ours or whose lease ran out.
 
     The least recently renewed come first, so past `limit` active jobs every one is still reached
     in turn: renewing a lease moves the job to the back.
@@ -421,6 +444,7 @@ async def claim_active(session: AsyncSession, owner: str, lease_s: float, limit:
         .where(
             Job.status.in_(ACTIVE),
             or_(Job.lease_owner == owner, Job.lease_owner.is_(None), Job.lease_expires_at < func.now()),
+            of_cluster(Job.project_id),
         )
         .order_by(Job.lease_expires_at.asc().nulls_first(), Job.created_at)
         .limit(limit)
@@ -430,7 +454,8 @@ async def claim_active(session: AsyncSession, owner: str, lease_s: float, limit:
         update(Job)
         .where(Job.id.in_(candidates.scalar_subquery()))
         .values(lease_owner=owner, lease_expires_at=expires)
-        .returning(Job.id)
+        .returning(Job.id),
+        {"cluster": cluster},
     )
     return [row[0] for row in result.all()]
 

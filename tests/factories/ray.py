@@ -76,6 +76,9 @@ class FakeRay:
             raise RayUnavailable(f"the final logs of {submission_id}: connection refused")
         return self.outputs.get(submission_id, "")[offset:]
 
+    def close(self) -> None:
+        """Nothing to close (RayJobsBackend.close's counterpart)."""
+
     def restart(self) -> None:
         """A new head: every submission forgotten."""
         self.jobs.clear()

@@ -15,6 +15,7 @@ class ClusterNode(ResponseModel):
 
 
 class ClusterInfo(ResponseModel):
+    name: str = "default"  # the cluster's record (a trust domain: its projects' jobs run on it alone)
     reachable: bool
     error: str | None = None
     nodes: list[ClusterNode] = Field(default_factory=list)
