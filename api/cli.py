@@ -163,6 +163,10 @@ def up(
         list[str],
         typer.Option(help="node labels, KEY=VALUE[,...], once per node in order (the head first): rack=a"),
     ] = [],  # noqa: B006
+    clusters: Annotated[
+        int, typer.Option(min=1, max=8, help="Ray clusters on this machine: default and cluster-2 … cluster-N")
+    ] = 1,
+    cpus_per_cluster: Annotated[int, typer.Option(min=1, help="CPUs of each extra cluster's head")] = 2,
 ) -> None:
     """Start the whole platform locally: PostgreSQL, a Ray head (and worker nodes), the API and a dispatcher."""
     stack = _server("api.stack.local")
@@ -177,6 +181,8 @@ def up(
             node_resources=_json_resources(resources, "--resources"),
             node_ip=node_ip,
             node_labels=node_labels,
+            clusters=clusters,
+            cpus_per_cluster=cpus_per_cluster,
             say=lambda msg: console.print(f"[dim]•[/] {msg}"),
         )
     except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as exc:
@@ -187,6 +193,11 @@ def up(
     console.print(f"config written to {stack.client_config.config_path()}; logs in {stack.home() / 'logs'}")
     console.print("next: [bold]trainmaster submit builtin:mlp --workers 2 --follow[/]")
     console.print(f"add a machine: {stack.join_line(state)}")
+    for cluster in state.clusters:
+        console.print(
+            f"cluster {cluster['name']}: {cluster['dashboard']}; bind a project to it: "
+            f"[bold]trainmaster project create NAME --cluster {cluster['name']}[/]"
+        )
 
 
 def join(

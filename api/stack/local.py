@@ -37,6 +37,9 @@ class StackState:
     api_url: str
     ray_temp_dir: str = ""  # every process of the stack's Ray head names it on its command line
     worker_nodes: list[str] = field(default_factory=list)  # temp dirs of the extra local Ray nodes
+    # The extra local clusters (`up --clusters N`): each a Ray head of its own, {name, dashboard, gcs,
+    # temp_dir, token_file}, registered as a cluster record.
+    clusters: list[dict[str, str]] = field(default_factory=list)
     supervisor_pid: int | None = None
     components: dict[str, Any] = field(default_factory=dict)
 
@@ -117,6 +120,8 @@ def up(
     node_resources: dict[str, float] | None = None,
     node_ip: str = "127.0.0.1",
     node_labels: list[dict[str, str]] | None = None,
+    clusters: int = 1,
+    cpus_per_cluster: int = 2,
     say: Any = print,
 ) -> tuple[StackState, bool]:
     """Start what is not running; returns (state, started_anything).
@@ -125,6 +130,11 @@ def up(
     `cpus_per_node` CPUs, a resource `tm_node_<i>: 1` naming it, and `node_resources`: multi-node
     behaviour (spread gangs, fragmentation, a lost node) on one laptop. `node_labels[i]` labels node
     i (the head is 0), e.g. racks for `scaling.topology`.
+
+    `clusters` > 1 starts clusters - 1 more Ray heads (`cpus_per_cluster` CPUs each), each with its own
+    token, ports and session folder, registered as the clusters `cluster-2`, `cluster-3`, …: the
+    dispatcher serves them all, and a project bound to one runs there alone. On one machine they run
+    as one OS user, so they share a trust domain (`up` says so): separation needs machines of their own.
     """
     node_labels = node_labels or []
     if len(node_labels) > nodes:
@@ -173,6 +183,32 @@ def up(
         )
         worker_dirs.append(str(folder))
     wait_for(lambda: len(_nodes(head)) >= nodes, 120, f"{nodes} Ray node(s) to register", where=str(root / "logs"))
+    extra = []
+    for index in range(2, clusters + 1):
+        name = f"cluster-{index}"
+        say(f"starting the Ray head of cluster {name} (its own token and session folder)")
+        other = ray_head.start(
+            Path(f"{ray_temp_dir()}-c{index}"),
+            root / f"ray_auth_token-{name}",
+            num_cpus=cpus_per_cluster,
+            num_gpus=0,
+            node_ip=node_ip,
+            log_path=root / "logs" / "ray-start.log",
+        )
+        extra.append(
+            {
+                "name": name,
+                "dashboard": other.dashboard,
+                "gcs": other.gcs_address,
+                "temp_dir": str(other.temp_dir),
+                "token_file": str(other.token_path),
+            }
+        )
+    if extra:
+        say(
+            f"{len(extra) + 1} clusters on one machine run as one OS user ({_who()}): a job of one can read the "
+            "other's files and processes, so they share one trust domain; give each its own machines to separate them"
+        )
     state = StackState(
         home=str(root),
         database_url=database_url,
@@ -181,11 +217,14 @@ def up(
         ray_gcs=head.gcs_address,
         ray_temp_dir=str(head.temp_dir),
         worker_nodes=worker_dirs,
+        clusters=extra,
         api_url=f"http://127.0.0.1:{free_port(api_port)}",
     )
 
-    # The cluster `default` (migration 0013) is this stack's Ray head.
+    # The cluster `default` (migration 0013) is this stack's Ray head; the others are added or moved.
     admin.point_cluster(database_url, "default", head.dashboard, str(ray_token_path()))
+    for cluster in extra:
+        admin.point_cluster(database_url, cluster["name"], cluster["dashboard"], cluster["token_file"], create=True)
 
     say("starting the API and the dispatcher")
     with (root / "logs" / "supervisor.log").open("ab") as log:
@@ -233,6 +272,17 @@ def status(state: StackState | None = None) -> dict[str, dict[str, Any]]:
         },
         "api": {"healthy": api_ready(state.api_url), "detail": state.api_url},
     }
+    for cluster in state.clusters:
+        other = ray_head.RayHead(
+            cluster["dashboard"], cluster["gcs"], Path(cluster["token_file"]), Path(cluster["temp_dir"])
+        )
+        other_cpus = other.total_cpus()
+        components[f"ray {cluster['name']}"] = {
+            "healthy": other_cpus >= 0,
+            "detail": f"{cluster['dashboard']}: {other_cpus:g} CPU"
+            if other_cpus >= 0
+            else f"{cluster['dashboard']}: down",
+        }
     pids = _supervised_pids()
     components["dispatcher"] = {"healthy": alive(pids.get("dispatcher")), "detail": f"pid {pids.get('dispatcher')}"}
     components["supervisor"] = {"healthy": alive(state.supervisor_pid), "detail": f"pid {state.supervisor_pid}"}
@@ -249,6 +299,9 @@ def down(say: Any = print) -> bool:
         kill_group(state.supervisor_pid)
     for folder in state.worker_nodes:
         ray_head.stop(Path(folder))
+    for cluster in state.clusters:
+        say(f"stopping the Ray head of cluster {cluster['name']}")
+        ray_head.stop(Path(cluster["temp_dir"]), cluster["gcs"])
     say("stopping the Ray head" + (f" and {len(state.worker_nodes)} worker node(s)" if state.worker_nodes else ""))
     ray_head.stop(Path(state.ray_temp_dir) if state.ray_temp_dir else ray_temp_dir(), state.ray_gcs)
     if state.embedded_postgres:

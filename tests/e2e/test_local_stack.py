@@ -32,12 +32,15 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
         return subprocess.run([TRAINMASTER, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
     with one_start_at_a_time():  # its Ray head picks free ports like the tests' own
-        up = tm("up", "--num-cpus", "2", "--api-port", "0")
-    ray_dir = json.loads((home / "stack.json").read_text())["ray_temp_dir"] if up.returncode == 0 else None
+        up = tm("up", "--num-cpus", "2", "--api-port", "0", "--clusters", "2", "--cpus-per-cluster", "1")
+    recorded = json.loads((home / "stack.json").read_text()) if up.returncode == 0 else {}
+    ray_dir = recorded.get("ray_temp_dir")
+    ray_dirs = [ray_dir, *(cluster["temp_dir"] for cluster in recorded.get("clusters", []))] if ray_dir else []
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "trainmaster is up" in up.stdout
         assert "Warning" not in up.stdout + up.stderr, up.stdout + up.stderr
+        assert "share one trust domain" in up.stdout  # two clusters of one OS user: said, not hidden
         config = json.loads((home / "config").read_text())
         assert config["api_url"].startswith("http://127.0.0.1:") and config["token"].startswith("tm_")
         # The person who ran `up` owns the stack: the config's token is an admin's (of project default),
@@ -46,14 +49,54 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
         assert [(t["scope"], t["project"], t["expires_at"]) for t in tokens] == [("admin", "default", None)]
         stack = json.loads((home / "stack.json").read_text())
         clusters = json.loads(tm("cluster", "ls", "--json").stdout)
-        assert [(c["name"], c["address"]) for c in clusters] == [("default", stack["ray_dashboard"])]
+        second = stack["clusters"][0]
+        assert [(c["name"], c["address"]) for c in clusters] == [
+            ("cluster-2", second["dashboard"]),
+            ("default", stack["ray_dashboard"]),
+        ]
+        assert second["dashboard"] != stack["ray_dashboard"]
+        assert Path(second["token_file"]).read_text() != (home / "ray_auth_token").read_text()  # its own token
         assert json.loads(tm("project", "ls", "--json").stdout)[0]["cluster"] == "default"
         again = tm("up")
         assert again.returncode == 0 and "already running" in again.stdout
         status = tm("status")
         assert status.returncode == 0, status.stdout
-        for component in ("postgres", "ray", "api", "dispatcher"):
+        for component in ("postgres", "ray", "ray cluster-2", "api", "dispatcher"):
             assert component in status.stdout
+
+        # A project bound to cluster-2 runs there: the one dispatcher serves both clusters.
+        assert tm("project", "create", "team-b", "--cluster", "cluster-2").returncode == 0
+        made = subprocess.run(  # a server-side verb: it writes to the stack's database
+            [TRAINMASTER, "token", "create", "--project", "team-b"],
+            env={**env, "TRAINMASTER_DATABASE_URL": stack["database_url"]},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert made.returncode == 0, made.stdout + made.stderr
+        team_b = made.stdout.strip()
+        env_b = {**env, "TRAINMASTER_TOKEN": team_b}
+        on_b = subprocess.run(
+            [
+                TRAINMASTER,
+                "submit",
+                "builtin:mlp",
+                "--workers",
+                "1",
+                "--config",
+                '{"epochs": 1, "samples": 256}',
+                "--follow",
+            ],
+            env=env_b,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert on_b.returncode == 0 and "succeeded" in on_b.stdout, on_b.stdout + on_b.stderr
+        run_on_b = json.loads(
+            subprocess.run([TRAINMASTER, "ls", "--json"], env=env_b, capture_output=True, text=True).stdout
+        )
+        assert [(j["status"], j["cluster"]) for j in run_on_b] == [("succeeded", "cluster-2")]
 
         submitted = tm(
             "submit", "builtin:mlp", "--workers", "2", "--config", '{"epochs": 2, "samples": 512}', "--follow"
@@ -66,11 +109,12 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
         assert any(point["name"] == "loss" for point in metrics)
         assert (home / "logs" / "api.log").exists() and (home / "logs" / "dispatcher.log").exists()
         assert ray_dir, "the stack records the folder of its Ray head"
-        assert matching([re.escape(ray_dir)]), "the stack's Ray head runs under the folder it recorded"
+        for folder in ray_dirs:
+            assert matching([re.escape(folder)]), f"a Ray head of the stack runs under the folder it recorded: {folder}"
     finally:
         down = tm("down")
     assert down.returncode == 0, down.stdout + down.stderr
     assert "Warning" not in down.stdout + down.stderr, down.stdout + down.stderr
-    markers = [re.escape(str(home)), *([re.escape(ray_dir)] if ray_dir else [])]
+    markers = [re.escape(str(home)), *(re.escape(folder) for folder in ray_dirs)]
     wait_until(lambda: not matching(markers), 30, what="every process of the stack to exit")
     assert tm("status").returncode == 1

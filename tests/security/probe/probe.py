@@ -61,6 +61,13 @@ def main() -> None:
             body = {"job_id": job_id, "claim": claim}
             replays[job_id] = httpx.post(f"{API}/v1/tokens/claim", json=body, timeout=30).status_code
     record("Ray jobs listed through the Jobs API", len(ray_jobs))
+    record("Ray submission ids listed", sorted(job.submission_id or "" for job in ray_jobs))
+    if other := os.environ.get("PROBE_OTHER_DASHBOARD"):
+        # Another cluster's head, with whatever Ray token this process finds (its own cluster's).
+        try:
+            record("another cluster's Ray jobs listed", len(JobSubmissionClient(other).list_jobs()))
+        except Exception as exc:
+            record("another cluster's Ray jobs listed", f"refused: {str(exc)[:200]}")
     record("job tokens read from any Ray job's runtime env", tokens_seen)
     record("claims read from Ray jobs, replayed", replays)
     # Its own claim was claimed by its driver: the replay revoked the token it gave. Other API processes
