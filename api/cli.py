@@ -78,7 +78,7 @@ def api(
         os.environ["TRAINMASTER_STREAM_SLOTS_DIR"] = slots
     settings = _server("api.settings").get_settings()
     if migrate:
-        _server("api.db.migrate").upgrade(settings.database_url, "head")
+        _server("api.db.migrate").upgrade(settings.migration_database_url or settings.database_url, "head")
     logging.basicConfig(
         level=logging.INFO,
         format='{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
@@ -107,8 +107,10 @@ def dispatcher() -> None:
 
 
 def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
-    """Migrate the database (TRAINMASTER_DATABASE_URL) to the latest schema."""
-    _server("api.db.migrate").upgrade(_server("api.settings").get_settings().database_url, revision)
+    """Migrate the database to the latest schema, as its owner: TRAINMASTER_MIGRATION_DATABASE_URL, else
+    TRAINMASTER_DATABASE_URL."""
+    settings = _server("api.settings").get_settings()
+    _server("api.db.migrate").upgrade(settings.migration_database_url or settings.database_url, revision)
     console.print(f"[green]database migrated to {revision}[/]")
 
 

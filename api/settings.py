@@ -12,6 +12,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TRAINMASTER_", extra="ignore")
 
     database_url: str = "postgresql://postgres@127.0.0.1:5432/trainmaster"
+    # The owner's URL, for migrations alone (`db upgrade`, `api --migrate`) when the services connect as a
+    # member of the least-privilege role trainmaster_app (migration 0022); unset: database_url migrates.
+    migration_database_url: str | None = None
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     max_body_bytes: int = 1024 * 1024

@@ -38,6 +38,38 @@ def drop_database(server_url: str, url: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+APP_ROLE = "trainmaster_app"  # the least-privilege role of migration 0022
+
+
+def create_login(server_url: str, database_url: str, prefix: str = "tm_service") -> str:
+    """A new login role (random name and password) that is a member of APP_ROLE and nothing else; returns
+    `database_url` connecting as it: how the API and the dispatcher reach a database migrated by its owner."""
+    import psycopg
+    from psycopg import sql
+
+    name, password = f"{prefix}_{secrets.token_hex(4)}", secrets.token_hex(16)
+    with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} NOSUPERUSER NOCREATEDB NOCREATEROLE IN ROLE {}").format(
+                sql.Identifier(name), sql.Literal(password), sql.Identifier(APP_ROLE)
+            )
+        )
+    parts = urlsplit(libpq_url(database_url))
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{name}:{password}@{host}"))
+
+
+def drop_login(server_url: str, login_url: str) -> None:
+    """Drop the login role of `login_url` (create_login's); its sessions end first."""
+    import psycopg
+    from psycopg import sql
+
+    name = urlsplit(login_url).username
+    with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
+        conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
 def reachable(url: str) -> bool:
     try:
         import psycopg

@@ -112,11 +112,14 @@ def running_stack(
 ) -> Iterator[Stack]:
     """API and one dispatcher on a database of their own, over `ray_head`."""
     from api.db import migrate
-    from api.stack.postgres import create_database, drop_database
+    from api.stack.postgres import create_database, create_login, drop_database, drop_login
     from tests.e2e.ray_stack import Dispatchers
 
-    database_url = create_database(pg_server_url, "tm_ray")
-    migrate.upgrade(database_url)
+    owner_url = create_database(pg_server_url, "tm_ray")
+    migrate.upgrade(owner_url)
+    # The API and the dispatcher connect as the least-privilege role (migration 0022), as a deployment
+    # should: every real-process test then shows that role's rights are enough.
+    database_url = create_login(pg_server_url, owner_url)
     ray_env = {
         "TRAINMASTER_RAY_ADDRESS": ray_head.dashboard,
         **{k: ray_head.env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")},
@@ -142,4 +145,5 @@ def running_stack(
     finally:
         dispatchers.stop_all()
         stop(api.process)
-        drop_database(pg_server_url, database_url)
+        drop_database(pg_server_url, owner_url)
+        drop_login(pg_server_url, database_url)

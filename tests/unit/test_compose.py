@@ -65,6 +65,7 @@ def test_commands_are_real_entry_points_with_valid_flags(service: str) -> None:
             "ray-worker-gpu": "start",
             "api": "api",
             "dispatcher": "dispatcher",
+            "migrate": "upgrade",
         }[service]
     )
 
@@ -79,7 +80,7 @@ def test_a_bad_flag_would_be_caught() -> None:
 
 def test_required_secrets_fail_fast() -> None:
     text = (REPO / "docker-compose.yml").read_text()
-    for name in ("POSTGRES_PASSWORD", "RAY_AUTH_TOKEN"):
+    for name in ("POSTGRES_PASSWORD", "TRAINMASTER_SERVICE_PASSWORD", "RAY_AUTH_TOKEN"):
         uses = re.findall(r"\$\{" + name + r"(:?[?-]?)[^}]*\}", text)
         assert uses and all(use == ":?" for use in uses), f"{name} must be ${{{name}:?...}} everywhere"
 
@@ -90,8 +91,22 @@ def test_ray_dashboard_is_not_published_and_api_is() -> None:
     assert published["api"] == ["8000:8000"]
 
 
-def test_api_migrates_before_serving_and_images_build_from_platform_docker() -> None:
-    assert "--migrate" in SERVICES["api"]["command"]
+def test_migrations_run_as_the_owner_before_the_services_which_connect_least_privileged() -> None:
+    """Only `migrate` holds the owner's URL; the api and the dispatcher wait for it to finish and connect
+    as trainmaster_service, which the postgres image's init script makes a member of trainmaster_app."""
+    assert SERVICES["migrate"]["command"] == ["trainmaster", "db", "upgrade"]
+    assert "trainmaster:${POSTGRES_PASSWORD" in SERVICES["migrate"]["environment"]["TRAINMASTER_DATABASE_URL"]
+    for name in ("api", "dispatcher"):
+        assert SERVICES[name]["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
+        url = SERVICES[name]["environment"]["TRAINMASTER_DATABASE_URL"]
+        assert url.startswith("postgresql://trainmaster_service:") and "POSTGRES_PASSWORD" not in url
+        assert "--migrate" not in SERVICES[name]["command"]
+    init = [m for m in SERVICES["postgres"]["volumes"] if "docker-entrypoint-initdb.d" in m]
+    script = REPO / init[0].split(":", 1)[0]
+    assert "IN ROLE trainmaster_app" in script.read_text()
+
+
+def test_images_build_from_platform_docker() -> None:
     build = COMPOSE["x-trainmaster"]["build"]
     assert (REPO / build["dockerfile"]).is_file() and build["dockerfile"].startswith("platform/docker/")
     gpu = SERVICES["ray-worker-gpu"]

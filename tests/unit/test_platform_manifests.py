@@ -173,13 +173,16 @@ def container_commands() -> list[tuple[str, list[str]]]:
 def test_container_commands_are_real_entry_points_with_valid_flags(where: str, argv: list[str]) -> None:
     assert all(isinstance(arg, str) for arg in argv), f"{where}: every argument must be a string"
     context = resolve(cli_group(argv[0]), argv[1:])
-    assert context.command.name in {"api", "dispatcher", "start"}
+    assert context.command.name in {"api", "dispatcher", "start", "upgrade"}
 
 
 def test_api_and_dispatcher_commands_are_the_compose_ones() -> None:
-    commands = {where.split("/")[0]: argv for where, argv in container_commands()}
-    assert commands["trainmaster-api"] == ["trainmaster", "api", "--migrate", "--host", "0.0.0.0", "--port", "8000"]
-    assert commands["trainmaster-dispatcher"] == ["trainmaster", "dispatcher"]
+    commands = dict(container_commands())
+    assert commands["trainmaster-api/api"] == ["trainmaster", "api", "--host", "0.0.0.0", "--port", "8000"]
+    assert commands["trainmaster-api/migrate"] == ["trainmaster", "db", "upgrade"]
+    assert [argv for where, argv in commands.items() if where.startswith("trainmaster-dispatcher/")] == [
+        ["trainmaster", "dispatcher"]
+    ]
 
 
 def quantity(value: Any) -> float:
@@ -433,7 +436,12 @@ def test_api_runs_two_migrating_replicas_with_probes_behind_a_service() -> None:
     deployment = one("Deployment", "trainmaster-api")
     assert deployment["spec"]["replicas"] == 2
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert "--migrate" in container["command"]
+    (migrate,) = deployment["spec"]["template"]["spec"]["initContainers"]
+    # Migrations as the owner in the init container alone; the api connects least-privileged.
+    assert migrate["command"] == ["trainmaster", "db", "upgrade"]
+    assert migrate["env"][0]["valueFrom"]["secretKeyRef"]["key"] == "migration_database_url"
+    keys = [e["valueFrom"]["secretKeyRef"]["key"] for e in container["env"] if "valueFrom" in e]
+    assert "database_url" in keys and "migration_database_url" not in keys
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     service = one("Service", "trainmaster-api")
