@@ -65,6 +65,8 @@ def drop_login(server_url: str, login_url: str) -> None:
     from psycopg import sql
 
     name = urlsplit(login_url).username
+    if not name:
+        raise ValueError("the URL names no role")
     with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
         conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
