@@ -50,10 +50,19 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
 DEFAULT_SYSTEM_METRICS_INTERVAL_S = 5.0
 
 
+def project_storage(storage: str, project_id: str) -> str:
+    """The project's own folder of the storage (`<storage>/<project id>`, a URI's too): what a job of the
+    project is given as its storage path, so its runs land in `<storage>/<project id>/<job id>/`."""
+    if "://" in storage:
+        return f"{storage.rstrip('/')}/{project_id}"
+    return str(Path(storage) / project_id)
+
+
 def within_job(storage: str | os.PathLike[str], job_id: str, path: str) -> Path | None:
     """A checkpoint's folder when it resolves (links followed) inside `<storage>/<job id>/`, where Ray
-    Train writes the job's run, else None: what trainmaster may delete of a path a job reported (the
-    dispatcher's collector, a job's refused checkpoint)."""
+    Train writes the job's run (`storage`: the job's project folder, `project_storage`), else None: what
+    trainmaster may delete of a path a job reported (the dispatcher's collector, a job's refused
+    checkpoint)."""
     root = Path(os.path.realpath(Path(storage).expanduser() / job_id))
     target = Path(os.path.realpath(path))
     return target if target != root and target.is_relative_to(root) else None

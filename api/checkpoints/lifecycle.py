@@ -37,7 +37,7 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from trainmaster.context import within_job
+from trainmaster.context import project_storage, within_job
 
 log = logging.getLogger("trainmaster.checkpoints")
 
@@ -50,7 +50,7 @@ PASS_LIMIT = 200  # checkpoints deleted per pass (each a folder removed from dis
 DUE = text(
     """
     WITH live AS (
-        SELECT c.id, c.job_id, c.path, c.pinned,
+        SELECT c.id, c.job_id, j.project_id, c.path, c.pinned,
                (j.spec #>> '{checkpoint,num_to_keep}')::int AS keep,
                j.finished_at IS NOT NULL AND p.checkpoint_retention_days IS NOT NULL
                  AND j.finished_at < now() - make_interval(secs => p.checkpoint_retention_days * 86400)
@@ -74,7 +74,7 @@ DUE = text(
           AND (j.spec #> '{checkpoint,num_to_keep}' IS NOT NULL
                OR (j.finished_at IS NOT NULL AND p.checkpoint_retention_days IS NOT NULL))
     )
-    SELECT id, job_id, path,
+    SELECT id, job_id, project_id, path,
            CASE WHEN expired THEN format('the project keeps checkpoints %s days after the job finished', days)
                 ELSE format('not among the job''s latest %s', keep)
                      || CASE WHEN has_best THEN ' nor its best by keep_best' ELSE '' END
@@ -106,9 +106,12 @@ class Collected:
     marked: int = 0  # rows marked deleted (also those whose files were gone or not the job's)
 
 
-def remove(storage: Path, job_id: str, path: str) -> str:
-    """Removes the checkpoint's files; says what became of them, for `deleted_why`."""
-    target = within_job(storage, job_id, path)
+def remove(storage: Path, project_id: str, job_id: str, path: str) -> str:
+    """Removes the checkpoint's files; says what became of them, for `deleted_why`. They must be inside
+    the job's run folder: `<storage>/<project id>/<job id>/`, or `<storage>/<job id>/` where runs were
+    written before storage was laid out per project (migration 0022's release)."""
+    own = Path(project_storage(str(storage), project_id))
+    target = within_job(own, job_id, path) or within_job(storage, job_id, path)
     if target is None:
         return "; its path is outside the job's storage folder, so no file was removed"
     if not target.exists():
@@ -141,7 +144,7 @@ async def collect(sessions: async_sessionmaker[AsyncSession], storage_path: str,
             if row.id not in locked:
                 continue  # another dispatcher's pass holds it
             try:
-                outcome = await asyncio.to_thread(remove, storage, str(row.job_id), row.path)
+                outcome = await asyncio.to_thread(remove, storage, str(row.project_id), str(row.job_id), row.path)
             except OSError as exc:  # left for a later pass; said once per pass
                 log.warning(json.dumps({"event": "checkpoint_not_removed", "id": row.id, "error": str(exc)[:200]}))
                 continue

@@ -27,7 +27,7 @@ from api.dispatcher.context import RoundContext
 from api.dispatcher.repository import QueuedJob
 from api.jobs.status import JOB_CHANNEL, record_event
 from api.settings import Settings
-from trainmaster.context import ENV_ELASTIC_RESIZE_S, ENV_LABEL_SELECTOR, JobContext
+from trainmaster.context import ENV_ELASTIC_RESIZE_S, ENV_LABEL_SELECTOR, JobContext, project_storage
 from trainmaster.models import AttemptStatus, JobSpec
 
 log = logging.getLogger("trainmaster.dispatcher")
@@ -204,7 +204,7 @@ def build(
         api_url=settings.api_url,
         claim=claim,
         spec_json=spec.spec_json,
-        storage_path=settings.storage_path,
+        storage_path=project_storage(settings.storage_path, str(job.project_id)),  # runs never share a tree
         collective_timeout_s=settings.collective_timeout_s,
         system_metrics_interval_s=settings.system_metrics_interval_s,
         extra_env=spec.env,

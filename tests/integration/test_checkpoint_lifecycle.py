@@ -255,3 +255,37 @@ def test_the_dispatchers_collector_task_passes_at_once_and_stops_when_told(
 
     asyncio.run(go())
     assert on_disk(storage, job.id) == kept(sdk, job.id)
+
+
+def project_id(database_url: str, job_id: str) -> str:
+    with psycopg.connect(libpq(database_url)) as conn:
+        row = conn.execute("SELECT project_id FROM jobs WHERE id = %s", (job_id,)).fetchone()
+        assert row is not None
+        return str(row[0])
+
+
+def test_runs_are_laid_out_per_project_and_another_projects_folder_is_never_removed(
+    sdk: tm.Client, http: TestClient, other_token: str, database_url: str, tmp_path: Path
+) -> None:
+    """A job is given `<storage>/<project id>` (launch.build), so its run is `<storage>/<project>/<job>/`:
+    the collector removes what is due there; a path the job reports inside another project's folder
+    is marked and left, whatever it names."""
+    storage = tmp_path / "storage"
+    job = sdk.submit(tm.JobSpec.model_validate(spec(checkpoint={"num_to_keep": 1})))
+    with tm.Client("http://testserver", other_token, transport=http._transport) as other_sdk:
+        theirs = other_sdk.submit(tm.JobSpec.model_validate(spec(name="theirs")))
+    own_folder, their_folder = storage / project_id(database_url, job.id), storage / project_id(database_url, theirs.id)
+    assert own_folder != their_folder
+    add_checkpoints(database_url, their_folder, theirs.id, [{}])
+    their_files = on_disk(their_folder, theirs.id)
+    with psycopg.connect(libpq(database_url), autocommit=True) as conn:  # reported by the hostile job
+        conn.execute(
+            "INSERT INTO checkpoints (job_id, path, step) VALUES (%s, %s, -1)", (job.id, str(their_folder / theirs.id))
+        )
+    ids = add_checkpoints(database_url, own_folder, job.id, [{}, {}])
+
+    done = run_collector(database_url, storage)
+    assert (done.marked, done.deleted) == (2, 1)
+    assert on_disk(own_folder, job.id) == kept(sdk, job.id) == {str(own_folder / job.id / "checkpoint_000001")}
+    assert on_disk(their_folder, theirs.id) == their_files  # untouched
+    assert [c.id for c in sdk.checkpoints(job.id) if c.deleted_at is None] == [ids[1]]
