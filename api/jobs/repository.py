@@ -20,6 +20,14 @@ def _with_relations(query: Select[Any]) -> Select[Any]:
     return query.options(selectinload(Job.attempts))
 
 
+# A queue is a cluster's (each cluster admits its own jobs, api/dispatcher/): the projects on the cluster
+# of `{project}`, which every statement below counts ahead of a job. Projects are few: a small scan.
+SAME_CLUSTER = """
+    SELECT sc.id FROM projects sc
+    WHERE sc.cluster_id = (SELECT own.cluster_id FROM projects own WHERE own.id = {project})
+"""
+
+
 # One statement for a new job: the row, its first event, the NOTIFY (sent at commit) and its place in the
 # queue; no row when the project already holds a job with this idempotency key. The new job is the
 # newest of its class (see QUEUE_POSITIONS below), so every queued job of the groups ahead of it or tied
@@ -36,7 +44,7 @@ INSERT_QUEUED = text(
     ),
     event AS (
         INSERT INTO job_events (job_id, kind, status, message, data)
-        SELECT id, 'status', 'queued', 'submitted', '{}'::jsonb FROM job
+        SELECT id, 'status', 'queued', 'submitted', '{{}}'::jsonb FROM job
     ),
     mine AS (
         SELECT coalesce(min(share), 0) AS share FROM project_usage WHERE project_id = :project_id
@@ -44,12 +52,13 @@ INSERT_QUEUED = text(
     SELECT id, created_at, spec, pg_notify(:channel, :payload),
            1 + coalesce((
                SELECT sum(q.queued) FROM queue_counts q LEFT JOIN project_usage u ON u.project_id = q.project_id
-               WHERE q.priority > :priority
-                  OR (q.priority = :priority
-                      AND coalesce(u.share, 0) <= mine.share)
+               WHERE (q.priority > :priority
+                      OR (q.priority = :priority
+                          AND coalesce(u.share, 0) <= mine.share))
+                 AND q.project_id IN ({same_cluster})
            ), 0) AS queue_position
     FROM job, mine
-    """
+    """.format(same_cluster=SAME_CLUSTER.format(project=":project_id"))
 )
 INSERT_QUEUED_DIRECT = pyformat(INSERT_QUEUED)
 
@@ -176,6 +185,7 @@ QUEUE_POSITIONS = text(
         SELECT q.priority, q.project_id, sum(q.queued) AS queued,
                coalesce(min(u.share), 0) AS share
         FROM queue_counts q LEFT JOIN project_usage u ON u.project_id = q.project_id
+        WHERE q.project_id IN ({same_cluster})
         GROUP BY q.priority, q.project_id
         HAVING sum(q.queued) > 0
     ),
@@ -221,7 +231,10 @@ QUEUE_POSITIONS = text(
         ), 0) + older.n + numbered.ahead AS position
     FROM me JOIN numbered ON numbered.id = me.id
     JOIN older ON older.priority = me.priority AND older.share = me.share
-    """.format(older_than_oldest=_older_in_group("tied", "tied.oldest_at", "tied.oldest_id"))
+    """.format(
+        older_than_oldest=_older_in_group("tied", "tied.oldest_at", "tied.oldest_id"),
+        same_cluster=SAME_CLUSTER.format(project="(SELECT project_id FROM me LIMIT 1)"),
+    )
 )
 
 
@@ -270,7 +283,7 @@ READ_JOB = text(
         SELECT q.priority, q.project_id, sum(q.queued) AS queued,
                coalesce(min(u.share), 0) AS share
         FROM queue_counts q LEFT JOIN project_usage u ON u.project_id = q.project_id
-        WHERE q.priority >= (SELECT priority FROM me)
+        WHERE q.priority >= (SELECT priority FROM me) AND q.project_id IN ({same_cluster})
         GROUP BY q.priority, q.project_id
         HAVING sum(q.queued) > 0
     ),
@@ -309,7 +322,10 @@ READ_JOB = text(
            (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_us
     FROM jobs j LEFT JOIN place ON true
     WHERE j.id = :id AND j.project_id = :project_id
-    """.format(older_than_me=_older_in_group("me", "me.created_at", "me.id"))
+    """.format(
+        older_than_me=_older_in_group("me", "me.created_at", "me.id"),
+        same_cluster=SAME_CLUSTER.format(project=":project_id"),
+    )
 )
 
 

@@ -12,12 +12,14 @@ import uuid
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
 from api.clusters import service as clusters
 from api.db.models import Cluster, Project
 from api.dispatcher import main as dispatcher_main
 from api.dispatcher.placement import Cluster as RayCluster
+from tests.factories.auth import scoped_token
 from tests.factories.ray import FakeRay
 from tests.integration.test_dispatcher import World, one_worker, run
 from trainmaster.models import JobStatus
@@ -131,3 +133,26 @@ def test_one_dispatcher_serves_every_cluster_and_a_slow_one_delays_only_its_own(
                     await server
 
     run(scenario())
+
+
+def test_queue_positions_count_only_the_jobs_of_the_same_cluster(
+    http: TestClient, auth: dict[str, str], other_token: str, database_url: str
+) -> None:
+    """Each cluster admits its own queue, so a job's `queue_position` (at submission, read alone, in a
+    list, in GET /v1/queues) counts only jobs of projects on its cluster."""
+    beta = {"Authorization": f"Bearer {other_token}"}
+    root = {"Authorization": f"Bearer {scoped_token(database_url)}"}
+    assert (
+        http.post("/v1/clusters", json={"name": "east", "address": "http://east:8265"}, headers=root).status_code == 201
+    )
+    assert http.patch("/v1/projects/beta", json={"cluster": "east"}, headers=root).status_code == 200
+    body = {"name": "j", "entrypoint": "builtin:mlp"}
+    alpha_jobs = [http.post("/v1/jobs", json=body, headers=auth).json() for _ in range(3)]
+    assert [job["queue_position"] for job in alpha_jobs] == [1, 2, 3]
+    submitted = http.post("/v1/jobs", json=body, headers=beta).json()
+    assert (submitted["cluster"], submitted["queue_position"]) == ("east", 1)  # not behind alpha's three
+    assert http.get(f"/v1/jobs/{submitted['id']}", headers=beta).json()["queue_position"] == 1
+    assert [job["queue_position"] for job in http.get("/v1/jobs", headers=beta).json()["items"]] == [1]
+    assert http.get(f"/v1/jobs/{alpha_jobs[2]['id']}", headers=auth).json()["queue_position"] == 3
+    east = http.get("/v1/queues", params={"cluster": "east"}, headers=root).json()
+    assert [(p["project"], [j["queue_position"] for j in p["jobs"]]) for p in east["items"]] == [("beta", [1])]
