@@ -54,3 +54,23 @@ def _poll(context: JobContext) -> None:
         except (httpx.HTTPError, ValueError):
             pass  # the API is away: keep the last answer
         time.sleep(POLL_S)
+
+
+def max_workers() -> int | None:
+    """The most workers the platform lets this elastic job run now (it was shrunk to make room for a
+    higher-priority job), or None: no cap, outside a job, or the API away (the last cap stays with
+    its caller). One request; workers/elastic.py asks every few seconds."""
+    context = JobContext.from_env()
+    if context is None or not context.can_report:
+        return None
+    api = context.api()
+    try:
+        response = api.control()
+        if response.status_code != 200:
+            return None
+        cap = response.json().get("max_workers")
+        return cap if type(cap) is int and cap > 0 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    finally:
+        api.close()

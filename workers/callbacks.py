@@ -30,6 +30,10 @@ import trainmaster
 from trainmaster.context import ENV_JOB_ID, ENV_JOB_TOKEN, ENV_STORAGE_PATH, post_event, record_checkpoint, within_job
 
 MAX_LISTED_WORKERS = 64  # event data stays small for a gang of 1,024
+RESIZED = "resized by Ray Train's elastic policy"
+GREW = "room freed up: Ray Train's elastic policy grows the gang toward its maximum"
+SHRUNK = "the platform asked it to shrink, to make room for a higher-priority job"
+ROOM_AT_START = "Ray Train's elastic policy found room above the minimum it was admitted at"
 
 
 def _set_job_token(token: str | None) -> None:
@@ -92,10 +96,12 @@ def _step_of(metrics: dict[str, Any]) -> int | None:
 
 
 class PlacementCallback(ControllerCallback, WorkerGroupCallback):
-    def __init__(self) -> None:
+    def __init__(self, admitted: int = 0) -> None:
         self.node_of_rank: dict[int, dict[str, str]] = {}
         self.group_starts = 0
-        self.size = 0  # workers in the group that started last
+        # Workers in the group that started last; before the first, what admission accounted (an
+        # elastic gang's min), so a first group Ray Train started larger is a resize too.
+        self.size = admitted
         self.nodes: set[str] = set()  # and the nodes they ran on
         self.why = ""  # what ended that group: a loss, or Ray Train's elastic policy growing it
 
@@ -117,7 +123,7 @@ class PlacementCallback(ControllerCallback, WorkerGroupCallback):
                 post_event("workers_lost", message, data)
                 self.why = f"worker rank(s) {data['ranks']} lost" if data["ranks"] else "worker(s) lost"
         elif kind == "ResizingState":
-            self.why = "room freed up: Ray Train's elastic policy grows the gang toward its maximum"
+            self.why = RESIZED
 
     def after_worker_group_start(self, worker_group: Any) -> None:
         self.group_starts += 1
@@ -132,7 +138,10 @@ class PlacementCallback(ControllerCallback, WorkerGroupCallback):
         )
         if self.size and len(workers) != self.size:
             # The API moves what the job holds to the new size (api/jobs/service.py, add_event).
-            why = self.why or "Ray Train restarted the group"
+            first = self.group_starts == 1  # larger than admission accounted: Ray Train found room
+            why = self.why or (ROOM_AT_START if first else "Ray Train restarted the group")
+            if why == RESIZED:  # Ray Train's elastic policy (workers/elastic.py) decided it
+                why = GREW if len(workers) > self.size else SHRUNK
             if gone := sorted(self.nodes - set(nodes)):
                 why += f" on node(s) {', '.join(gone)}"  # the group's nodes that the new one is without
             post_event(

@@ -46,6 +46,12 @@ def storage_path(context: JobContext) -> str:
 ELASTIC_RESTARTS = 3  # an elastic gang's group restarts (smaller) after lost workers, when max_failures is 0
 
 
+def admitted(spec: JobSpec) -> int:
+    """The gang size admission accounted: an elastic gang's minimum (its first group may start larger,
+    a resize the API must hear of), 0 for a fixed gang (its size never changes)."""
+    return spec.scaling.min_workers if spec.scaling.elastic else 0
+
+
 def failures_allowed(spec: JobSpec) -> int:
     """Ray Train's max_failures: the job's; an elastic gang that left it 0 restarts smaller instead of
     failing its attempt on the first lost worker, ELASTIC_RESTARTS times."""
@@ -114,6 +120,7 @@ def build_trainer(spec: JobSpec, context: JobContext) -> Any:
     """The framework's Ray trainer (workers/frameworks/) with the gang, storage and callbacks of every job."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
+    from workers import elastic
     from workers.callbacks import JobTokenCallback, PlacementCallback, TrainmasterCallback
 
     framework = frameworks.require(spec.framework)  # fail here, naming the install line, not in every worker
@@ -128,6 +135,8 @@ def build_trainer(spec: JobSpec, context: JobContext) -> Any:
         tm = {"mode": "function", "entrypoint": spec.entrypoint}
     tm["framework"] = spec.framework.value
     storage = storage_path(context)
+    if spec.scaling.elastic:
+        elastic.install()  # the platform may ask the gang to shrink (preemption): workers/elastic.py
     # On local storage the dispatcher's collector deletes what the policy, pins and retention leave
     # (api/checkpoints/lifecycle.py), and marks it in the API; Ray deleting too would remove pinned or
     # best checkpoints. On remote storage Ray's own num_to_keep deletes.
@@ -150,7 +159,7 @@ def build_trainer(spec: JobSpec, context: JobContext) -> Any:
                 failure_config=FailureConfig(max_failures=failures_allowed(spec)),
                 checkpoint_config=CheckpointConfig(num_to_keep=ray_keeps),
                 # JobTokenCallback first: the controller and the workers hold the job token before anything reports
-                callbacks=[JobTokenCallback(context.token), TrainmasterCallback(), PlacementCallback()],  # type: ignore[list-item]
+                callbacks=[JobTokenCallback(context.token), TrainmasterCallback(), PlacementCallback(admitted(spec))],  # type: ignore[list-item]
             ),
         )
     )

@@ -176,6 +176,8 @@ class Job(Base):
     # Set while a higher-priority job waits for this one to checkpoint and stop (preemption).
     preempted_by: Mapped[uuid.UUID | None] = mapped_column(UUID)
     preempt_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # An elastic gang asked to shrink to make room (0023): at most this many workers for the attempt.
+    shrink_to: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = _now()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

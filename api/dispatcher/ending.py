@@ -12,10 +12,11 @@ from trainmaster.models import JobStatus
 
 
 async def release(session: AsyncSession, job: Job) -> None:
-    """The attempt is over: no lease, no preemption pending, no job token left."""
+    """The attempt is over: no lease, no preemption pending, no cap on its size, no job token left."""
     job.lease_owner = None
     job.lease_expires_at = None
     job.preempted_by = job.preempt_requested_at = None
+    job.shrink_to = None  # a shrunk elastic gang's next attempt may grow to its max again
     await repo.revoke_job_tokens(session, job.id)
 
 

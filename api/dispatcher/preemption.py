@@ -14,6 +14,13 @@ holds less than its quota, and other members of its cohort run on quota they bor
 it back the same way: the borrowers' jobs are preempted, cheapest first (`_reclaim`), whatever their
 priority.
 
+Shrinking comes first (issue 29): on either path, running elastic gangs above their `min` among the
+candidates are asked to shrink (`shrink_to`, read by the job's scaling policy through the same
+control endpoint: workers/elastic.py) before any job is preempted whole, and only when shrinking them
+all frees enough. A shrunk gang keeps running, resized from its latest checkpoint in the same attempt,
+at most that size until the attempt ends; its `resized` event moves what it holds, and the waiting
+gang is admitted. Guaranteed shares do not limit shrinking (the gang keeps its `min`).
+
 Room is counted in totals (CPU, GPU), not per node: the victims' resources come back wherever they
 ran, and the waiting gang is admitted by the normal admission round once its placement fits.
 """
@@ -35,7 +42,7 @@ from api.dispatcher.quotas import RESOURCES, Book
 from api.jobs.repository import ACTIVE
 from api.jobs.status import record_event
 from api.settings import Settings
-from trainmaster.models import JobStatus
+from trainmaster.models import JobStatus, Scaling
 
 EPSILON = 1e-9
 
@@ -48,7 +55,9 @@ async def make_room(
     `preemption` setting, by asking lower-priority running jobs to go. The reason to show it, or None."""
     already = await _victims_of(session, job)
     if already:
-        names = ", ".join(str(v)[:8] for v in already)
+        names = ", ".join(str(v.id)[:8] for v in already)
+        if all(v.preempt_requested_at is None for v in already):
+            return f"shrinking {len(already)} elastic job(s) to make room ({names}): waiting for them to resize"
         return f"preempting {len(already)} job(s) to make room ({names}): waiting for them to checkpoint and stop"
     free = cluster.free()
     room = {"CPU": free.get("CPU", 0.0), "GPU": free.get("GPU", 0.0)}
@@ -59,8 +68,14 @@ async def make_room(
         return None
     held = await _held_by_project(session, job)
     shares = settings.guaranteed_shares
+    candidates = await _candidates(session, job)
+    lower = f"(priority {job.priority} > "
+    if shrunk := await _shrink(
+        session, job, [v for v, _ in candidates], dict(room), need, lambda v: f"{lower}{v.priority})"
+    ):
+        return shrunk
     chosen: list[Job] = []
-    for victim, project in await _candidates(session, job):
+    for victim, project in candidates:
         if _covers(room, need):
             break
         share = shares.get(project, {})
@@ -126,8 +141,12 @@ async def _reclaim(
         book.reclaim_failed(job.project_id, need)
         return None
     usage = {pid: dict(s.usage) for pid, s in borrowers.items()}
+    borrowing = await _borrowing_jobs(session, list(borrowers))
+    why = f"(project {standing.name} reclaims its quota, which this job's project borrowed in cohort {standing.cohort})"
+    if shrunk := await _shrink(session, job, borrowing, dict(room), need, lambda _: why):
+        return shrunk
     chosen: list[Job] = []
-    for victim in await _borrowing_jobs(session, list(borrowers)):
+    for victim in borrowing:
         if _covers(room, need):
             break
         quota, held = borrowers[victim.project_id].quota, usage[victim.project_id]
@@ -140,7 +159,6 @@ async def _reclaim(
     if not chosen or not _covers(room, need):
         book.reclaim_failed(job.project_id, need)
         return None
-    why = f"(project {standing.name} reclaims its quota, which this job's project borrowed in cohort {standing.cohort})"
     purpose = f"to reclaim its quota: they run on quota borrowed in cohort {standing.cohort}"
     names = await _ask(settings, session, job, chosen, now, lambda _: why, purpose, {"reclaim": True})
     return (
@@ -172,9 +190,69 @@ def _covers(room: dict[str, float], need: dict[str, float]) -> bool:
     return all(room[r] + EPSILON >= need[r] for r in need)
 
 
-async def _victims_of(session: AsyncSession, job: Job) -> list[object]:
-    query = select(Job.id).where(Job.preempted_by == job.id, Job.status.in_(ACTIVE))
+async def _victims_of(session: AsyncSession, job: Job) -> list[Job]:
+    """The active jobs asked to go, or to shrink, for `job` and not done yet."""
+    query = select(Job).where(Job.preempted_by == job.id, Job.status.in_(ACTIVE))
     return list((await session.execute(query)).scalars())
+
+
+def _workers(job: Job, scaling: Scaling) -> int:
+    """An elastic gang's size now, from what it holds (api/jobs/service.py, `resized`, keeps it so)."""
+    per = scaling.worker_resources()
+    resource = "CPU" if per.get("CPU", 0.0) > 0 else "GPU"
+    held = job.gang_cpus if resource == "CPU" else job.gang_gpus
+    return round(held / per[resource]) if per.get(resource, 0.0) > 0 else scaling.min_workers
+
+
+async def _shrink(
+    session: AsyncSession,
+    job: Job,
+    candidates: list[Job],
+    room: dict[str, float],
+    need: dict[str, float],
+    why: Callable[[Job], str],
+) -> str | None:
+    """Make room by shrinking elastic gangs among `candidates` (in their order) toward their `min`,
+    before anything is preempted whole (issue 29): each keeps running, resized from its latest
+    checkpoint by its own scaling policy (workers/elastic.py reads `shrink_to`). None, and nothing
+    asked, when shrinking all of them cannot free enough."""
+    asked: list[tuple[Job, int, int]] = []  # (job, from, to)
+    for victim in candidates:
+        if _covers(room, need):
+            break
+        scaling = Scaling.model_validate(victim.spec.get("scaling", {}))
+        if not scaling.elastic or victim.preempted_by is not None:
+            continue
+        size = _workers(victim, scaling)
+        per = scaling.worker_resources()
+        target = size
+        while target > scaling.min_workers and not _covers(room, need):
+            target -= 1
+            for resource in room:
+                room[resource] += per.get(resource, 0.0)
+        if target < size:
+            asked.append((victim, size, target))
+    if not asked or not _covers(room, need):
+        return None
+    for victim, size, target in asked:
+        victim.shrink_to, victim.preempted_by = target, job.id
+        await record_event(
+            session,
+            victim,
+            "shrink_requested",
+            f"asked to shrink {size} -> {target} workers for {job.id} {why(victim)}: it keeps running, resized "
+            "from its latest checkpoint",
+            {"for": str(job.id), "from": size, "to": target},
+        )
+    names = ", ".join(str(v.id)[:8] for v, _, _ in asked)
+    await record_event(
+        session,
+        job,
+        "shrinking",
+        f"shrinking {names} to make room, instead of preempting them",
+        {"jobs": [{"id": str(v.id), "from": a, "to": b} for v, a, b in asked]},
+    )
+    return f"shrinking {len(asked)} elastic job(s) to make room ({names}): waiting for them to resize"
 
 
 def _same_cluster(job: Job) -> Any:

@@ -255,8 +255,9 @@ async def get_writable(session: AsyncSession, principal: Principal, raw_id: str)
 async def control(session: AsyncSession, principal: Principal, raw_id: str) -> JobControl:
     job = await get_writable(session, principal, raw_id)
     if job.preempt_requested_at is None:
-        return JobControl()
-    return JobControl(checkpoint=True, reason=f"preempted by {job.preempted_by}")
+        reason = f"shrunk to make room for {job.preempted_by}" if job.shrink_to and job.preempted_by else None
+        return JobControl(max_workers=job.shrink_to, reason=reason)
+    return JobControl(checkpoint=True, reason=f"preempted by {job.preempted_by}", max_workers=job.shrink_to)
 
 
 async def add_event(session: AsyncSession, principal: Principal, raw_id: str, event: JobEventIn) -> JobEvent:
@@ -275,6 +276,8 @@ def resized(job: JobRow, workers: object) -> None:
     if not scaling.elastic or job.status not in repository.ACTIVE or type(workers) is not int:
         return
     size = min(max(workers, scaling.min_workers), scaling.max_workers)
+    if job.shrink_to is not None and size <= job.shrink_to and job.preempt_requested_at is None:
+        job.preempted_by = None  # it has shrunk for the job that asked: that job no longer waits on it
     per_worker = scaling.worker_resources()
     job.gang_cpus = per_worker.get("CPU", 0.0) * size
     job.gang_gpus = per_worker.get("GPU", 0.0) * size

@@ -1,6 +1,7 @@
 """Preemption through the real API, dispatcher and Ray: a high-priority gang needing the whole cluster
-makes a low-priority job checkpoint and step aside, runs, and the low job resumes where it stopped; and
-a project of a cohort takes back the quota it lent the same way."""
+makes a low-priority job checkpoint and step aside, runs, and the low job resumes where it stopped; a
+low-priority elastic gang is shrunk instead, in its attempt; and a project of a cohort takes back the
+quota it lent the same way."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ STEPS = EPOCHS * (SAMPLES // WORKERS // BATCH)  # what an unpreempted run trains
 def preempting(stack: Stack) -> Iterator[Stack]:
     """The session stack with its dispatcher replaced by one that preempts (the setting is off by default)."""
     stack.dispatchers.stop_all()
-    stack.dispatchers.start("preempting", {"TRAINMASTER_PREEMPTION": "true", "TRAINMASTER_PREEMPTION_GRACE_S": "90"})
+    # An elastic gang's policy looks at its size every 3 s (Ray Train's default is 60).
+    settings = {"TRAINMASTER_PREEMPTION": "true", "TRAINMASTER_PREEMPTION_GRACE_S": "90"}
+    stack.dispatchers.start("preempting", {**settings, "TRAINMASTER_ELASTIC_RESIZE_INTERVAL_S": "3"})
     try:
         yield stack
     finally:
@@ -77,6 +80,48 @@ def test_high_priority_gang_preempts_and_the_low_job_resumes_without_losing_a_st
         assert abs(preempted.lost_s - since_saved) < 1e-3, (preempted, saved)
         ran = (preempted.finished_at - preempted.running_at).total_seconds()
         assert abs(preempted.productive_s - (ran - since_saved)) < 1e-3 and preempted.productive_s > 0
+
+
+def test_an_elastic_gang_is_shrunk_instead_of_preempted_and_keeps_its_attempt(preempting: Stack) -> None:
+    """Issue 29 item 3: a low-priority `{min: 2, max: 4}` gang runs at 4 on the 4-CPU cluster; a
+    high-priority 2-worker gang arrives. The dispatcher asks the elastic gang to shrink to 2 (no
+    preemption), its own scaling policy (workers/elastic.py) reads that and Ray Train restarts the group
+    at 2 from its checkpoint, the freed CPUs admit the high gang, and both succeed: the low job in the
+    one attempt it started with."""
+    elastic = tm.Scaling.model_validate({"num_workers": {"min": 2, "max": 4}, "resources_per_worker": {"CPU": 1}})
+    with preempting.client() as client:
+        low = client.submit(
+            name="elastic-low",
+            entrypoint="builtin:mlp",
+            scaling=elastic,
+            priority=0,
+            config={"epochs": 4, "samples": 1024, "batch_size": 64, "epoch_sleep_s": 2},
+        )
+        started = wait_until(
+            lambda: [e for e in client.events(low.id) if e.kind == "workers_started"], 300, interval=0.5, what="workers"
+        )
+        assert started[0].data["num_workers"] == 4  # the whole cluster was free: its max
+        high = client.submit(
+            name="high",
+            entrypoint="builtin:mlp",
+            scaling=tm.Scaling(num_workers=2, resources_per_worker={"CPU": 1}),
+            priority=10,
+            config={"epochs": 1, "samples": 256, "batch_size": 64},
+        )
+        done_high = wait_for(client, high.id, TERMINAL, timeout=300)
+        assert done_high.status is tm.JobStatus.succeeded, done_high.error
+        trail = [(e.kind, e.message) for job in (high, low) for e in client.events(job.id)]
+        assert any(e.kind == "shrinking" for e in client.events(high.id)), trail
+        done_low = wait_for(client, low.id, TERMINAL, timeout=400)
+        assert done_low.status is tm.JobStatus.succeeded, done_low.error
+        assert [a.n for a in done_low.attempts] == [1]  # shrunk inside its attempt, never stopped
+        events = client.events(low.id)
+        kinds = [e.kind for e in events]
+        assert "shrink_requested" in kinds and "preempt_requested" not in kinds, kinds
+        # Started above the min it was admitted at (what it holds followed), then shrunk for the high gang.
+        resizes = [(e.data["from"], e.data["to"], e.data["why"]) for e in events if e.kind == "resized"]
+        assert [(a, b) for a, b, _ in resizes] == [(2, 4), (4, 2)], resizes
+        assert "to make room for a higher-priority job" in resizes[1][2], resizes
 
 
 def test_a_project_reclaims_its_lent_quota_and_the_borrower_resumes_at_its_step(stack: Stack) -> None:

@@ -131,3 +131,95 @@ def test_only_as_many_victims_as_the_gang_needs(database_url: str) -> None:
             assert asked == lows[:2]  # the two lowest priorities, and no more
 
     run(scenario())
+
+
+def elastic(priority: int, min_workers: int) -> dict[str, Any]:
+    scaling = {"num_workers": {"min": min_workers, "max": 4}, "resources_per_worker": {"CPU": 1}}
+    return {"priority": priority, "scaling": scaling}
+
+
+async def running_elastic_at_max(world: World, min_workers: int) -> uuid.UUID:
+    """A priority-0 elastic gang admitted at its min, grown to 4 workers (its `resized` event): the cluster."""
+    low = await world.submit("alpha", **elastic(0, min_workers))
+    dispatcher = world.dispatcher()
+    assert await dispatcher.admit_round() == 1
+    world.ray.jobs[f"tm-{low}-1"] = RayJobState.RUNNING
+    await dispatcher.reconcile_round()
+    await resize(world, low, 4)
+    world.ray.used_cpus = 4
+    return low
+
+
+async def resize(world: World, job_id: uuid.UUID, to: int) -> None:
+    """What the job's controller posts when Ray Train restarted its group at `to` workers."""
+    from api.auth.principal import Principal
+    from api.jobs import service as jobs
+    from trainmaster.models import JobEventIn
+
+    async def post(session: Any) -> None:
+        job = await session.get(Job, job_id)
+        principal = Principal(project_id=job.project_id, project_name="alpha")
+        event = JobEventIn(kind="resized", message=f"-> {to}", data={"to": to})
+        await jobs.add_event(session, principal, str(job_id), event)
+
+    await world.execute(post)
+
+
+def test_an_elastic_gang_is_shrunk_before_anything_is_preempted(database_url: str) -> None:
+    async def scenario() -> None:
+        from api.auth.principal import Principal
+        from api.jobs import service as jobs
+
+        async with World(database_url, preemption=True, preemption_grace_s=600) as world:
+            low = await running_elastic_at_max(world, min_workers=1)
+            high = await world.submit(
+                "beta", priority=10, scaling={"num_workers": 2, "resources_per_worker": {"CPU": 1}}
+            )
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+            waiting = await world.job(high)
+            assert (waiting.pending_reason or "").startswith("shrinking 1 elastic job(s) to make room"), (
+                waiting.pending_reason
+            )
+            shrunk = await world.job(low)
+            assert (shrunk.shrink_to, shrunk.preempted_by, shrunk.preempt_requested_at) == (2, high, None)
+            assert "shrink_requested" in kinds(await world.events(low))
+            assert "preempt_requested" not in kinds(await world.events(low))
+            assert "shrinking" in kinds(await world.events(high))
+
+            async def control(session: Any) -> Any:
+                job = await session.get(Job, low)
+                return await jobs.control(session, Principal(project_id=job.project_id, project_name="alpha"), str(low))
+
+            async with world.sessions() as session:
+                asked = await control(session)
+            assert (asked.max_workers, asked.checkpoint) == (2, False)  # what its scaling policy reads
+
+            await dispatcher.admit_round()  # not shrunk yet: the same ask, nothing more
+            assert (await world.job(high)).status is JobStatus.queued
+            assert kinds(await world.events(low)).count("shrink_requested") == 1
+
+            await resize(world, low, 2)  # Ray Train restarted the group at 2 workers
+            world.ray.used_cpus = 2
+            assert await dispatcher.admit_round() == 1
+            assert (await world.job(high)).status is JobStatus.starting
+            after = await world.job(low)
+            assert (after.status, after.gang_cpus, after.preempted_by) == (JobStatus.running, 2, None)
+            assert [a.n for a in await world.attempts(low)] == [1]  # the same attempt: never stopped
+            assert world.ray.stopped == []
+
+    run(scenario())
+
+
+def test_a_job_is_preempted_whole_only_when_shrinking_cannot_free_enough(database_url: str) -> None:
+    async def scenario() -> None:
+        async with World(database_url, preemption=True, preemption_grace_s=600) as world:
+            low = await running_elastic_at_max(world, min_workers=3)  # can give back one worker only
+            high = await world.submit("beta", **whole_cluster(10))
+            await world.dispatcher().admit_round()
+            assert (await world.job(high)).pending_reason.startswith("preempting 1 lower-priority job(s)")  # type: ignore[union-attr]
+            victim = await world.job(low)
+            assert (victim.shrink_to, victim.preempted_by) == (None, high)
+            assert "shrink_requested" not in kinds(await world.events(low))
+
+    run(scenario())

@@ -68,3 +68,22 @@ def test_each_resize_of_the_group_is_an_event_saying_why(monkeypatch: pytest.Mon
     assert [data["from"] for _, data in resizes] == [3, 2] and [data["to"] for _, data in resizes] == [2, 3]
     assert resizes[0][0] == "3 -> 2 workers: worker rank(s) [2] lost on node(s) 10.0.0.1/cccccccc"
     assert "grows the gang toward its maximum" in resizes[1][1]["why"]
+
+
+def test_a_first_group_larger_than_admitted_and_a_shrink_asked_for_are_resizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Admission accounts an elastic gang at its min; Ray Train may start it larger at once: what the job
+    holds must follow (the API hears a resize from the min). A group the platform asked to shrink says so."""
+    posted: list[tuple[str, str, dict[str, Any]]] = []
+    monkeypatch.setattr(callbacks, "post_event", lambda kind, message, data=None: posted.append((kind, message, data)))
+    spec = JobSpec.model_validate(
+        {"name": "e", "entrypoint": "builtin:mlp", "scaling": {"num_workers": {"min": 2, "max": 4}}}
+    )
+    placement = callbacks.PlacementCallback(driver.admitted(spec))
+    placement.after_worker_group_start(group("a", "b", "c", "d"))
+    placement.after_controller_state_update(None, type("ResizingState", (), {})())
+    placement.after_worker_group_start(group("a", "b"))
+    resizes = [data for kind, _, data in posted if kind == "resized"]
+    assert [(r["from"], r["to"]) for r in resizes] == [(2, 4), (4, 2)]
+    assert "room above the minimum" in resizes[0]["why"] and "asked it to shrink" in resizes[1]["why"]
+    fixed = JobSpec.model_validate({"name": "f", "entrypoint": "builtin:mlp", "scaling": {"num_workers": 3}})
+    assert driver.admitted(fixed) == 0  # a fixed gang's first group is no resize

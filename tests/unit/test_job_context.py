@@ -17,9 +17,11 @@ from api.settings import Settings
 from trainmaster.context import ClaimRefused, JobContext
 from trainmaster.models import JobSpec
 
+PROJECT = uuid.uuid4()
+
 
 def launched_env(settings: Settings, spec: JobSpec) -> dict[str, str]:
-    job = Job(id=uuid.uuid4(), name=spec.name, spec=spec.model_dump(mode="json"))
+    job = Job(id=uuid.uuid4(), project_id=PROJECT, name=spec.name, spec=spec.model_dump(mode="json"))
     built = launch.build(settings, job, spec, 3, "tm_job_claim")
     env = built.runtime_env["env_vars"]
     assert isinstance(env, dict)
@@ -41,7 +43,7 @@ def test_what_the_dispatcher_writes_is_what_a_worker_reads() -> None:
     assert context.api_url == "http://api:8000"
     # The launch carries the claim, never a token: every job on the cluster can read it (Ray's Jobs API).
     assert context.claim == "tm_job_claim" and context.token is None and "TRAINMASTER_JOB_TOKEN" not in env
-    assert context.storage_path == "/mnt/ckpt"
+    assert context.storage_path == f"/mnt/ckpt/{PROJECT}"  # its project's folder: runs never share a tree
     assert context.collective_timeout_s == 90
     assert context.system_metrics_interval_s == 0.5  # the documented setting reaches the workers
     assert JobSpec.model_validate_json(context.spec_json or "") == spec
@@ -74,7 +76,7 @@ def test_an_admission_round_launches_from_the_stored_spec_what_the_model_would_l
     """Admission builds launches from the spec as the jobs table holds it (LaunchSpec.stored), not
     from a validated JobSpec: the driver reads back the same spec and every other part is equal."""
     spec = JobSpec(name="ctx", entrypoint="builtin:mlp", env={"NCCL_SOCKET_IFNAME": "eth0"}, pip=["einops==0.8.0"])
-    job = Job(id=uuid.uuid4(), name=spec.name, spec=spec.model_dump(mode="json"))
+    job = Job(id=uuid.uuid4(), project_id=PROJECT, name=spec.name, spec=spec.model_dump(mode="json"))
     settings = Settings(storage_path="/mnt/ckpt")
     from_model = launch.build(settings, job, spec, 2, "tm_job_token")
     from_row = launch.build(settings, job, launch.LaunchSpec.stored(job.spec), 2, "tm_job_token")

@@ -339,6 +339,9 @@ class JobControl(ResponseModel):
 
     checkpoint: bool = False  # checkpoint now: the job is being preempted and will be stopped
     reason: str | None = None
+    # An elastic gang asked to shrink to make room for a higher-priority job: run at most this many
+    # workers (its scaling policy reads it and resizes the gang, from its latest checkpoint).
+    max_workers: int | None = None
 
 
 class JobEventIn(StoredRequestModel):

@@ -1,0 +1,32 @@
+"""Shrinking elastic gangs to make room: the size a job was asked to shrink to
+
+Revision ID: 0023_shrink
+Revises: 0022_app_role
+Create Date: 2026-12-11 12:00:00
+
+- `jobs.shrink_to`: set by a dispatcher that makes room for a waiting job by shrinking this running
+  elastic gang instead of preempting it (api/dispatcher/preemption.py); the job's scaling policy reads
+  it through `GET /v1/jobs/{id}/control` and keeps the gang at most that size for the rest of the
+  attempt. NULL: no cap. `preempted_by` names the job it shrinks for until the gang has shrunk.
+
+Catalogue change only.
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0023_shrink"
+down_revision: str | None = "0022_app_role"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.execute("SET LOCAL lock_timeout = '10s'")
+    op.add_column("jobs", sa.Column("shrink_to", sa.Integer(), nullable=True))
+
+
+def downgrade() -> None:
+    op.drop_column("jobs", "shrink_to")

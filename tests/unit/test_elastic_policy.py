@@ -1,0 +1,65 @@
+"""workers/elastic.py on Ray Train's own classes: an elastic gang's policy counts no more workers than
+the platform's cap (a dispatcher shrinking it to make room), so Ray Train's running-group check
+decides to resize it down; without a cap it is Ray's policy unchanged; the driver's hook is where
+Ray Train builds policies."""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy, NoopDecision, ResizeDecision
+from ray.train.v2.api import data_parallel_trainer
+from ray.train.v2.api.config import ScalingConfig
+
+from workers import elastic
+
+NODES = {"n1": {"CPU": 4.0}, "n2": {"CPU": 4.0}}  # room for 8 one-CPU workers
+
+
+def policy(monkeypatch: pytest.MonkeyPatch, cap: int | None, min_workers: int = 1) -> elastic.CappedElasticPolicy:
+    monkeypatch.setattr(elastic, "max_workers", lambda: cap)
+    made = elastic.scaling_policy(ScalingConfig(num_workers=(min_workers, 4), resources_per_worker={"CPU": 1}))
+    assert isinstance(made, elastic.CappedElasticPolicy)
+    # The autoscaling coordinator (an actor the controller starts): its answer, and no request sent.
+    made._get_reserved_resources = lambda: NODES  # type: ignore[method-assign]
+    made._maybe_send_resource_request = lambda: None  # type: ignore[method-assign]
+    return made
+
+
+def running(made: elastic.CappedElasticPolicy, workers: int) -> Any:
+    group = SimpleNamespace(start_time=float("-inf"), num_workers=workers)
+    return made.make_decision_for_running_worker_group(group, SimpleNamespace())  # type: ignore[arg-type]
+
+
+def test_a_capped_gang_is_resized_down_to_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    decision = running(policy(monkeypatch, cap=2), workers=4)
+    assert isinstance(decision, ResizeDecision) and decision.num_workers == 2
+
+
+def test_without_a_cap_it_is_ray_trains_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert isinstance(running(policy(monkeypatch, cap=None), workers=4), NoopDecision)  # 4 fit: stays
+    assert running(policy(monkeypatch, cap=None), workers=2).num_workers == 4  # grows to max
+
+
+def test_the_cap_never_takes_it_below_its_min(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert running(policy(monkeypatch, cap=1, min_workers=3), workers=4).num_workers == 3
+
+
+def test_the_policy_travels_to_the_controller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It is built in the driver and sent to the controller actor, as Ray's own is."""
+    made = elastic.scaling_policy(ScalingConfig(num_workers=(1, 4)))
+    copy = pickle.loads(pickle.dumps(made))
+    assert isinstance(copy, elastic.CappedElasticPolicy) and copy.cap() is None  # outside a job: no cap
+
+
+def test_install_hooks_where_ray_train_builds_its_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Ray release that builds its policy elsewhere would leave elastic gangs uncapped: this fails then.
+    assert "create_scaling_policy(self.scaling_config)" in inspect.getsource(data_parallel_trainer.DataParallelTrainer)
+    monkeypatch.setattr(data_parallel_trainer, "create_scaling_policy", data_parallel_trainer.create_scaling_policy)
+    elastic.install()
+    assert data_parallel_trainer.create_scaling_policy is elastic.scaling_policy
+    assert isinstance(elastic.scaling_policy(ScalingConfig(num_workers=2)), FixedScalingPolicy)
