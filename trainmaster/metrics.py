@@ -42,11 +42,17 @@ REPORT_INTERVAL_S = 10.0  # a bug that logs a bad value every step must not writ
 SHOWN_REASONS = 5
 
 
+WORLD_SIZE = "sys/world_size"  # with rank 0's first point of each worker group: a chart's worker count
+
+
 class MetricsSender:
-    def __init__(self, api: JobApi, rank: int, *, buffer_points: int = BUFFER_POINTS):
+    def __init__(self, api: JobApi, rank: int, *, buffer_points: int = BUFFER_POINTS, world_size: int | None = None):
         self.api = api
         self.attempt = api.attempt
         self.rank = rank
+        # Said once per worker process, with its first point: a group Ray Train restarted at another
+        # size (elastic gangs) starts new processes, so the series steps where the gang was resized.
+        self.world_size = world_size if rank == 0 else None
         self.capacity = buffer_points
         self.buffer: collections.deque[dict[str, Any]] = collections.deque()
         self.dropped = 0  # buffer full
@@ -69,6 +75,9 @@ class MetricsSender:
             return
         if self.idle.is_set():
             self.idle.clear()
+        if self.world_size is not None:
+            values = {WORLD_SIZE: float(self.world_size), **values}
+            self.world_size = None
         # ts as Unix seconds (the API reads numbers as such): no date formatting in the training step.
         self.buffer.append({"step": step, "values": values, "rank": self.rank, "ts": time.time()})
         if len(self.buffer) == 1 or len(self.buffer) >= BATCH_POINTS:
@@ -224,7 +233,7 @@ def _current() -> MetricsSender | None:
         return None
     with _lock:
         if _sender is None or _sender_pid != os.getpid():  # a forked child gets its own thread
-            _sender = MetricsSender(context.api(), _rank())
+            _sender = MetricsSender(context.api(), _rank(), world_size=_world_size())
             _sender_pid = os.getpid()
             atexit.register(_sender.close)
     return _sender
@@ -236,6 +245,14 @@ def _rank() -> int:
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     return 0
+
+
+def _world_size() -> int | None:
+    """The gang's size as the launcher set it (torch's WORLD_SIZE, Ray Train's for every torch worker)."""
+    for name in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PADDLE_TRAINERS_NUM", "SLURM_NTASKS"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return None
 
 
 def log(values: dict[str, float], step: int | None = None) -> None:

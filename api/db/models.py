@@ -178,6 +178,7 @@ class Job(Base):
     preempt_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # An elastic gang asked to shrink to make room (0023): at most this many workers for the attempt.
     shrink_to: Mapped[int | None] = mapped_column(Integer)
+    shrink_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _now()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -16,7 +16,7 @@ async def release(session: AsyncSession, job: Job) -> None:
     job.lease_owner = None
     job.lease_expires_at = None
     job.preempted_by = job.preempt_requested_at = None
-    job.shrink_to = None  # a shrunk elastic gang's next attempt may grow to its max again
+    job.shrink_to = job.shrink_requested_at = None  # a shrunk gang's next attempt may grow to its max
     await repo.revoke_job_tokens(session, job.id)
 
 

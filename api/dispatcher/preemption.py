@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
@@ -53,7 +53,7 @@ async def make_room(
     """Make room for `job`: with `book` (the job is within its project's quota, and its cohort lends
     some of that quota to others), by reclaiming it from jobs running on borrowed quota; with the
     `preemption` setting, by asking lower-priority running jobs to go. The reason to show it, or None."""
-    already = await _victims_of(session, job)
+    already = await _victims_of(session, job, now, settings.preemption_grace_s)
     if already:
         names = ", ".join(str(v.id)[:8] for v in already)
         if all(v.preempt_requested_at is None for v in already):
@@ -71,7 +71,7 @@ async def make_room(
     candidates = await _candidates(session, job)
     lower = f"(priority {job.priority} > "
     if shrunk := await _shrink(
-        session, job, [v for v, _ in candidates], dict(room), need, lambda v: f"{lower}{v.priority})"
+        session, now, job, [v for v, _ in candidates], dict(room), need, lambda v: f"{lower}{v.priority})"
     ):
         return shrunk
     chosen: list[Job] = []
@@ -143,7 +143,7 @@ async def _reclaim(
     usage = {pid: dict(s.usage) for pid, s in borrowers.items()}
     borrowing = await _borrowing_jobs(session, list(borrowers))
     why = f"(project {standing.name} reclaims its quota, which this job's project borrowed in cohort {standing.cohort})"
-    if shrunk := await _shrink(session, job, borrowing, dict(room), need, lambda _: why):
+    if shrunk := await _shrink(session, now, job, borrowing, dict(room), need, lambda _: why):
         return shrunk
     chosen: list[Job] = []
     for victim in borrowing:
@@ -190,9 +190,14 @@ def _covers(room: dict[str, float], need: dict[str, float]) -> bool:
     return all(room[r] + EPSILON >= need[r] for r in need)
 
 
-async def _victims_of(session: AsyncSession, job: Job) -> list[Job]:
-    """The active jobs asked to go, or to shrink, for `job` and not done yet."""
-    query = select(Job).where(Job.preempted_by == job.id, Job.status.in_(ACTIVE))
+async def _victims_of(session: AsyncSession, job: Job, now: datetime, grace_s: float) -> list[Job]:
+    """The active jobs asked to go for `job`, and those asked to shrink for it within `grace_s`: the room
+    a shrink frees shows in Ray a moment after the smaller group started (the old group's placement
+    group goes), and until then nothing more is asked of anyone for `job`."""
+    shrinking = Job.shrink_requested_at > now - timedelta(seconds=grace_s)
+    query = select(Job).where(
+        Job.preempted_by == job.id, Job.status.in_(ACTIVE), or_(Job.preempt_requested_at.is_not(None), shrinking)
+    )
     return list((await session.execute(query)).scalars())
 
 
@@ -206,6 +211,7 @@ def _workers(job: Job, scaling: Scaling) -> int:
 
 async def _shrink(
     session: AsyncSession,
+    now: datetime,
     job: Job,
     candidates: list[Job],
     room: dict[str, float],
@@ -221,7 +227,7 @@ async def _shrink(
         if _covers(room, need):
             break
         scaling = Scaling.model_validate(victim.spec.get("scaling", {}))
-        if not scaling.elastic or victim.preempted_by is not None:
+        if not scaling.elastic or victim.preempt_requested_at is not None:
             continue
         size = _workers(victim, scaling)
         per = scaling.worker_resources()
@@ -235,7 +241,7 @@ async def _shrink(
     if not asked or not _covers(room, need):
         return None
     for victim, size, target in asked:
-        victim.shrink_to, victim.preempted_by = target, job.id
+        victim.shrink_to, victim.preempted_by, victim.shrink_requested_at = target, job.id, now
         await record_event(
             session,
             victim,

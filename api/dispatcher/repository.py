@@ -378,7 +378,8 @@ FAIL_LAUNCHES = text(
         UPDATE jobs j SET status = CAST(held.target AS job_status),
                           error = CASE WHEN held.target = 'failed' THEN attempts.error ELSE j.error END,
                           finished_at = now(), pending_reason = NULL, lease_owner = NULL, lease_expires_at = NULL,
-                          preempted_by = NULL, preempt_requested_at = NULL, shrink_to = NULL
+                          preempted_by = NULL, preempt_requested_at = NULL, shrink_to = NULL,
+                          shrink_requested_at = NULL
         FROM attempts JOIN held ON held.id = attempts.job_id
         WHERE j.id = attempts.job_id
         RETURNING j.id, held.target, held.status AS left_status, attempts.n, attempts.at, attempts.error

@@ -276,8 +276,6 @@ def resized(job: JobRow, workers: object) -> None:
     if not scaling.elastic or job.status not in repository.ACTIVE or type(workers) is not int:
         return
     size = min(max(workers, scaling.min_workers), scaling.max_workers)
-    if job.shrink_to is not None and size <= job.shrink_to and job.preempt_requested_at is None:
-        job.preempted_by = None  # it has shrunk for the job that asked: that job no longer waits on it
     per_worker = scaling.worker_resources()
     job.gang_cpus = per_worker.get("CPU", 0.0) * size
     job.gang_gpus = per_worker.get("GPU", 0.0) * size

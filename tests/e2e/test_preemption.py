@@ -101,6 +101,7 @@ def test_an_elastic_gang_is_shrunk_instead_of_preempted_and_keeps_its_attempt(pr
             lambda: [e for e in client.events(low.id) if e.kind == "workers_started"], 300, interval=0.5, what="workers"
         )
         assert started[0].data["num_workers"] == 4  # the whole cluster was free: its max
+        wait_until(lambda: client.metrics(low.id, names=["loss"]), 120, interval=0.5, what="the 4 workers to train")
         high = client.submit(
             name="high",
             entrypoint="builtin:mlp",
@@ -114,7 +115,8 @@ def test_an_elastic_gang_is_shrunk_instead_of_preempted_and_keeps_its_attempt(pr
         assert any(e.kind == "shrinking" for e in client.events(high.id)), trail
         done_low = wait_for(client, low.id, TERMINAL, timeout=400)
         assert done_low.status is tm.JobStatus.succeeded, done_low.error
-        assert [a.n for a in done_low.attempts] == [1]  # shrunk inside its attempt, never stopped
+        low_trail = [(e.kind, e.message) for e in client.events(low.id)]
+        assert [a.n for a in done_low.attempts] == [1], low_trail  # shrunk inside its attempt, never stopped
         events = client.events(low.id)
         kinds = [e.kind for e in events]
         assert "shrink_requested" in kinds and "preempt_requested" not in kinds, kinds
@@ -122,6 +124,9 @@ def test_an_elastic_gang_is_shrunk_instead_of_preempted_and_keeps_its_attempt(pr
         resizes = [(e.data["from"], e.data["to"], e.data["why"]) for e in events if e.kind == "resized"]
         assert [(a, b) for a, b, _ in resizes] == [(2, 4), (4, 2)], resizes
         assert "to make room for a higher-priority job" in resizes[1][2], resizes
+        # Its metrics carry the worker count: rank 0 of each group said its size (a chart per size).
+        sizes = [p.value for p in client.metrics(low.id, names=["sys/world_size"])]
+        assert sizes[:1] == [4.0] and 2.0 in sizes, sizes
 
 
 def test_a_project_reclaims_its_lent_quota_and_the_borrower_resumes_at_its_step(stack: Stack) -> None:

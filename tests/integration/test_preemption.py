@@ -200,11 +200,16 @@ def test_an_elastic_gang_is_shrunk_before_anything_is_preempted(database_url: st
             assert kinds(await world.events(low)).count("shrink_requested") == 1
 
             await resize(world, low, 2)  # Ray Train restarted the group at 2 workers
+            # Ray frees the old group's placement a moment later: meanwhile the high gang still waits on
+            # the shrink, and nobody is preempted for it (it was, before shrink_requested_at).
+            assert await dispatcher.admit_round() == 0
+            assert (await world.job(high)).pending_reason.startswith("shrinking 1 elastic job(s)")  # type: ignore[union-attr]
+            assert "preempt_requested" not in kinds(await world.events(low))
             world.ray.used_cpus = 2
             assert await dispatcher.admit_round() == 1
             assert (await world.job(high)).status is JobStatus.starting
             after = await world.job(low)
-            assert (after.status, after.gang_cpus, after.preempted_by) == (JobStatus.running, 2, None)
+            assert (after.status, after.gang_cpus, after.shrink_to) == (JobStatus.running, 2, 2)
             assert [a.n for a in await world.attempts(low)] == [1]  # the same attempt: never stopped
             assert world.ray.stopped == []
 

@@ -297,3 +297,26 @@ def test_a_batch_refused_as_a_whole_is_counted_not_lost_silently() -> None:
     s.close()
     assert api.steps() == [] and s.rejected == 5
     assert api.events[-1]["data"]["rejected"] == 5 and "413" in api.events[-1]["data"]["reasons"][0]
+
+
+def test_rank_zero_says_the_world_size_with_its_first_point_only() -> None:
+    """A chart shows throughput per worker count: each worker group's rank 0 (a resized elastic gang
+    starts new processes) puts `sys/world_size` into its first point; the user's values are kept."""
+    api = ScriptedApi()
+    zero = MetricsSender(
+        JobApi("http://api", "tm_job", "job-1", 1, transport=httpx.MockTransport(api)), 0, world_size=4
+    )
+    one = MetricsSender(JobApi("http://api", "tm_job", "job-1", 1, transport=httpx.MockTransport(api)), 1, world_size=4)
+    for step in (1, 2):
+        zero.log({"loss": 1.0}, step)
+        one.log({"loss": 2.0}, step)
+    assert zero.flush() and one.flush()
+    points = sorted((p["rank"], p["step"], p["values"]) for batch in api.batches.values() for p in batch)
+    assert points == [
+        (0, 1, {"sys/world_size": 4.0, "loss": 1.0}),
+        (0, 2, {"loss": 1.0}),
+        (1, 1, {"loss": 2.0}),
+        (1, 2, {"loss": 2.0}),
+    ]
+    zero.close()
+    one.close()
