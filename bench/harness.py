@@ -212,7 +212,9 @@ def interleaved(
             load = load_1m()
             row = one(path, n)
             warm = {None: "", True: ", warm driver", False: ", cold driver"}[row.get("warm_driver")]
-            print(f"{path:<12} run {n + 1}: first step after {row['first_step_s']:.2f} s (load {load:.2f}{warm})")
+            seconds = {k: v for k, v in row.items() if k.endswith("_s") and isinstance(v, float)}
+            said = ", ".join(f"{k} {v:.2f}" for k, v in seconds.items())
+            print(f"{path:<12} run {n + 1}: {said} (load {load:.2f}{warm})")
             if n >= warmup:
                 kept[path].append({"load_1m_at_start": load, **row})
     return kept
