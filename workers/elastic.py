@@ -4,8 +4,9 @@ Ray Train grows an elastic gang toward its `max` when the cluster has room, and 
 workers are lost; nothing outside the run can ask it to shrink. A dispatcher that makes room for a
 higher-priority job shrinks elastic gangs first (api/dispatcher/preemption.py, `shrink_to`), so the
 policy here, run in the job's Ray Train controller, reads that cap from `GET /v1/jobs/{id}/control`
-(at most every CAP_READ_S) and counts no more workers than it: Ray Train's own running-group check then
-decides a resize, and the group restarts smaller from its latest checkpoint, in the same attempt.
+(through the process's one control poller, trainmaster/control.py) and counts no more workers than
+it: Ray Train's own running-group check then decides a resize, and the group restarts smaller from
+its latest checkpoint, in the same attempt.
 
 `install()` makes Ray Train's trainer build this policy for elastic runs (the driver calls it before
 `fit()`); tests/unit/test_elastic_policy.py checks Ray still builds policies where this hooks in.
@@ -13,7 +14,6 @@ decides a resize, and the group restarts smaller from its latest checkpoint, in 
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from ray.train.v2._internal.execution.scaling_policy import ElasticScalingPolicy, ScalingPolicy, create_scaling_policy
@@ -21,27 +21,13 @@ from ray.train.v2.api import data_parallel_trainer
 
 from trainmaster.control import max_workers
 
-CAP_READ_S = 2.0
-
 
 class CappedElasticPolicy(ElasticScalingPolicy):
     """Ray Train's elastic policy, never counting more workers than the platform's cap."""
 
-    def __init__(self, scaling_config: Any) -> None:
-        super().__init__(scaling_config)
-        self._cap: int | None = None
-        self._cap_read = float("-inf")
-
-    def cap(self) -> int | None:
-        now = time.monotonic()
-        if now - self._cap_read >= CAP_READ_S:
-            self._cap_read = now
-            self._cap = max_workers()
-        return self._cap
-
     def _count_possible_workers(self, reserved_resources: Any) -> int:
         possible: int = super()._count_possible_workers(reserved_resources)
-        cap = self.cap()
+        cap = max_workers()  # the control poller's last answer (trainmaster/control.py): no request here
         return possible if cap is None else max(min(possible, cap), self.scaling_config.min_workers)
 
 

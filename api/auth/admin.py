@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TypeVar
 
-from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -66,19 +65,14 @@ def token(
     return _in_transaction(database_url, make)
 
 
-def point_cluster(database_url: str, name: str, address: str, token_file: str | None, *, create: bool = False) -> None:
-    """Point the cluster `name` at a Ray address and token file (`trainmaster up`: `default` is its own
-    Ray head); with `create`, a cluster of that name is added when there is none."""
+def point_cluster(database_url: str, name: str, address: str, token_file: str | None) -> None:
+    """Point the cluster `name` at a Ray address and token file, adding it when there is none
+    (`trainmaster up`: `default`, made by migration 0013, is its own Ray head; `cluster-2` … its others)."""
 
     async def change(session: AsyncSession) -> None:
         values = {"address": address, "token_file": token_file, "token_env": None}
-        if create:
-            row = {"id": uuid.uuid4(), "name": name, **values}
-            await session.execute(
-                insert(Cluster).values(**row).on_conflict_do_update(index_elements=["name"], set_=values)
-            )
-        else:
-            await session.execute(update(Cluster).where(Cluster.name == name).values(**values))
+        row = {"id": uuid.uuid4(), "name": name, **values}
+        await session.execute(insert(Cluster).values(**row).on_conflict_do_update(index_elements=["name"], set_=values))
 
     _in_transaction(database_url, change)
 

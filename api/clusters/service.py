@@ -18,8 +18,6 @@ from trainmaster.models import Cluster, ClusterSpec
 
 log = logging.getLogger("trainmaster.clusters")
 
-DEFAULT = DEFAULT_CLUSTER  # the cluster of migration 0013, which `trainmaster up` points at its own Ray head
-
 
 class ClusterExists(Conflict):
     pass
@@ -66,6 +64,6 @@ def backend_for(row: ClusterRow, default_address: str, timeout_s: float = 10.0) 
     """The Ray Jobs API of the cluster. The cluster `default` is the process's own Ray cluster
     (TRAINMASTER_RAY_ADDRESS, and Ray's token as Ray itself finds it), so a single-cluster deployment
     needs no record; every other one is reached at its record's address with its own token."""
-    if row.name == DEFAULT:
+    if row.name == DEFAULT_CLUSTER:
         return RayJobsBackend(default_address, timeout_s=timeout_s)
     return RayJobsBackend(row.address, token=ray_token(row) or "", timeout_s=timeout_s)

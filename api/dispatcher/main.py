@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from api.auth.repository import DEFAULT_CLUSTER
 from api.checkpoints import lifecycle
 from api.clusters import repository as clusters_repo
 from api.clusters import service as clusters
@@ -90,7 +91,7 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
     def serve(row: ClusterRow) -> None:
         ray: RayBackend
         made: RayJobsBackend | None = None
-        if backend is not None and row.name == clusters.DEFAULT:
+        if backend is not None and row.name == DEFAULT_CLUSTER:
             ray = backend
         else:
             ray = made = clusters.backend_for(row, settings.ray_address)
@@ -111,7 +112,7 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
                     "event": "cluster_served",
                     "owner": owner,
                     "cluster": row.name,
-                    "ray": settings.ray_address if row.name == clusters.DEFAULT else row.address,
+                    "ray": made.address if made is not None else "the given backend",
                 }
             )
         )

@@ -227,7 +227,7 @@ async def _shrink(
         if _covers(room, need):
             break
         scaling = Scaling.model_validate(victim.spec.get("scaling", {}))
-        if not scaling.elastic or victim.preempt_requested_at is not None:
+        if not scaling.elastic:  # the candidates are running jobs not asked to go
             continue
         size = _workers(victim, scaling)
         per = scaling.worker_resources()

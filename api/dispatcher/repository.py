@@ -38,6 +38,9 @@ async def db_now(session: AsyncSession) -> datetime:
 CLUSTER = bindparam("cluster", type_=Uuid)
 
 
+PROJECT_ON_CLUSTER = or_(CLUSTER.is_(None), Project.cluster_id == CLUSTER)  # a `projects` row of it
+
+
 def of_cluster(project_id: Any) -> Any:
     """The condition that `project_id` is a project of the round's cluster (CLUSTER)."""
     return or_(CLUSTER.is_(None), project_id.in_(select(Project.id).where(Project.cluster_id == CLUSTER)))
@@ -114,7 +117,7 @@ async def sample_fair_share(
 QUOTA_BOOK = (
     select(Project, func.coalesce(ProjectUsage.cpus, 0), func.coalesce(ProjectUsage.gpus, 0))
     .outerjoin(ProjectUsage, ProjectUsage.project_id == Project.id)
-    .where(Project.quota != text("'{}'::jsonb"), or_(CLUSTER.is_(None), Project.cluster_id == CLUSTER))
+    .where(Project.quota != text("'{}'::jsonb"), PROJECT_ON_CLUSTER)
 )
 
 
@@ -159,7 +162,7 @@ def _queued_query() -> Select[Any]:
         .select_from(Project)
         .join(firsts, true())
         .outerjoin(usage, usage.c.project_id == Project.id)
-        .where(or_(CLUSTER.is_(None), Project.cluster_id == CLUSTER))
+        .where(PROJECT_ON_CLUSTER)
         .order_by(firsts.c.priority.desc(), share, firsts.c.created_at, firsts.c.id)
         .limit(limit)
         .subquery()

@@ -224,7 +224,7 @@ def up(
     # The cluster `default` (migration 0013) is this stack's Ray head; the others are added or moved.
     admin.point_cluster(database_url, "default", head.dashboard, str(ray_token_path()))
     for cluster in extra:
-        admin.point_cluster(database_url, cluster["name"], cluster["dashboard"], cluster["token_file"], create=True)
+        admin.point_cluster(database_url, cluster["name"], cluster["dashboard"], cluster["token_file"])
 
     say("starting the API and the dispatcher")
     with (root / "logs" / "supervisor.log").open("ab") as log:

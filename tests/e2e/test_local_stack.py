@@ -28,8 +28,10 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(skipped)}
     env.update({"TRAINMASTER_HOME": str(home), "COLUMNS": "120"})
 
-    def tm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([TRAINMASTER, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    def tm(*args: str, timeout: float = 300, **more: str) -> subprocess.CompletedProcess[str]:
+        """The CLI in the stack's home; `more` adds to its environment."""
+        run_env = {**env, **more}
+        return subprocess.run([TRAINMASTER, *args], env=run_env, capture_output=True, text=True, timeout=timeout)
 
     with one_start_at_a_time():  # its Ray head picks free ports like the tests' own
         up = tm("up", "--num-cpus", "2", "--api-port", "0", "--clusters", "2", "--cpus-per-cluster", "1")
@@ -66,36 +68,14 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
 
         # A project bound to cluster-2 runs there: the one dispatcher serves both clusters.
         assert tm("project", "create", "team-b", "--cluster", "cluster-2").returncode == 0
-        made = subprocess.run(  # a server-side verb: it writes to the stack's database
-            [TRAINMASTER, "token", "create", "--project", "team-b"],
-            env={**env, "TRAINMASTER_DATABASE_URL": stack["database_url"]},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        # A server-side verb: it writes to the stack's database.
+        made = tm("token", "create", "--project", "team-b", TRAINMASTER_DATABASE_URL=stack["database_url"])
         assert made.returncode == 0, made.stdout + made.stderr
         team_b = made.stdout.strip()
-        env_b = {**env, "TRAINMASTER_TOKEN": team_b}
-        on_b = subprocess.run(
-            [
-                TRAINMASTER,
-                "submit",
-                "builtin:mlp",
-                "--workers",
-                "1",
-                "--config",
-                '{"epochs": 1, "samples": 256}',
-                "--follow",
-            ],
-            env=env_b,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        tiny = '{"epochs": 1, "samples": 256}'
+        on_b = tm("submit", "builtin:mlp", "--workers", "1", "--config", tiny, "--follow", TRAINMASTER_TOKEN=team_b)
         assert on_b.returncode == 0 and "succeeded" in on_b.stdout, on_b.stdout + on_b.stderr
-        run_on_b = json.loads(
-            subprocess.run([TRAINMASTER, "ls", "--json"], env=env_b, capture_output=True, text=True).stdout
-        )
+        run_on_b = json.loads(tm("ls", "--json", TRAINMASTER_TOKEN=team_b).stdout)
         assert [(j["status"], j["cluster"]) for j in run_on_b] == [("succeeded", "cluster-2")]
 
         submitted = tm(

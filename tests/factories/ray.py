@@ -12,6 +12,7 @@ from api.dispatcher.placement import Cluster, Node
 
 @dataclass
 class FakeRay:
+    address: str = "http://fake-ray:8265"  # RayJobsBackend's, for what logs name
     cpus: float = 4.0
     gpus: float = 0.0
     used_cpus: float = 0.0
