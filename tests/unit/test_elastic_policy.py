@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import pickle
+import socket
 from types import SimpleNamespace
 from typing import Any
 
@@ -47,6 +48,27 @@ def test_without_a_cap_it_is_ray_trains_policy(monkeypatch: pytest.MonkeyPatch) 
 
 def test_the_cap_never_takes_it_below_its_min(monkeypatch: pytest.MonkeyPatch) -> None:
     assert running(policy(monkeypatch, cap=1, min_workers=3), workers=4).num_workers == 3
+
+
+def test_a_node_whose_raylet_does_not_answer_is_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a lost node the coordinator still reserves it: a restart counts only what answers."""
+    made = policy(monkeypatch, cap=None)
+    made._get_reserved_resources = lambda: {"n1": {"CPU": 2.0}, "n2": {"CPU": 2.0}}  # type: ignore[method-assign]
+    monkeypatch.setattr(elastic, "answering", lambda nodes: nodes)
+    assert made.make_decision_for_non_running_worker_group().num_workers == 4  # type: ignore[attr-defined]
+    monkeypatch.setattr(elastic, "answering", lambda nodes: nodes - {"n2"})
+    assert made.make_decision_for_non_running_worker_group().num_workers == 2  # type: ignore[attr-defined]
+    monkeypatch.setattr(elastic, "answering", lambda nodes: set())
+    assert isinstance(made.make_decision_for_non_running_worker_group(), NoopDecision)  # below min: it waits
+
+
+def test_the_probe_tells_a_listening_port_from_a_closed_one() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        address = server.getsockname()
+        assert elastic.accepts(address)
+    assert not elastic.accepts(address)  # closed: refused at once
 
 
 def test_the_policy_travels_to_the_controller(monkeypatch: pytest.MonkeyPatch) -> None:
