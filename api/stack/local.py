@@ -4,6 +4,10 @@
 migrated to head, a local Ray head with token auth, and a supervisor that runs the API and a
 dispatcher and restarts them if they die. It writes the API address and a fresh token to
 ~/.trainmaster/config (TRAINMASTER_HOME), so the SDK and CLI work without flags.
+
+Run by root, each local cluster's Ray processes run as an unprivileged OS user of their own
+(api/stack/osusers.py), and checkpoints go to a folder outside root's home that every cluster user can
+write its own projects' folders in but not list (/var/lib/trainmaster/<stack>/storage).
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from typing import Any
 import httpx
 
 from api.auth import admin
-from api.stack import postgres, ray_head
+from api.stack import osusers, postgres, ray_head
+from api.stack.osusers import OsUser
 from api.stack.processes import alive, bin_path, kill_group, wait_for
 from trainmaster import config as client_config
 from trainmaster.ports import free_port
@@ -40,6 +45,7 @@ class StackState:
     # The extra local clusters (`up --clusters N`): each a Ray head of its own, {name, dashboard, gcs,
     # temp_dir, token_file}, registered as a cluster record.
     clusters: list[dict[str, str]] = field(default_factory=list)
+    storage_path: str = ""  # checkpoints; empty: <home>/storage
     supervisor_pid: int | None = None
     components: dict[str, Any] = field(default_factory=dict)
 
@@ -91,6 +97,18 @@ def _who() -> str:
         return "unknown"
 
 
+def cluster_users(names: list[str], say: Any) -> dict[str, OsUser | None]:
+    """The OS user each local cluster runs as (api/stack/osusers.py): None unless `up` runs as root and
+    those users can run this Python (installed under a folder only root may enter, they cannot: then
+    `up` says what to change, and the clusters run as root)."""
+    users = {name: osusers.cluster_user(name) for name in names}
+    first = users[names[0]]
+    if first is not None and (why := osusers.cannot_run_python(first)):
+        say(f"the clusters run as root, not as users of their own: {why}")
+        return dict.fromkeys(names)
+    return users
+
+
 def server_env(state: StackState) -> dict[str, str]:
     """The API's and the dispatcher's: the shell's settings, Ray's auth and the stack's own."""
     env = ray_head.with_ray_auth(dict(os.environ), ray_token_path())
@@ -100,7 +118,7 @@ def server_env(state: StackState) -> dict[str, str]:
             "TRAINMASTER_RAY_ADDRESS": state.ray_dashboard,
             "TRAINMASTER_API_URL": state.api_url,
             "TRAINMASTER_API_PORT": state.api_url.rsplit(":", 1)[1],
-            "TRAINMASTER_STORAGE_PATH": str(home() / "storage"),
+            "TRAINMASTER_STORAGE_PATH": state.storage_path or str(home() / "storage"),
             "TRAINMASTER_CODE_CACHE_PATH": str(home() / "code"),
         }
     )
@@ -156,7 +174,11 @@ def up(
     env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url}
     subprocess.run([bin_path("trainmaster"), "db", "upgrade"], env=env, check=True, capture_output=True, timeout=120)
 
-    say("starting the Ray head (token auth on)")
+    users = cluster_users(["default", *(f"cluster-{i}" for i in range(2, clusters + 1))], say)
+    storage = ""
+    if any(users.values()):
+        storage = str(osusers.shared_root(Path("/var/lib/trainmaster") / ray_temp_dir().name / "storage"))
+    say("starting the Ray head (token auth on)" + (f", as {users['default'].name}" if users["default"] else ""))
     head = ray_head.start(
         ray_temp_dir(),
         ray_token_path(),
@@ -165,6 +187,7 @@ def up(
         node_ip=node_ip,
         log_path=root / "logs" / "ray-start.log",
         labels=node_labels[0] if node_labels else None,
+        user=users["default"],
     )
     worker_dirs = []
     for index in range(1, nodes):
@@ -180,6 +203,7 @@ def up(
             node_ip=node_ip,
             log_path=root / "logs" / "ray-start.log",
             labels=node_labels[index] if index < len(node_labels) else None,
+            user=users["default"],
         )
         worker_dirs.append(str(folder))
     wait_for(lambda: len(_nodes(head)) >= nodes, 120, f"{nodes} Ray node(s) to register", where=str(root / "logs"))
@@ -194,6 +218,7 @@ def up(
             num_gpus=0,
             node_ip=node_ip,
             log_path=root / "logs" / "ray-start.log",
+            user=users[name],
         )
         extra.append(
             {
@@ -204,10 +229,14 @@ def up(
                 "token_file": str(other.token_path),
             }
         )
-    if extra:
+    if extra and all(users.values()):
+        named = ", ".join(f"{name} as {user.name}" for name, user in users.items() if user)
+        say(f"each cluster runs as an OS user of its own: {named}")
+    elif extra:
         say(
             f"{len(extra) + 1} clusters on one machine run as one OS user ({_who()}): a job of one can read the "
-            "other's files and processes, so they share one trust domain; give each its own machines to separate them"
+            "other's files and processes, so they share one trust domain; run `up` as root for an OS user per "
+            "cluster, or give each cluster machines of its own"
         )
     state = StackState(
         home=str(root),
@@ -218,6 +247,7 @@ def up(
         ray_temp_dir=str(head.temp_dir),
         worker_nodes=worker_dirs,
         clusters=extra,
+        storage_path=storage,
         api_url=f"http://127.0.0.1:{free_port(api_port)}",
     )
 

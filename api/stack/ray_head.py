@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from api.stack import osusers
+from api.stack.osusers import OsUser
 from api.stack.processes import bin_path, kill_matching, wait_for
 from trainmaster.ports import free_port
 
@@ -116,11 +118,13 @@ def start(
     log_path: Path | None = None,
     ready_timeout_s: float = 120.0,
     labels: dict[str, str] | None = None,
+    user: OsUser | None = None,
 ) -> RayHead:
     """`ray start --head` on 127.0.0.1; returns once the head reports its CPUs.
 
     `temp_dir` must be short: Ray keeps Unix sockets under it (107-byte limit). With the `ports`
-    (GCS, dashboard) and token of a stopped head, that head comes back at the same address.
+    (GCS, dashboard) and token of a stopped head, that head comes back at the same address. Its
+    processes run as `user` when given (api/stack/osusers.py; its parent folders must let it pass).
     """
     if not token_path.exists():
         token_path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,7 +139,7 @@ def start(
         f"--dashboard-port={dashboard_port}",
         "--include-dashboard=true",
         "--disable-usage-stats",
-        f"--temp-dir={temp_dir}",
+        f"--temp-dir={session_root(temp_dir)}",
         f"--node-ip-address={node_ip}",  # loopback unless other machines are to join
         "--dashboard-host=127.0.0.1",  # never expose the dashboard, whatever the node address
         *ray_port_flags(),
@@ -147,7 +151,7 @@ def start(
     if labels:
         command.append(label_flag(labels))
     head = RayHead(f"http://127.0.0.1:{dashboard_port}", f"127.0.0.1:{gcs_port}", token_path, temp_dir)
-    _run(command, head.env, log_path, "`ray start --head`")
+    _run(command, node_env(token_path, temp_dir, user), log_path, "`ray start --head`", user)
     wanted = float(num_cpus) if num_cpus is not None else None
 
     def ready() -> bool:
@@ -188,16 +192,18 @@ def join(
     node_ip: str | None = None,
     log_path: Path | None = None,
     labels: dict[str, str] | None = None,
+    user: OsUser | None = None,
 ) -> list[str]:
     """Add a node to the cluster whose GCS is at `gcs_address` (this machine or another), with token
     auth and node `labels` (`rack=r1`: what a job's `scaling.topology` names). Several nodes may run
-    on one machine, each with its own `temp_dir` (which is also how `stop` finds its processes).
-    Returns the `ray start` command, for people to repeat by hand."""
+    on one machine, each with its own `temp_dir` (which is also how `stop` finds its processes), run as
+    `user` when given (its cluster's: api/stack/osusers.py). Returns the `ray start` command, for people
+    to repeat by hand."""
     command = [
         bin_path("ray"),
         "start",
         f"--address={gcs_address}",
-        f"--temp-dir={temp_dir}",
+        f"--temp-dir={session_root(temp_dir)}",
         "--disable-usage-stats",
         *ray_port_flags(),
     ]
@@ -215,7 +221,7 @@ def join(
     tries = 1
     while True:
         try:
-            _run(command, ray_env(token_path), log_path, what)
+            _run(command, node_env(token_path, temp_dir, user), log_path, what, user)
             return command
         except RuntimeError as exc:
             # Ray waits a fixed 30 s for a new raylet to register; a loaded machine or GCS can take
@@ -226,8 +232,30 @@ def join(
         tries += 1
 
 
-def _run(command: list[str], env: dict[str, str], log_path: Path | None, what: str) -> None:
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+def session_root(temp_dir: Path) -> Path:
+    """Ray's own temp dir, inside `temp_dir`: Ray makes its temp dir world-writable (mode 0777, for
+    users sharing /tmp/ray), so the folder it sits in is the one kept private (`node_env`)."""
+    return temp_dir / "ray"
+
+
+def node_env(token_path: Path, temp_dir: Path, user: OsUser | None) -> dict[str, str]:
+    """The environment of a Ray node's processes, whose session folder `temp_dir` is made private to
+    them: as `user`, their home is that folder and they read their own copy of the token."""
+    osusers.private_dir(temp_dir, user)
+    if user is None:
+        return ray_env(token_path)
+    own = osusers.own_copy(token_path, temp_dir, user)
+    return {**ray_env(own), "HOME": str(temp_dir), "USER": user.name, "LOGNAME": user.name}
+
+
+def _run(command: list[str], env: dict[str, str], log_path: Path | None, what: str, user: OsUser | None) -> None:
+    # umask 077: what Ray and every job on the node write (logs, checkpoints) is its uid's alone.
+    uid, gid = (user.uid, user.gid) if user else (None, None)
+    groups: list[int] | None = [] if user else None
+    result = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=180, umask=0o077, user=uid, group=gid,
+        extra_groups=groups,
+    )  # fmt: skip
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("a") as log:

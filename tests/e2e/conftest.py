@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -99,6 +101,7 @@ class Stack:
     ray: Any
     dispatchers: Any
     work_dir: Path
+    storage: Path  # checkpoints: a root every cluster user may write its projects' folders in (osusers.shared_root)
 
     def client(self) -> Any:
         import trainmaster as tm
@@ -112,6 +115,7 @@ def running_stack(
 ) -> Iterator[Stack]:
     """API and one dispatcher on a database of their own, over `ray_head`."""
     from api.db import migrate
+    from api.stack.osusers import shared_root
     from api.stack.postgres import create_database, create_login, drop_database, drop_login
     from tests.e2e.ray_stack import Dispatchers
 
@@ -125,12 +129,14 @@ def running_stack(
         **{k: ray_head.env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")},
     }
     api = start_api(database_url, work_dir / "api.log", extra_env=ray_env)
+    # Outside pytest's private tmp folders: a cluster run as another OS user writes its checkpoints here.
+    storage = shared_root(Path(tempfile.mkdtemp(prefix="tm-storage-", dir="/tmp")))
     env = {
         **ray_head.env,
         "TRAINMASTER_DATABASE_URL": database_url,
         "TRAINMASTER_RAY_ADDRESS": ray_head.dashboard,
         "TRAINMASTER_API_URL": api.url,
-        "TRAINMASTER_STORAGE_PATH": str(work_dir / "storage"),
+        "TRAINMASTER_STORAGE_PATH": str(storage),
         "TRAINMASTER_CODE_CACHE_PATH": str(work_dir / "code"),
         "TRAINMASTER_POLL_INTERVAL_S": "1",
         "TRAINMASTER_INFEASIBLE_TIMEOUT_S": "8",
@@ -141,9 +147,10 @@ def running_stack(
     dispatchers = Dispatchers(env=env, log_dir=work_dir)
     dispatchers.start("d1")
     try:
-        yield Stack(api=api, ray=ray_head, dispatchers=dispatchers, work_dir=work_dir)
+        yield Stack(api=api, ray=ray_head, dispatchers=dispatchers, work_dir=work_dir, storage=storage)
     finally:
         dispatchers.stop_all()
+        shutil.rmtree(storage, ignore_errors=True)
         stop(api.process)
         drop_database(pg_server_url, owner_url)
         drop_login(pg_server_url, database_url)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.stack import ray_head
+from api.stack.osusers import OsUser
 from api.stack.ray_head import RayHead
 from tests.e2e.conftest import REPO, TRAINMASTER, stop, wait_until
 
@@ -24,11 +25,14 @@ def start_ray_head(
     ports: tuple[int, int] | None = None,
     token: str | None = None,
     labels: dict[str, str] | None = None,
+    user: OsUser | None = None,
 ) -> RayHead:
-    """A new head (the same code `trainmaster up` runs). With the `ports` (GCS, dashboard) and `token`
-    of a stopped head: that head restarted, a fresh cluster at the same address."""
+    """A new head (the same code `trainmaster up` runs), as `user` if given. With the `ports` (GCS,
+    dashboard) and `token` of a stopped head: that head restarted, a fresh cluster at the same address."""
     # A short folder: Ray puts Unix sockets under it and their paths are limited to 107 bytes.
     folder = Path(tempfile.mkdtemp(prefix="tmray-", dir="/tmp"))
+    if user is not None:
+        folder.chmod(0o711)  # the user enters it to reach its own session folder; it lists nothing here
     token_path = folder / "auth_token"
     token_path.write_text(token or secrets.token_hex(32))
     with one_start_at_a_time():
@@ -40,6 +44,7 @@ def start_ray_head(
             ports=ports,
             log_path=folder / "start.log",
             labels=labels,
+            user=user,
         )
 
 

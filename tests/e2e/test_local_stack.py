@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from api.stack import osusers
 from api.stack.processes import matching
 from tests.e2e.conftest import TRAINMASTER, wait_until
 from tests.e2e.ray_stack import one_start_at_a_time
@@ -20,8 +22,21 @@ from tests.e2e.ray_stack import one_start_at_a_time
 pytestmark = pytest.mark.ray
 
 
+def separate_users() -> bool:
+    """Whether `up` runs each cluster as an OS user of its own here: run by root, with a Python that
+    other users can run (CI lets them enter /root, where pyenv keeps it)."""
+    user = osusers.cluster_user("default")
+    return user is not None and osusers.cannot_run_python(user) is None
+
+
+def owners(folder: str) -> set[str]:
+    """The users of the processes whose command line names a path inside `folder`."""
+    return {Path(f"/proc/{pid}").owner() for pid in matching([re.escape(folder) + "/"])}
+
+
 def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
     home = tmp_path / "home"
+    separate = separate_users()
     # No XDG_RUNTIME_DIR, as on many servers and in CI: `up` and `down` must not print platformdirs'
     # RuntimeDirWarning (a library warning that reads like an error).
     skipped = ("TRAINMASTER_", "RAY_", "XDG_RUNTIME_DIR")
@@ -42,7 +57,12 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "trainmaster is up" in up.stdout
         assert "Warning" not in up.stdout + up.stderr, up.stdout + up.stderr
-        assert "share one trust domain" in up.stdout  # two clusters of one OS user: said, not hidden
+        if separate:  # run by root: each cluster's Ray processes as a user of its own
+            assert "each cluster runs as an OS user of its own" in up.stdout, up.stdout
+            assert owners(recorded["ray_temp_dir"]) == {"tm-default"}
+            assert owners(recorded["clusters"][0]["temp_dir"]) == {"tm-cluster-2"}
+        else:
+            assert "share one trust domain" in up.stdout  # two clusters of one OS user: said, not hidden
         config = json.loads((home / "config").read_text())
         assert config["api_url"].startswith("http://127.0.0.1:") and config["token"].startswith("tm_")
         # The person who ran `up` owns the stack: the config's token is an admin's (of project default),
@@ -77,6 +97,12 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
         assert on_b.returncode == 0 and "succeeded" in on_b.stdout, on_b.stdout + on_b.stderr
         run_on_b = json.loads(tm("ls", "--json", TRAINMASTER_TOKEN=team_b).stdout)
         assert [(j["status"], j["cluster"]) for j in run_on_b] == [("succeeded", "cluster-2")]
+        if separate:
+            # Checkpoints: a root others may write in but not list; team-b's folder its cluster user's alone.
+            storage = Path(stack["storage_path"])
+            assert stat.S_IMODE(storage.stat().st_mode) == 0o1733
+            [folder] = [f for f in storage.iterdir() if f.owner() == "tm-cluster-2"]
+            assert stat.S_IMODE(folder.stat().st_mode) == 0o700
 
         submitted = tm(
             "submit", "builtin:mlp", "--workers", "2", "--config", '{"epochs": 2, "samples": 512}', "--follow"

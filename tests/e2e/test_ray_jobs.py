@@ -182,8 +182,8 @@ def test_failure_with_a_retry_resumes_from_the_checkpoint(stack: Stack, tmp_path
         # The dispatcher's collector (api/checkpoints/lifecycle.py) leaves the latest checkpoint only,
         # on disk and in the API alike; the others are listed as deleted.
         # Runs are laid out per project: `<storage>/<project id>/<job id>/`, the project's folder alone.
-        [run_folder] = (stack.work_dir / "storage").glob(f"*/{job.id}")
-        assert run_folder.parent.name != job.id and not (stack.work_dir / "storage" / job.id).exists()
+        [run_folder] = stack.storage.glob(f"*/{job.id}")
+        assert run_folder.parent.name != job.id and not (stack.storage / job.id).exists()
 
         def disk_agrees() -> list[tm.CheckpointInfo] | None:
             listed = client.checkpoints(job.id)

@@ -71,7 +71,7 @@ def test_a_join_whose_raylet_was_slow_to_register_is_stopped_and_tried_again(
     runs: list[list[str]] = []
     stopped: list[Path] = []
 
-    def run(command: list[str], env: dict[str, str], log_path: Path | None, what: str) -> None:
+    def run(command: list[str], env: dict[str, str], log_path: Path | None, what: str, user: object) -> None:
         runs.append(command)
         if len(runs) <= len(failures):
             raise RuntimeError(f"{what} failed: Exception: {failures[len(runs) - 1]}")

@@ -1,12 +1,16 @@
 """A hostile job's code: what it tries against the platform and the other tenants on its cluster, each
 attempt and its outcome written as one JSON line to $PROBE_OUT (tests/security/test_hostile_tenant.py
-asserts every one was refused). Run as a trainmaster job in script mode; it never fails the job."""
+asserts every one was refused). Run as a trainmaster job in script mode; it never fails the job.
+
+It also leaves a file in its own project's checkpoint folder, for a probe of another cluster to aim at,
+and tries what the OS would let it read of the other cluster and the platform (`os_attempts`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
+from pathlib import Path
 
 import httpx
 from ray.job_submission import JobSubmissionClient
@@ -25,6 +29,44 @@ def record(attempt: str, outcome: object, **details: object) -> None:
 def status(method: str, path: str, token: str | None, **kwargs: object) -> int:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.request(method, f"{API}{path}", headers=headers, timeout=30, **kwargs).status_code  # type: ignore[arg-type]
+
+
+def refused(attempt: str, read: object) -> None:
+    """Records `read()`'s outcome: what it got, or how the OS refused it."""
+    try:
+        record(attempt, f"read: {read()}")  # type: ignore[operator]
+    except OSError as exc:
+        record(attempt, f"refused: {type(exc).__name__}")
+
+
+def os_attempts() -> None:
+    own = Path(os.environ["TRAINMASTER_STORAGE_PATH"])  # this job's project folder
+    own.mkdir(parents=True, exist_ok=True)
+    (own / "probe-secret").write_text("a checkpoint of this project")
+    record("own checkpoint folder", str(own))
+    me = os.getuid()
+    readable = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != me:
+                Path(f"/proc/{pid}/environ").read_bytes()
+                readable.append(pid)
+        except OSError:
+            pass  # refused, or gone
+    record("other users' processes whose environment this job read", readable)
+    if api := os.environ.get("PROBE_API_PID"):
+        refused("the API process's environment", lambda: len(Path(f"/proc/{api}/environ").read_bytes()))
+    if path := os.environ.get("PROBE_OTHER_TOKEN"):
+        refused("the other cluster's Ray token file", lambda: len(Path(path).read_bytes()))
+    if path := os.environ.get("PROBE_OTHER_SESSION"):
+        refused("the other cluster's session folder listed", lambda: len(os.listdir(path)))
+    if path := os.environ.get("PROBE_OTHER_WARM"):
+        refused("the other cluster's warm server folder listed", lambda: len(os.listdir(path)))
+    refused("the checkpoint root listed", lambda: len(os.listdir(own.parent)))
+    if path := os.environ.get("PROBE_VICTIM_STORAGE"):
+        refused("another project's checkpoint folder listed", lambda: len(os.listdir(path)))
+        refused("another project's checkpoint read", lambda: len(Path(path, "probe-secret").read_bytes()))
+        refused("another project's checkpoint folder written", lambda: Path(path, "planted").write_text("x"))
 
 
 def main() -> None:
@@ -76,6 +118,7 @@ def main() -> None:
     while (after := status("POST", f"/v1/jobs/{mine}/events", own, json=event)) != 401 and time.monotonic() < deadline:
         time.sleep(0.2)
     record("own token after its claim was replayed", after)
+    os_attempts()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,99 @@
+"""An OS user per local Ray cluster, when the stack is started by root.
+
+Processes of one uid read each other's `/proc/<pid>/environ`, files and home: two clusters run as
+one user are one trust domain whatever their Ray tokens say. Started by root (as CI runs the suite),
+each local cluster's Ray processes run as an unprivileged system user of its own (`tm-<cluster>`),
+with a private session folder, their own copy of the cluster's Ray token, and umask 077, so a job of
+one cluster cannot read the other's processes, tokens, logs or checkpoints. Started by anyone else,
+`cluster_user` is None and the clusters share the caller's uid (`trainmaster up` says so).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIX = "tm-"
+
+
+@dataclass(frozen=True)
+class OsUser:
+    name: str
+    uid: int
+    gid: int
+
+
+def cluster_user(cluster: str) -> OsUser | None:
+    """The system user the Ray processes of local cluster `cluster` run as, created on first use; None
+    unless this process runs as root."""
+    if os.geteuid() != 0:
+        return None
+    name = (PREFIX + "".join(c if c.isalnum() or c in "-_" else "-" for c in cluster.lower()))[:32]
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        entry = None
+    if entry is None:
+        made = subprocess.run(
+            ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+             "--shell", "/usr/sbin/nologin", "--comment", f"trainmaster cluster {cluster}", name],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        if made.returncode not in (0, 9):  # 9: created meanwhile by another process
+            raise RuntimeError(f"useradd {name} failed: {made.stderr.strip()}: create it, or run `up` as a normal user")
+        entry = pwd.getpwnam(name)
+    return OsUser(name, entry.pw_uid, entry.pw_gid)
+
+
+def cannot_run_python(user: OsUser) -> str | None:
+    """Why `user` cannot run this process's Python with Ray (e.g. it lives under /root, mode 0700), or
+    None when it can."""
+    try:
+        ran = subprocess.run(
+            [sys.executable, "-c", "import ray"], capture_output=True, text=True, timeout=120, cwd="/",
+            user=user.uid, group=user.gid, extra_groups=[], env={"PATH": os.environ.get("PATH", ""), "HOME": "/"},
+        )  # fmt: skip
+        if ran.returncode == 0:
+            return None
+        error = (ran.stderr.strip().splitlines() or [f"exit status {ran.returncode}"])[-1]
+    except OSError as exc:
+        error = str(exc)
+    return (
+        f"{user.name} cannot run {sys.executable} ({error}); let other users enter its folders "
+        "(e.g. `chmod o+x /root` for a Python under /root) or install Python and the virtual environment elsewhere"
+    )
+
+
+def private_dir(path: Path, user: OsUser | None) -> Path:
+    """`path` (created if missing) readable by its owner alone: `user`, or this process's uid."""
+    path.mkdir(parents=True, exist_ok=True)
+    if user is not None:
+        os.chown(path, user.uid, user.gid)
+    path.chmod(0o700)
+    return path
+
+
+def own_copy(source: Path, folder: Path, user: OsUser) -> Path:
+    """A copy of `source` in `folder`, owned by `user` and readable by it alone."""
+    copy = folder / source.name
+    shutil.copyfile(source, copy)
+    os.chown(copy, user.uid, user.gid)
+    copy.chmod(0o600)
+    return copy
+
+
+def shared_root(path: Path) -> Path:
+    """A folder that processes of every cluster user may create their own entries in and enter, but not
+    list (mode 1733, like a mail spool): each project's folder is then made by its job, private to that
+    job's cluster user (umask 077). Its parents are made traversable (0711) where they are created here."""
+    missing = [p for p in [path, *path.parents] if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    for parent in missing[1:]:
+        parent.chmod(0o711)
+    path.chmod(0o1733)
+    return path
