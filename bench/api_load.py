@@ -17,11 +17,12 @@ starts in the background); `POST /v1/jobs` is trainmaster's (durable in PostgreS
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from clients import Phase, drive, summary
-from harness import api_process, load_1m, parse_args, ray_head, run, scratch_database
+from clients import Phase, drive
+from harness import api_process, load_1m, ms, parse_args, ray_head, run, scratch_database
 
-JOB = {"name": "bench", "entrypoint": "builtin:mlp", "scaling": {"num_workers": 2}}
+JOB = json.dumps({"name": "bench", "entrypoint": "builtin:mlp", "scaling": {"num_workers": 2}}).encode()
 
 
 def main() -> None:
@@ -35,28 +36,30 @@ def main() -> None:
         ("--api-workers", None, "`trainmaster api --workers` (default: the API's own default)", {"type": int}),
         database=True,
     )
-    rows, ids = [], []
+    rows: list[dict[str, Any]] = []
+    ids: list[str] = []
 
     def phase(path: str, phase: Phase) -> None:
         print(f"{path}: {args.concurrency} clients for {args.warmup:g} + {phase.duration:g} s", flush=True)
-        outcome = drive(phase, args.concurrency, args.client_procs)
-        rows.append(summary(path, outcome, load_1m=load_1m()))
-        ids.extend(outcome.ids)
+        out = drive(phase, args.concurrency, args.client_procs)
+        ids.extend(out.ids)
+        n, rate = len(out.latencies), len(out.latencies) / out.seconds if out.seconds else 0.0
+        row = {"path": path, "load_1m": load_1m(), "requests": n, "errors": sum(out.errors.values())}
+        rows.append(row | {"req_per_s": rate, **ms(out.latencies, 50, 99)})
+        rows[-1]["client_cpu_ms_per_req"] = 1000 * out.client_cpu_s / max(1, out.sent)
 
     with run("api_load", args) as record, scratch_database(record, args.database_url) as db:
         with api_process(db.url, args.api_workers) as api:
-            headers, body = {"Authorization": f"Bearer {db.token}"}, json.dumps(JOB).encode()
-            posts = [("POST", "/v1/jobs", body)]
-            phase("POST /v1/jobs", Phase(api.url, headers, posts, 201, args.warmup, args.duration, keep_ids=True))
-            gets = [("GET", f"/v1/jobs/{job_id}", None) for job_id in ids[:5000]]
-            phase("GET /v1/jobs/{id}", Phase(api.url, headers, gets, 200, args.warmup, args.duration))
+            auth = {"Authorization": f"Bearer {db.token}"}
+            posts = Phase(api.url, auth, [("POST", "/v1/jobs", JOB)], 201, args.warmup, args.duration, keep_ids=True)
+            phase("POST /v1/jobs", posts)
+            gets = [("GET", f"/v1/jobs/{job}", None) for job in ids[:5000]]
+            phase("GET /v1/jobs/{id}", Phase(api.url, auth, gets, 200, args.warmup, args.duration))
         print("peer: starting a Ray head (token auth)", flush=True)
         with ray_head(num_cpus=2) as head:
-            token = head.token_path.read_text().strip()
-            submits = Phase(
-                head.dashboard, {}, [("RAY", "true", None)], 200, args.warmup, args.ray_duration, ray_token=token
-            )
-            phase("peer: Ray JobSubmissionClient.submit_job", submits)
+            token, submits = head.token_path.read_text().strip(), [("RAY", "true", None)]
+            ray = Phase(head.dashboard, {}, submits, 200, args.warmup, args.ray_duration, ray_token=token)
+            phase("peer: Ray JobSubmissionClient.submit_job", ray)
         post, get, peer = record.tables["requests"] = rows
         record.ratio("POST /v1/jobs, req/s", post["req_per_s"], peer["path"] + ", req/s", peer["req_per_s"])
         record.ratio("POST /v1/jobs p99 ms (goal <= 50)", post["p99_ms"], "goal", 50.0)

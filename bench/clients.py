@@ -14,12 +14,11 @@ import http.client
 import json
 import multiprocessing
 import random
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
 Request = tuple[str, str, bytes | None]  # method, path, body
@@ -52,13 +51,11 @@ class Outcome:
     client_cpu_s: float = 0.0  # CPU time of the client processes (all their threads)
     sent: int = 0  # requests answered, warm-up included
 
-    def merge(self, other: Outcome) -> None:
-        self.latencies += other.latencies
-        self.errors.update(other.errors)
-        self.ids += other.ids
-        self.seconds = max(self.seconds, other.seconds)
-        self.client_cpu_s += other.client_cpu_s
-        self.sent += other.sent
+    def __add__(self, other: Outcome) -> Outcome:
+        return Outcome(
+            *(self.latencies + other.latencies, self.errors + other.errors, self.ids + other.ids),
+            *(max(self.seconds, other.seconds), self.client_cpu_s + other.client_cpu_s, self.sent + other.sent),
+        )
 
 
 def connect(phase: Phase) -> Send:
@@ -68,13 +65,11 @@ def connect(phase: Phase) -> Send:
 
         ray = JobSubmissionClient(phase.base_url, headers={"Authorization": f"Bearer {phase.ray_token}"})
         return lambda request: (200, ray.submit_job(entrypoint=request[1]).encode())
-    parts = urlsplit(phase.base_url)
+    parts, headers = urlsplit(phase.base_url), {**phase.headers, "Content-Type": "application/json"}
     conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=60)
-    headers = {**phase.headers, "Content-Type": "application/json"}
 
     def send(request: Request) -> tuple[int, bytes]:
-        method, path, body = request
-        conn.request(method, path, body=body, headers=headers)
+        conn.request(request[0], request[1], body=request[2], headers=headers)
         response = conn.getresponse()
         return response.status, response.read()
 
@@ -110,48 +105,22 @@ def client(phase: Phase, todo: Sequence[Request], begin: float, seed: int) -> Ou
 
 def process(phase: Phase, threads: int, index: int, procs: int, begin: float) -> Outcome:
     """One client process: `threads` clients; with `once`, this process's share of the requests."""
-    cpu_began, results = time.process_time(), [Outcome() for _ in range(threads)]
+    cpu_began = time.process_time()
     mine = phase.requests[index::procs] if phase.once else phase.requests
-
-    def one(t: int) -> None:
-        results[t] = client(phase, mine[t::threads] if phase.once else mine, begin, index * 1000 + t)
-
-    workers = [threading.Thread(target=one, args=(t,)) for t in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    total = Outcome()
-    for result in results:
-        total.merge(result)
-    total.client_cpu_s = time.process_time() - cpu_began
-    return total
+    with ThreadPoolExecutor(threads) as pool:
+        todo = [mine[t::threads] if phase.once else mine for t in range(threads)]
+        outcomes = list(pool.map(client, [phase] * threads, todo, [begin] * threads, range(index * 1000, 1 << 30)))
+    return sum(outcomes, Outcome(client_cpu_s=time.process_time() - cpu_began))
 
 
 def drive(phase: Phase, clients: int, procs: int) -> Outcome:
     """`clients` clients spread over `procs` processes, all starting together; their merged outcome."""
     procs = max(1, min(procs, clients))
-    per_proc = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
     begin = time.time() + 2.0 + 0.5 * procs  # room for the processes to start
-    total = Outcome()
     with multiprocessing.get_context("spawn").Pool(procs) as pool:
-        pending = [pool.apply_async(process, (phase, n, i, procs, begin)) for i, n in enumerate(per_proc)]
-        for result in pending:
-            total.merge(result.get(timeout=phase.warmup + phase.duration + 600))
+        shares = [(phase, clients // procs + (i < clients % procs), i, procs, begin) for i in range(procs)]
+        pending = [pool.apply_async(process, share) for share in shares]
+        total = sum((result.get(timeout=phase.warmup + phase.duration + 600) for result in pending), Outcome())
     if phase.once:
         total.seconds = max(total.seconds, 1e-9)
     return total
-
-
-def summary(path: str, outcome: Outcome, **extra: Any) -> dict[str, Any]:
-    from harness import ms  # not at the top: the client processes import this module, and need none of it
-
-    return {
-        "path": path,
-        **extra,
-        "requests": len(outcome.latencies),
-        "errors": sum(outcome.errors.values()),
-        "req_per_s": len(outcome.latencies) / outcome.seconds if outcome.seconds else 0.0,
-        **ms(outcome.latencies, 50, 99),
-        "client_cpu_ms_per_req": 1000 * outcome.client_cpu_s / max(1, outcome.sent),
-    }

@@ -38,20 +38,16 @@ import psycopg
 from psycopg import sql
 
 import trainmaster as tm
-from trainmaster.client import JobHandle
 from trainmaster.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINMASTER = str(Path(sys.executable).with_name("trainmaster"))
-POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 Option = tuple[Any, ...]  # (flag, default, help[, more add_argument keywords])
 RUNS: list[Option] = [
     ("--runs", 5, "measured runs of each path"),
     ("--warmup", 1, "unmeasured runs of each path first"),
     ("--workers", 2, "Ray Train workers"),
 ]
-
-# --------------------------------------------------------------------------- options, the run and its facts
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -62,23 +58,22 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def parse_args(doc: str | None, *options: Option, database: bool = False) -> argparse.Namespace:
-    """The options every script has (and `--database-url` where it makes one), then the script's own. The
+    """The options every script has (and `--database-url` where it makes a database), then its own. The
     type follows the default: a list takes one or more of its items' type, False is a switch."""
     p = argparse.ArgumentParser(description=doc, formatter_class=HelpFormatter)
     common: list[Option] = [
-        ("--database-url", POSTGRES, "PostgreSQL server for the tm_bench_* database"),
+        ("--database-url", "postgresql://postgres@127.0.0.1:5432/postgres", "server of a tm_bench_* database"),
         ("--quiet-load", 1.5, "first wait for a 1-minute load below this"),
         ("--quiet-timeout", 300.0, "longest wait for it, in seconds"),
         ("--output", None, "results file; by default bench/results/<name>.json", {"type": Path}),
     ]
     for flag, default, help_text, *more in [*common[not database :], *options]:
-        extra = more[0] if more else {}
         kind: dict[str, Any] = {"type": type(default)}
         if isinstance(default, list):
             kind = {"type": type(default[0]), "nargs": "+"}
-        if default is False or "action" in extra:
+        if default is False or "action" in (more[0] if more else {}):
             kind = {"action": "store_true"}
-        p.add_argument(flag, default=default, help=help_text, **(kind | extra))
+        p.add_argument(flag, default=default, help=help_text, **(kind | (more[0] if more else {})))
     return p.parse_args()
 
 
@@ -132,9 +127,8 @@ class Record:
 
     def ratio(self, figure: str, value: float, peer: str, peer_value: float) -> None:
         """A figure against its peer's, as `value / peer_value`."""
-        self.ratios.append(
-            {"figure": figure, "value": value, "peer": peer, "peer_value": peer_value, "ratio": value / peer_value}
-        )
+        row = {"figure": figure, "value": value, "peer": peer, "peer_value": peer_value}
+        self.ratios.append(row | {"ratio": value / peer_value})
 
     def read_postgres(self, database_url: str) -> None:
         with psycopg.connect(database_url, connect_timeout=10) as conn:
@@ -195,10 +189,14 @@ def timed(call: Callable[[], object], count: int, warmup: int = 0) -> list[float
     return durations
 
 
-def spread(values: Iterable[float], median: str, least: str, most: str) -> dict[str, float]:
+def spread(values: Iterable[float], median: str = "median", least: str = "min", most: str = "max") -> dict[str, float]:
     """The median, the minimum and the maximum of `values`, under these keys."""
     ordered = sorted(values)
     return {median: statistics.median(ordered), least: ordered[0], most: ordered[-1]}
+
+
+def median(rows: Iterable[dict[str, Any]], key: str) -> float:
+    return statistics.median(row[key] for row in rows)
 
 
 def interleaved(
@@ -212,8 +210,7 @@ def interleaved(
             load = load_1m()
             row = one(path, n)
             warm = {None: "", True: ", warm driver", False: ", cold driver"}[row.get("warm_driver")]
-            seconds = {k: v for k, v in row.items() if k.endswith("_s") and isinstance(v, float)}
-            said = ", ".join(f"{k} {v:.2f}" for k, v in seconds.items())
+            said = ", ".join(f"{k} {v:.2f}" for k, v in row.items() if k.endswith("_s") and isinstance(v, float))
             print(f"{path:<12} run {n + 1}: {said} (load {load:.2f}{warm})")
             if n >= warmup:
                 kept[path].append({"load_1m_at_start": load, **row})
@@ -295,10 +292,9 @@ def api_process(database_url: str, workers: int | None = 1) -> Iterator[Api]:
             if process.poll() is not None:
                 log.seek(0)
                 raise RuntimeError(f"trainmaster api exited:\n{log.read()[-3000:].decode()}")
-            try:
+            with contextlib.suppress(httpx.TransportError):
                 return httpx.get(f"{api.url}/readyz", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
+            return False
 
         try:
             wait_until(ready, "trainmaster api not ready", 60, 0.2)
@@ -318,8 +314,7 @@ def submit_job(api_url: str, token: str) -> str:
     """A job submitted over HTTP; no dispatcher runs beside a bare API, so it stays queued."""
     body = {"name": "bench", "entrypoint": "builtin:mlp"}
     response = httpx.post(f"{api_url}/v1/jobs", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-    response.raise_for_status()
-    return str(response.json()["id"])
+    return str(response.raise_for_status().json()["id"])
 
 
 # --------------------------------------------------------------------------- a local stack, a bare Ray head
@@ -332,6 +327,15 @@ class Stack:
     token: str
     database_url: str
     ray_gcs: str
+    shared: Path  # what jobs write and this process reads (see `folder`)
+
+    def folder(self, name: str) -> Path:
+        """A folder the jobs may write into whatever OS user runs their cluster (a stack started by root
+        runs it as a user of its own, with umask 077: api/stack/osusers.py); removed with the stack."""
+        path = self.shared / name
+        path.mkdir()
+        path.chmod(0o1777)
+        return path
 
     def job_code(self, *files: str) -> Path:
         """A working_dir holding only these files of bench/."""
@@ -344,12 +348,23 @@ class Stack:
     def client(self) -> tm.Client:
         return tm.Client(api_url=self.api_url, token=self.token)
 
+    def wait_idle(self, client: tm.Client) -> None:
+        """Wait until every Ray CPU is free again (the previous job's gang released), as GET /v1/cluster says."""
+
+        def idle() -> bool:
+            info = client.cluster()
+            return bool(info.reachable and info.total.get("CPU") and info.free.get("CPU") == info.total.get("CPU"))
+
+        wait_until(idle, "Ray CPUs still in use")
+
 
 @contextlib.contextmanager
 def local_stack(record: Record, nodes: int = 1) -> Iterator[Stack]:
     """`trainmaster up --api-port 0` in a fresh TRAINMASTER_HOME (its PostgreSQL's version goes into the
     facts); `trainmaster down` at the end. The home is removed unless the block failed (its logs/ stay)."""
     home = Path(tempfile.mkdtemp(prefix="tm-bench-"))
+    shared = Path(tempfile.mkdtemp(prefix="tm-bench-jobs-"))
+    shared.chmod(0o711)  # passable, not listable
     unset = ("TRAINMASTER_DATABASE_URL", "TRAINMASTER_API_URL", "TRAINMASTER_TOKEN", "RAY_ADDRESS")
     env = {k: v for k, v in os.environ.items() if k not in unset} | {"TRAINMASTER_HOME": str(home)}
     failed = True
@@ -359,7 +374,7 @@ def local_stack(record: Record, nodes: int = 1) -> Iterator[Stack]:
         config = json.loads((home / "config").read_text())  # the SDK's config file
         state = json.loads((home / "stack.json").read_text())  # the stack's own record of its addresses
         record.read_postgres(state["database_url"])
-        yield Stack(home, config["api_url"], config["token"], state["database_url"], state["ray_gcs"])
+        yield Stack(home, config["api_url"], config["token"], state["database_url"], state["ray_gcs"], shared)
         failed = False
     finally:
         print("stopping the stack", flush=True)
@@ -368,29 +383,11 @@ def local_stack(record: Record, nodes: int = 1) -> Iterator[Stack]:
         except (RuntimeError, subprocess.SubprocessError) as exc:
             print(f"WARNING: {exc}", file=sys.stderr)
             failed = True
+        shutil.rmtree(shared, ignore_errors=True)
         if failed:
             print(f"the stack's logs are kept in {home / 'logs'}", file=sys.stderr)
         else:
             shutil.rmtree(home, ignore_errors=True)
-
-
-def wait_cluster_idle(client: tm.Client) -> None:
-    """Wait until every Ray CPU is free again (the previous job's gang released), as GET /v1/cluster says."""
-
-    def idle() -> bool:
-        info = client.cluster()
-        return bool(info.reachable and info.total.get("CPU") and info.free.get("CPU") == info.total.get("CPU"))
-
-    wait_until(idle, "Ray CPUs still in use")
-
-
-def wait_job(client: tm.Client, job: JobHandle, timeout_s: float, poll_s: float) -> None:
-    """Wait for a submitted job to end; it is cancelled if it runs past `timeout_s`."""
-    try:
-        job.wait(timeout=timeout_s, poll_interval=poll_s)
-    except tm.WaitTimeout:
-        client.cancel(job.id)
-        raise
 
 
 @contextlib.contextmanager

@@ -26,17 +26,18 @@ from collections import Counter
 from typing import Any
 
 import psutil
-from harness import Record, Stack, load_1m, local_stack, parse_args, run, spread, wait_cluster_idle, wait_job
+from harness import Record, Stack, load_1m, local_stack, median, parse_args, run, spread
 
 import trainmaster as tm
 
 TRAIN_CPU, PLATFORM_CPU = 0, 1
+PIN_FLAG = {"action": argparse.BooleanOptionalAction}
 
 
 def run_job(client: tm.Client, stack: Stack, mode: str, label: str, args: argparse.Namespace) -> dict[str, Any]:
     """One job; rank 0's result line, and whether every logged point was stored."""
-    wait_cluster_idle(client)
-    load, result_path = load_1m(), stack.home / "results" / f"{label}-{mode}.jsonl"
+    stack.wait_idle(client)
+    load, result_path = load_1m(), stack.shared / "results" / f"{label}-{mode}.jsonl"
     steps, warmup = (args.report_steps, 1) if mode == "ray_report" else (args.steps, args.warmup_steps)
     config = {"mode": mode, "steps": steps, "warmup_steps": warmup, "result_path": str(result_path)}
     job = client.submit(
@@ -46,7 +47,7 @@ def run_job(client: tm.Client, stack: Stack, mode: str, label: str, args: argpar
         scaling=tm.Scaling(num_workers=args.workers),
         config=config | {"block": args.block},
     )
-    wait_job(client, job, 300, 0.5)
+    job.wait(timeout=300, poll_interval=0.5)
     lines = result_path.read_text().splitlines() if result_path.exists() else []
     if len(lines) != 1:
         raise RuntimeError(f"{result_path}: expected one result line from rank 0, found {len(lines)}")
@@ -64,8 +65,8 @@ def run_job(client: tm.Client, stack: Stack, mode: str, label: str, args: argpar
             "pairs": len(pairs),
             **spread(ratios, "ratio_median", "ratio_min", "ratio_max"),
             "cpu_ratio_median": statistics.median(off["cpu_ms_per_step"] / on["cpu_ms_per_step"] for off, on in pairs),
-            "off_steps_per_s": statistics.median(off["steps_per_s"] for off, _ in pairs),
-            "on_steps_per_s": statistics.median(on["steps_per_s"] for _, on in pairs),
+            "off_steps_per_s": median((off for off, _ in pairs), "steps_per_s"),
+            "on_steps_per_s": median((on for _, on in pairs), "steps_per_s"),
         }
     expected = {rank: logged for rank in range(args.workers)} if logged else {}
     row = {"job": label, **result, "points_complete": dict(per_rank) == expected, "load_1m": load}
@@ -106,16 +107,12 @@ def tables(jobs: list[dict[str, Any]], record: Record) -> None:
     record.tables["jobs"] = [job for job in jobs if job["mode"] != "alternate"]
     if alternating := [job for job in jobs if job["mode"] == "alternate"]:
         record.tables["alternating blocks in one job (with logging / the block before, without)"] = alternating
-        ratio = statistics.median(job["ratio_median"] for job in alternating)
+        ratio = median(alternating, "ratio_median")
         record.ratio("trainmaster every step, alternating blocks, median of pairs", ratio, "no logging", 1.0)
     by_mode = {mode: [job for job in jobs if job["mode"] == mode] for mode in ("none", "trainmaster", "ray_report")}
     record.tables["steps per second"] = [
-        {
-            "mode": mode,
-            "jobs": len(runs),
-            **spread((job["steps_per_s"] for job in runs), "median", "min", "max"),
-            "rank0_cpu_ms_per_step": statistics.median(job["cpu_ms_per_step"] for job in runs),
-        }
+        {"mode": mode, "jobs": len(runs), **spread(job["steps_per_s"] for job in runs)}
+        | {"rank0_cpu_ms_per_step": median(runs, "cpu_ms_per_step")}
         for mode, runs in by_mode.items()
         if runs
     ]
@@ -137,8 +134,7 @@ def tables(jobs: list[dict[str, Any]], record: Record) -> None:
     ]
     record.tables["repetitions, trainmaster against none"] = pairs
     if pairs:
-        steps_ratio = statistics.median(pair["ratio_steps_per_s"] for pair in pairs)
-        cpu_ratio = statistics.median(pair["ratio_cpu_per_step"] for pair in pairs)
+        steps_ratio, cpu_ratio = median(pairs, "ratio_steps_per_s"), median(pairs, "ratio_cpu_per_step")
         record.ratio("trainmaster every step, steps/s, median of repetitions", steps_ratio, "no logging", 1.0)
         record.ratio("trainmaster every step, rank 0 CPU per step (inverse)", cpu_ratio, "no logging", 1.0)
     record.valid = all(job["points_complete"] for job in jobs)
@@ -155,18 +151,13 @@ def main() -> None:
         ("--alternate-jobs", 1, "jobs alternating blocks without and with logging"),
         ("--block", 100, "steps per block of an alternate job"),
         ("--workers", 2, "Ray Train workers"),
-        (
-            "--pin",
-            (os.cpu_count() or 1) >= 2,
-            "split training and platform onto two CPUs with taskset",
-            {"action": argparse.BooleanOptionalAction},
-        ),
+        ("--pin", (os.cpu_count() or 1) >= 2, "split training and platform onto two CPUs (taskset)", PIN_FLAG),
     )
     with run("logging_overhead", args) as record, local_stack(record) as stack, stack.client() as client:
         if args.pin:
             record.tables["pinned"] = pin(stack)
         stack.job_code("train_jobs.py")
-        (stack.home / "results").mkdir()
+        stack.folder("results")
         run_job(client, stack, "none", "warmup", args)
         jobs = []
         for rep in range(args.reps):

@@ -5,13 +5,7 @@ ratio is the growth), on a scratch database migrated (and its token made) in pro
   in-memory Ray of `--nodes` nodes x 8 GPUs x 96 CPUs) at each of `--depths` queued jobs (50 projects,
   mixed priorities and gangs, vacuumed), 50 considered per round: rounds until one admits nothing, then
   `--finish-rounds` rounds each after 5% of the running jobs end; the heap frozen first, as
-  `trainmaster dispatcher` does.
-- quotas: Kueue's published baseline shape, 15,000 queued over 30 projects with quotas in 3 cohorts,
-  against the same queue without quotas (`quotas` below).
-- usage: GET /v1/usage per project and day over a year of `--jobs` ended attempts (rollups), against
-  the same figures scanned from the attempts (`usage` below).
-- checkpoints: one pass of the checkpoint collector over `--checkpoints` checkpoints, against a count of
-  the live ones (`checkpoints` below).
+  `trainmaster dispatcher` does. quotas, usage, checkpoints: see their functions below.
 - jobs, usage, metrics and logs go through `trainmaster api` (one worker) with a project token, `--requests`
   sequential requests per figure after 10 unmeasured. jobs: GET /v1/jobs (first page, a deep cursor
   page, `status=failed`, `status=queued`) and GET /v1/jobs/{id} of the newest queued job, at 1,000 rows
@@ -38,6 +32,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -113,21 +108,34 @@ def reads(client: httpx.Client, path: str, params: dict[str, Any], count: int) -
 # --------------------------------------------------------------------------- the sections
 
 
+def best_of_3(variants: tuple[Any, ...], one: Callable[[Any], dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """Three runs of each variant, in turn; each variant's best run by `key`."""
+    runs: dict[Any, list[dict[str, Any]]] = {variant: [] for variant in variants}
+    for _ in range(3):
+        for variant, rows in runs.items():
+            rows.append(one(variant))
+    return [max(rows, key=lambda row: row[key]) for rows in runs.values()]
+
+
+def cycles(url: str, args: argparse.Namespace, row: dict[str, Any], projects: int = 50, **queue: Any) -> dict:
+    """`row` and the figures of `admission_cycles` on a fresh `SimRay` of `--nodes`, after `fill_queue`
+    of `row["queued"]` jobs over `projects` (seeded by the count, `queue`'s `broken` first); with `quota`
+    (JSON), every project's nominal quota, in 3 cohorts."""
+    ray = SimRay(args.nodes)
+    ray.specs = fill_queue(url, row["queued"], projects, random.Random(row["queued"]), queue.get("broken", 0))
+    if queue.get("quota"):
+        sql(url, QUOTAS, (queue["quota"],))
+    with tempfile.TemporaryDirectory(prefix="tmb-code-") as cache:  # a broken package is never unpacked there
+        fixed: dict[str, Any] = {"storage_path": "s3://bench", "admit_batch": 50, "db_connect_timeout_s": 60}
+        settings = Settings(database_url=url, code_cache_path=cache, **fixed)
+        return row | asyncio.run(admission_cycles(settings, ray, args.finish_rounds, random.Random(1)))
+
+
 def admission(url: str, args: argparse.Namespace, record: Record) -> None:
-    settings = Settings(
-        database_url=url,
-        storage_path="s3://bench",
-        admit_batch=50,
-        db_connect_timeout_s=60,
-        code_cache_path=tempfile.mkdtemp(prefix="tmb-code-"),  # the broken package is never unpacked there
-    )
     rows = []
     for depth in args.depths:
-        ray = SimRay(args.nodes)
-        ray.specs = fill_queue(url, depth, 50, random.Random(depth))
         print(f"admission at {depth} queued on {args.nodes} nodes", flush=True)
-        cycles = admission_cycles(settings, ray, args.finish_rounds, random.Random(1))
-        rows.append({"queued": depth, "nodes": args.nodes, **asyncio.run(cycles)})
+        rows.append(cycles(url, args, {"queued": depth, "nodes": args.nodes}))
     record.tables["admission rounds (Dispatcher.admit_round, admit_batch per round)"] = rows
     small, large, at = rows[0], rows[-1], f"at {rows[0]['queued']:,} queued"
     record.ratio(f"admission round p99 at {large['queued']:,} queued, ms", large["p99_ms"], at, small["p99_ms"])
@@ -136,52 +144,32 @@ def admission(url: str, args: argparse.Namespace, record: Record) -> None:
     # Containment: the same queue with its first 100 jobs naming a code package that cannot be unpacked
     # (each fails alone, with the reason), against the queue as it is; the better of 3 runs of each.
     depth = args.depths[1] if len(args.depths) > 1 else args.depths[0]
-    runs: dict[int, list[dict[str, Any]]] = {0: [], 100: []}
-    for _ in range(3):
-        for broken in runs:
-            ray = SimRay(args.nodes)
-            ray.specs = fill_queue(url, depth, 50, random.Random(depth), broken=broken)
-            cycles = admission_cycles(settings, ray, args.finish_rounds, random.Random(1))
-            runs[broken].append({"queued": depth, "failing_launches": broken, **asyncio.run(cycles)})
-    best = {broken: max(rows, key=lambda row: row["rounds_per_s"]) for broken, rows in runs.items()}
-    record.tables["admission rounds with 100 launches that fail in the queue, and without"] = list(best.values())
-    record.ratio(
-        f"admission rounds/s at {depth:,} queued with 100 failing launches",
-        best[100]["rounds_per_s"],
-        "with a clean queue",
-        best[0]["rounds_per_s"],
+    table = "admission rounds with 100 launches that fail in the queue, and without"
+    clean, failing = record.tables[table] = best_of_3(
+        (0, 100), lambda n: cycles(url, args, {"queued": depth, "failing_launches": n}, broken=n), "rounds_per_s"
     )
+    figure = f"admission rounds/s at {depth:,} queued with 100 failing launches"
+    record.ratio(figure, failing["rounds_per_s"], "with a clean queue", clean["rounds_per_s"])
+
+
+QUOTAS = "UPDATE projects SET quota = %s::jsonb, cohort = 'c' || (substr(name, 2)::int %% 3) WHERE name LIKE 'p%%'"
 
 
 def quotas(url: str, args: argparse.Namespace, record: Record) -> None:
     """Kueue's published baseline shape (15,000 workloads over 30 cluster queues): 15,000 queued over 30
     projects, each with a nominal quota of 1/30 of the cluster's GPUs and CPUs, in 3 cohorts of 10 that
     lend and borrow; against the same queue with no quota at all (the best of 3 runs of each)."""
-    settings = Settings(database_url=url, storage_path="s3://bench", admit_batch=50, db_connect_timeout_s=60)
-    share = {name: amount * args.nodes / 30 for name, amount in NODE.items()}
-    runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
-    for _ in range(3):
-        for quota in runs:
-            sql(url, "TRUNCATE projects CASCADE")
-            ray = SimRay(args.nodes)
-            ray.specs = fill_queue(url, 15_000, 30, random.Random(15_000))
-            if quota:
-                sql(
-                    url,
-                    "UPDATE projects SET quota = %s::jsonb, cohort = 'c' || (substr(name, 2)::int %% 3)"
-                    " WHERE name LIKE 'p%%'",
-                    (json.dumps(share),),
-                )
-            cycles = admission_cycles(settings, ray, args.finish_rounds, random.Random(1))
-            runs[quota].append({"queued": 15_000, "projects": 30, "quotas": quota, **asyncio.run(cycles)})
-    best = {quota: max(rows, key=lambda row: row["jobs_admitted_per_s"]) for quota, rows in runs.items()}
-    record.tables["admission with 30 projects in 3 cohorts under quota, and without quotas"] = list(best.values())
-    record.ratio(
-        "jobs admitted/s at 15,000 queued over 30 projects with quotas and cohorts",
-        best[True]["jobs_admitted_per_s"],
-        "without quotas",
-        best[False]["jobs_admitted_per_s"],
+    share = json.dumps({name: amount * args.nodes / 30 for name, amount in NODE.items()})
+
+    def one(quota: bool) -> dict[str, Any]:
+        sql(url, "TRUNCATE projects CASCADE")
+        return cycles(url, args, {"queued": 15_000, "projects": 30, "quotas": quota}, 30, quota=quota and share)
+
+    free, quota = record.tables["admission with 30 projects in 3 cohorts under quota, and without quotas"] = best_of_3(
+        (False, True), one, "jobs_admitted_per_s"
     )
+    figure = "jobs admitted/s at 15,000 queued over 30 projects with quotas and cohorts"
+    record.ratio(figure, quota["jobs_admitted_per_s"], "without quotas", free["jobs_admitted_per_s"])
 
 
 def grow_jobs(url: str, bench: uuid.UUID, total: int) -> None:

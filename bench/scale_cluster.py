@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import random
 import time
 import uuid
@@ -59,8 +60,7 @@ class SimRay:
         placement remembers stays true while resources are only taken), so the simulator's own cost
         per submit stays small beside the dispatcher's; `finish` drops it."""
         job_id = launch.metadata["trainmaster_job_id"]
-        if self.view is None:
-            self.view = Cluster(self.free)
+        self.view = self.view or Cluster(self.free)
         admission = admit(self.specs[job_id], self.view, {})
         if admission.decision is Decision.admit:
             self.view.reserve(admission.placement)
@@ -122,21 +122,20 @@ def fill_queue(database_url: str, count: int, projects: int, rng: random.Random,
         for i in range(count):
             _, workers, per_worker, strategy = rng.choices(GANGS, [g[0] for g in GANGS])[0]
             scaling = {"num_workers": workers, "resources_per_worker": per_worker, "placement_strategy": strategy}
-            body = {"name": f"scale-{i}", "entrypoint": "builtin:mlp", "scaling": scaling}
-            if i < broken:
-                body["code"] = code_id
+            body = {"name": f"scale-{i}", "entrypoint": "builtin:mlp", "scaling": scaling} | (
+                {"code": code_id} if i < broken else {}
+            )
             spec = JobSpec.model_validate(body | {"priority": rng.choice(PRIORITIES)})
             gang = {name: amount * workers for name, amount in spec.scaling.worker_resources().items()}
             job_id = uuid.uuid4()
             specs[str(job_id)] = spec
             row = (job_id, rng.choice(project_ids), spec.name, Jsonb(spec.model_dump(mode="json")), spec.priority)
             rows.append((*row, gang.get("CPU", 0.0), gang.get("GPU", 0.0), count - i))
-        with conn.cursor() as cursor:
-            cursor.executemany(
-                "INSERT INTO jobs (id, project_id, name, status, spec, priority, gang_cpus, gang_gpus, created_at)"
-                " VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, now() - make_interval(secs => %s))",
-                rows,
-            )
+        conn.cursor().executemany(
+            "INSERT INTO jobs (id, project_id, name, status, spec, priority, gang_cpus, gang_gpus, created_at)"
+            " VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, now() - make_interval(secs => %s))",
+            rows,
+        )
         # As autovacuum leaves the table in steady state (migration 0007: after 1,000 changed rows), the
         # claim's per-project reads of ix_jobs_queued_by_project are index-only.
         conn.execute("VACUUM ANALYZE jobs")
@@ -165,8 +164,7 @@ async def admission_cycles(settings: Settings, ray: SimRay, finish_rounds: int, 
 
         admitted = filled_in = 0
         while (count := await one()) > 0:
-            admitted += count
-            filled_in += 1
+            admitted, filled_in = admitted + count, filled_in + 1
         full = sum(node.total["GPU"] - node.free["GPU"] for node in ray.free)
         for _ in range(finish_rounds):
             ending = rng.sample(sorted(ray.placed), max(1, int(len(ray.placed) * 0.05))) if ray.placed else []
@@ -178,16 +176,11 @@ async def admission_cycles(settings: Settings, ray: SimRay, finish_rounds: int, 
             admitted += await one()
     finally:
         await engine.dispose()
-    total_s = sum(durations)
+    total_s = sum(durations) or math.inf
     return {
-        "rounds": len(durations),
-        "rounds_to_fill": filled_in,
-        "gpus_used_when_full": full,
-        "admitted": admitted,
-        **ms(durations, 50, 99),
-        "max_ms": max(durations) * 1000,
+        **{"rounds": len(durations), "rounds_to_fill": filled_in, "gpus_used_when_full": full, "admitted": admitted},
+        **{**ms(durations, 50, 99), "max_ms": max(durations) * 1000},
         # The first round of a process also compiles and prepares every statement (once per dispatcher).
         "p99_after_first_ms": ms(durations[1:], 99)["p99_ms"],
-        "jobs_admitted_per_s": admitted / total_s if total_s else 0.0,
-        "rounds_per_s": len(durations) / total_s if total_s else 0.0,
+        **{"jobs_admitted_per_s": admitted / total_s, "rounds_per_s": len(durations) / total_s},
     }

@@ -133,31 +133,22 @@ def measure(
 
 def row(path: str, received: Received, points: int, skip: int) -> dict[str, Any]:
     latencies = [at - sent for step, hits in received.items() if step >= skip for at, sent in hits]
-    return {
-        "path": path,
-        "points": len(latencies),
-        **ms(latencies, 50, 95, 99),
-        "max_ms": max(latencies, default=float("nan")) * 1000,
-        "lost": len(set(range(points)) - set(received)),
-        "duplicated": sum(len(hits) > 1 for hits in received.values()),
-    }
+    lost, duplicated = len(set(range(points)) - set(received)), sum(len(hits) > 1 for hits in received.values())
+    figures = {**ms(latencies, 50, 95, 99), "max_ms": max(latencies, default=float("nan")) * 1000}
+    return {"path": path, "points": len(latencies), **figures, "lost": lost, "duplicated": duplicated}
 
 
 def split(received: Received, posts: Posts, skip: int) -> list[dict[str, Any]]:
     """The API's latency per measured point, in three parts: buffer wait, POST round trip, SSE after the answer."""
     post_of = {step: (started, answered) for started, answered, steps in posts for step in steps}
-    timed = [
-        (post_of[step], hit) for step, hits in received.items() if step >= skip and step in post_of for hit in hits
-    ]
+    hits = [(*post_of[step], *hit) for step, at in received.items() if step >= skip and step in post_of for hit in at]
     parts = {
-        "in the sender's buffer": [started - sent for (started, _), (_, sent) in timed],
-        "POST round trip": [answered - started for (started, answered), _ in timed],
-        "SSE after the answer": [at - answered for (_, answered), (at, _) in timed],
+        "in the sender's buffer": [started - sent for started, _, _, sent in hits],
+        "POST round trip": [answered - started for started, answered, _, _ in hits],
+        "SSE after the answer": [at - answered for _, answered, at, _ in hits],
     }
-    per_post = percentile([len(steps) for _, _, steps in posts], 50)
-    return [
-        {"part": k, **ms(v, 50, 95), "posts": len(posts), "points_per_post_p50": per_post} for k, v in parts.items()
-    ]
+    per_post = {"posts": len(posts), "points_per_post_p50": percentile([len(steps) for _, _, steps in posts], 50)}
+    return [{"part": part, **ms(values, 50, 95), **per_post} for part, values in parts.items()]
 
 
 def main() -> None:

@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from harness import RUNS, Stack, interleaved, local_stack, parse_args, run, spread, wait_cluster_idle, wait_job
+from harness import RUNS, Stack, interleaved, local_stack, median, parse_args, run, spread
 from train_jobs import fit, stamps
 
 import trainmaster as tm
@@ -49,7 +48,7 @@ def platform_run(client: tm.Client, workdir: Path, stamp: Path, args: argparse.N
         config={"stamp_path": str(stamp)},
     )
     marks: dict[str, float] = {"submit returned": time.time() - t0}
-    wait_job(client, job, 300, 0.25)
+    job.wait(timeout=300, poll_interval=0.25)
     warm = None
     for event in client.events(job.id):
         mark = event.status.value if event.kind == "status" and event.status is not None else event.kind
@@ -71,7 +70,9 @@ def direct_run(stack: Stack, workdir: Path, stamp: Path, args: argparse.Namespac
     ray.init(stack.ray_gcs, runtime_env=env, log_to_driver=False, logging_level=logging.WARNING)
     try:
         connect_s = time.time() - began
-        measured = fit(TorchTrainer, "bench-first-step", args.workers, stamp, stack.home / "direct", args.strategy)
+        measured = fit(
+            TorchTrainer, "bench-first-step", args.workers, stamp, stack.folder(f"direct-{stamp.stem}"), args.strategy
+        )
     finally:
         ray.shutdown()
     return {**measured, "connect_s": connect_s}
@@ -86,13 +87,12 @@ def main() -> None:
     )
     name = "submit_latency" if args.nodes == 1 else f"submit_latency_{args.nodes}nodes"
     with run(name, args) as record, local_stack(record, nodes=args.nodes) as stack, stack.client() as client:
-        workdir, stamp_dir = stack.job_code("train_jobs.py"), stack.home / "stamps"
-        stamp_dir.mkdir()
+        workdir, stamp_dir = stack.job_code("train_jobs.py"), stack.folder("stamps")
         # The direct path is a Ray driver of the stack's cluster, which wants the stack's Ray token.
         os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(stack.home / "ray_auth_token"))
 
         def one(path: str, n: int) -> dict[str, Any]:
-            wait_cluster_idle(client)
+            stack.wait_idle(client)
             stamp = stamp_dir / f"{path}-{n}.txt"
             if path == "platform":
                 return platform_run(client, workdir, stamp, args)
@@ -100,12 +100,8 @@ def main() -> None:
 
         runs = interleaved(("platform", "direct"), args.warmup, args.runs, one)
         platform, direct = record.tables["first step"] = [
-            {
-                "path": path,
-                "runs": len(rows),
-                **spread((r["first_step_s"] for r in rows), "median_s", "min_s", "max_s"),
-                "all_started_median_s": statistics.median(r["all_started_s"] for r in rows),
-            }
+            {"path": path, "runs": len(rows), **spread((r["first_step_s"] for r in rows), "median_s", "min_s", "max_s")}
+            | {"all_started_median_s": median(rows, "all_started_s")}
             for path, rows in runs.items()
         ]
         figure = "platform: submit to first step, median s"
@@ -115,7 +111,7 @@ def main() -> None:
         record.ratio(figure, platform["all_started_median_s"], "direct fit()", direct["all_started_median_s"])
         marks = [r["marks_s"] for r in runs["platform"]]
         seen = [mark for mark in ORDER if all(mark in m for m in marks)]
-        medians = [{"mark": mark, "s": statistics.median(m[mark] for m in marks)} for mark in seen]
+        medians = [{"mark": mark, "s": median(marks, mark)} for mark in seen]
         record.tables["platform, from t0 (medians)"] = [*medians, {"mark": "first step", "s": platform["median_s"]}]
         record.tables["runs"] = [
             {

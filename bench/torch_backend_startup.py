@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import REPO, RUNS, interleaved, parse_args, ray_head, run, wait_until
+from harness import REPO, RUNS, interleaved, median, parse_args, ray_head, run, wait_until
 from train_jobs import fit
 
 IMPORTS = {
@@ -79,8 +79,8 @@ def main() -> None:
             {
                 "trainer": path,
                 "runs": len(rows),
-                "first_step_median_s": statistics.median(r["first_step_s"] for r in rows),
-                "fit_median_s": statistics.median(r["fit_s"] for r in rows),
+                "first_step_median_s": median(rows, "first_step_s"),
+                "fit_median_s": median(rows, "fit_s"),
                 "min_first_step_s": min(r["first_step_s"] for r in rows),
                 "max_first_step_s": max(r["first_step_s"] for r in rows),
             }
