@@ -152,10 +152,15 @@ HEAVY_FIRST = (
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns xdist_group marks into scopes
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each file runs whole on one worker (its module fixtures start once); CPU_BOUND files together."""
+    """Each file runs whole on one worker (its module fixtures start once); CPU_BOUND files together.
+    Tests marked `compose` run only when `-m` names them (.ci/run: after the suite, on their own)."""
 
     def path(item: pytest.Item) -> str:
         return item.nodeid.split("::", 1)[0]
+
+    if "compose" not in config.option.markexpr:
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("compose")])
+        items[:] = [item for item in items if not item.get_closest_marker("compose")]
 
     rank = {name: position for position, name in enumerate(CPU_BOUND + HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(path(item), len(rank)))  # stable: the rest keep their order
