@@ -10,9 +10,11 @@ one cluster cannot read the other's processes, tokens, logs or checkpoints. Star
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -51,22 +53,22 @@ def cluster_user(cluster: str) -> OsUser | None:
 
 
 def cannot_run_python(user: OsUser) -> str | None:
-    """Why `user` cannot run this process's Python with Ray (e.g. it lives under /root, mode 0700), or
-    None when it can."""
-    try:
-        ran = subprocess.run(
-            [sys.executable, "-c", "import ray"], capture_output=True, text=True, timeout=120, cwd="/",
-            user=user.uid, group=user.gid, extra_groups=[], env={"PATH": os.environ.get("PATH", ""), "HOME": "/"},
-        )  # fmt: skip
-        if ran.returncode == 0:
-            return None
-        error = (ran.stderr.strip().splitlines() or [f"exit status {ran.returncode}"])[-1]
-    except OSError as exc:
-        error = str(exc)
-    return (
-        f"{user.name} cannot run {sys.executable} ({error}); let other users enter its folders "
-        "(e.g. `chmod o+x /root` for a Python under /root) or install Python and the virtual environment elsewhere"
-    )
+    """Why `user` (neither owner nor group of the platform's files) cannot run this process's Python with
+    Ray: a folder on the way to the interpreter or to Ray's package that others may not enter (pyenv
+    under /root, mode 0700), or a package folder they may not read. None when it can."""
+    ray = importlib.util.find_spec("ray")
+    package = Path(ray.origin).parent if ray is not None and ray.origin else None
+    for target in filter(None, (Path(sys.executable), Path(sys.executable).resolve(), package)):
+        for folder in reversed(target.parents):
+            if not folder.stat().st_mode & stat.S_IXOTH:
+                return (
+                    f"{user.name} cannot enter {folder} (mode {stat.S_IMODE(folder.stat().st_mode):o}) on the way to "
+                    f"{target}; let other users enter it (e.g. `chmod o+x {folder}`) or install Python and the "
+                    "virtual environment elsewhere"
+                )
+    if package is not None and not package.stat().st_mode & stat.S_IROTH:
+        return f"{user.name} cannot read {package}: make the virtual environment readable by other users"
+    return None
 
 
 def private_dir(path: Path, user: OsUser | None) -> Path:

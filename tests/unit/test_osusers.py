@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import stat
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,22 @@ def test_the_checkpoint_root_lets_users_in_but_not_list_it(tmp_path: Path) -> No
     assert mode(root) == 0o1733
     assert mode(tmp_path / "kept" / "made") == 0o711  # made here: passable, not listable
     assert mode(tmp_path / "kept") == 0o755  # there already: left as it was
+
+
+def test_a_python_behind_a_folder_others_cannot_enter_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    user = osusers.OsUser("tm-unit", 60001, 60001)
+    base = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own tmp folders are 0700
+    try:
+        (base / "home" / "bin").mkdir(parents=True)
+        (base / "home" / "bin" / "python").touch()
+        for folder in (base, base / "home", base / "home" / "bin"):
+            folder.chmod(0o755)
+        monkeypatch.setattr(sys, "executable", str(base / "home" / "bin" / "python"))
+        assert str(base) not in str(osusers.cannot_run_python(user))
+        (base / "home").chmod(0o700)  # as /root is on this machine
+        assert f"cannot enter {base / 'home'} (mode 700)" in str(osusers.cannot_run_python(user))
+    finally:
+        shutil.rmtree(base)
 
 
 def test_no_user_unless_root(monkeypatch: pytest.MonkeyPatch) -> None:
