@@ -64,26 +64,32 @@ class Cluster:
         self._reserved += 1
         order = self._memo.get(("free order",))
         free = self._memo.get(("free",))
+        labels: dict[str, dict[str, Resources]] = self._kept("domain free", dict)
         where = self._kept("index", lambda: {node.node_id: index for index, node in enumerate(self.nodes)})
         for node_id, bundles in placement.items():
             index = where[node_id]
             node = self.nodes[index]
             if isinstance(order, list):
                 order.pop(bisect.bisect_left(order, (_order_key(node.free), index)))
+            # The free resources admit_in_domain keeps of each label's domains: this node's.
+            domain_frees = [sums[node.labels[label]] for label, sums in labels.items() if label in node.labels]
             for bundle in bundles:
                 for name, amount in bundle.items():
                     node.free[name] = node.free.get(name, 0.0) - amount
                     if isinstance(free, dict):
                         free[name] = free.get(name, 0.0) - amount
+                    for domain in domain_frees:
+                        domain[name] = domain.get(name, 0.0) - amount
             if isinstance(order, list):
                 bisect.insort(order, (_order_key(node.free), index))
 
-    def _kept(self, name: str, compute: Callable[[], Any]) -> Any:
+    def _kept(self, name: str | tuple[object, ...], compute: Callable[[], Any]) -> Any:
         """A figure of the whole cluster computed once per round and kept (`reserve` updates the
-        free resources and the free order it keeps)."""
-        if (name,) not in self._memo:
-            self._memo[(name,)] = compute()
-        return self._memo[(name,)]
+        free resources, the free order and the label domains' free resources it keeps)."""
+        key = name if isinstance(name, tuple) else (name,)
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def free_order(self) -> list[int]:
         """Node indices, the most free first (the order `_place` tries them in)."""
@@ -185,15 +191,20 @@ def admit_in_domain(scaling: Scaling, cluster: Cluster, driver: Resources) -> Ad
     """A gang with a `topology`: its workers inside one value of a node label (the driver's bundle goes
     where Ray puts the driver, anywhere). The domains are tried the most free first; `required` waits
     (or can never fit) when none has room, naming the domains it considered; `preferred` is then placed
-    across the cluster as any gang, as few nodes as first-fit takes."""
+    across the cluster as any gang, as few nodes as first-fit takes.
+
+    Per round, the cluster keeps (`Cluster._memo`) each label's domains with their total and free
+    resources (`reserve` updates the free ones), whether a gang shape could ever fit one, and which
+    found no room for it (free resources only shrink in a round): on 10,000 nodes in 100 racks a
+    gang's placement then tries only the domains whose free resources add up to what it needs."""
     assert scaling.topology is not None
     label, required = scaling.topology.label, scaling.topology.required is not None
     workers = gang(scaling, {})
     need = describe(scaling)
-    domains: dict[str, list[int]] = {}
-    for index, node in enumerate(cluster.nodes):
-        if label in node.labels:
-            domains.setdefault(node.labels[label], []).append(index)
+    kept_frees: dict[str, dict[str, Resources]] = cluster._kept("domain free", dict)  # by label; `reserve` updates
+    domains: dict[str, list[int]] = cluster._kept(f"domains {label}", lambda: _domains(cluster, label, kept_frees))
+    frees = kept_frees[label]
+    shape = (label, scaling.placement_strategy, len(workers), tuple(sorted(workers[0].items())) if workers else ())
 
     def fits(indices: list[int], free: bool) -> dict[int, list[Resources]] | None:
         capacities = [cluster.nodes[i].free if free else cluster.nodes[i].total for i in indices]
@@ -201,36 +212,55 @@ def admit_in_domain(scaling: Scaling, cluster: Cluster, driver: Resources) -> Ad
         return None if placed is None else {indices[i]: bundles for i, bundles in placed.items()}
 
     def seen(free: bool) -> str:
-        def amounts(i: int) -> Resources:
-            return cluster.nodes[i].free if free else cluster.nodes[i].total
+        def amounts(value: str) -> Resources:
+            return frees[value] if free else _sum(cluster.nodes[i].total for i in domains[value])
 
-        shown = [
-            f"{label}={value} {_fmt(_sum(amounts(i) for i in indices))}"
-            for value, indices in sorted(domains.items())[:8]
-        ]
+        shown = [f"{label}={value} {_fmt(amounts(value))}" for value in sorted(domains)[:8]]
         more = f" and {len(domains) - 8} more" if len(domains) > 8 else ""
         return ", ".join(shown) + more if shown else f"no node carries the label {label!r}"
 
-    ever = [value for value, indices in domains.items() if fits(indices, free=False) is not None]
+    whole = _sum(workers)
+    # The most free first (ties in the nodes' order). A domain whose free resources do not add up to
+    # the gang, or that found no room for its shape earlier in the round, is passed over; one that
+    # places it now could fit it ever.
+    for value in sorted(domains, key=lambda v: _order_key(frees[v])):
+        if not _fits(whole, frees[value]) or ("no room in", value, *shape) in cluster._memo:
+            continue
+        placed = fits(domains[value], free=True)
+        if placed is None:
+            cluster._memo[("no room in", value, *shape)] = True
+        elif (admission := _with_driver(placed, cluster, driver, need)) is not None:
+            admission.reason += f" inside {label}={value}"
+            admission.selector = {label: value}
+            return admission
+    ever = cluster._kept(("ever", *shape), lambda: any(fits(ix, free=False) is not None for ix in domains.values()))
     if required and not ever:
         return Admission(
             Decision.infeasible,
             f"can never fit inside one {label}: needs {need}; in all: {seen(free=False)}."
             f" Label more nodes (ray start --labels {label}=...), or ask for fewer.",
         )
-    by_room = sorted(ever, key=lambda v: _order_key(_sum(cluster.nodes[i].free for i in domains[v])))
-    for value in by_room:
-        placed = fits(domains[value], free=True)
-        if placed is not None and (admission := _with_driver(placed, cluster, driver, need)) is not None:
-            admission.reason += f" inside {label}={value}"
-            admission.selector = {label: value}
-            return admission
     if required:
         return Admission(Decision.wait, f"waiting for room inside one {label}: needs {need}; free: {seen(free=True)}")
     anywhere = admit(scaling.model_copy(update={"topology": None}), cluster, driver)
     if anywhere.decision is Decision.admit:
         anywhere.reason += f" across {label}s (no single {label} had room: {seen(free=True)})"
     return anywhere
+
+
+def _domains(cluster: Cluster, label: str, frees: dict[str, dict[str, Resources]]) -> dict[str, list[int]]:
+    """The node indices of each value of `label`, in the nodes' order; each value's free resources
+    go into `frees[label]` (one pass over the nodes for both)."""
+    domains: dict[str, list[int]] = {}
+    sums: dict[str, Resources] = {}
+    for index, node in enumerate(cluster.nodes):
+        if (value := node.labels.get(label)) is not None:
+            domains.setdefault(value, []).append(index)
+            free = sums.setdefault(value, {})
+            for name, amount in node.free.items():
+                free[name] = free.get(name, 0.0) + amount
+    frees[label] = sums
+    return domains
 
 
 def _with_driver(

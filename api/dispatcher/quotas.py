@@ -80,10 +80,18 @@ class Book:
     # shrink during a round and no job starts running in one, so a gang at least as large finds no more.
     unreclaimable: dict[str, list[dict[str, float]]] = field(default_factory=dict)
 
+    # Each cohort's members, found on first use (a round's projects are fixed once read): thousands of
+    # projects in dozens of cohorts are not scanned whole for every job.
+    cohorts: dict[str, list[tuple[uuid.UUID, Standing]]] = field(default_factory=dict, repr=False, compare=False)
+
     def members(self, cohort: str | None, but: uuid.UUID) -> list[Standing]:
         if cohort is None:
             return []
-        return [s for pid, s in self.projects.items() if s.cohort == cohort and pid != but]
+        if not self.cohorts:
+            for pid, standing in self.projects.items():
+                if standing.cohort is not None:
+                    self.cohorts.setdefault(standing.cohort, []).append((pid, standing))
+        return [s for pid, s in self.cohorts.get(cohort, ()) if pid != but]
 
     def free_to_borrow(self, project_id: uuid.UUID, resource: str) -> float:
         """What the project's cohort has free to lend it: the others' lendable unused quota less what
@@ -148,17 +156,25 @@ class Book:
         cohort members that borrow: the gang is within the project's own quota in every resource it
         needs, and some other member borrows."""
         standing = self.projects.get(project_id)
-        if standing is None or standing.cohort is None:
+        if standing is None or standing.cohort is None or self.gave_up(project_id, need):
             return False
-        for failed in self.unreclaimable.get(standing.cohort, ()):
-            if all(need.get(resource, 0.0) + EPSILON >= amount for resource, amount in failed.items()):
-                return False
         if any(amount > 0 and (r not in standing.quota or standing.beyond(r, amount)) for r, amount in need.items()):
             return False
         return any(
             member.borrowed(resource) > EPSILON
             for member in self.members(standing.cohort, project_id)
             for resource in RESOURCES
+        )
+
+    def gave_up(self, project_id: uuid.UUID, need: dict[str, float]) -> bool:
+        """Whether reclaim already found too little this round for a gang of `need` in the project's
+        cohort (`reclaim_failed`): a gang at least as large finds no more."""
+        standing = self.projects.get(project_id)
+        if standing is None or standing.cohort is None:
+            return False
+        return any(
+            all(need.get(resource, 0.0) + EPSILON >= amount for resource, amount in failed.items())
+            for failed in self.unreclaimable.get(standing.cohort, ())
         )
 
     def reclaim_failed(self, project_id: uuid.UUID, need: dict[str, float]) -> None:

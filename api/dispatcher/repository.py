@@ -141,6 +141,8 @@ class QueuedJob(NamedTuple):
     gang_gpus: float
     pending_reason: str | None
     infeasible_since: datetime | None
+    created_at: datetime
+    share: float  # its project's fair share (project_usage.share; 0 without a row): decide.admission_key
     attempts: int  # the highest attempt number so far, 0 for none
 
 
@@ -169,7 +171,7 @@ def _queued_query() -> Select[Any]:
     )
     attempts = select(func.coalesce(func.max(JobAttempt.n), 0)).where(JobAttempt.job_id == Job.id).scalar_subquery()
     return (
-        select(*(getattr(Job, name) for name in QueuedJob._fields[:-1]), attempts)
+        select(*(getattr(Job, name) for name in QueuedJob._fields[:-2]), head.c.share, attempts)
         .join(head, head.c.id == Job.id)
         .where(Job.status == JobStatus.queued)
         .order_by(head.c.priority.desc(), head.c.share, head.c.created_at, head.c.id)
@@ -181,8 +183,8 @@ QUEUED = _queued_query()
 
 
 async def lock_queued(session: AsyncSession, limit: int, cluster: uuid.UUID | None = None) -> list[QueuedJob]:
-    """The cluster's queued jobs in admission order (api/jobs/repository.py says which), locked; rows
-    another dispatcher holds are skipped.
+    """The cluster's first `limit` queued jobs in admission order (decide.admission_key, here in SQL),
+    locked; rows another dispatcher holds are skipped.
 
     Within one project the fair share is the same for every job, so the project's jobs come in the admission
     order by (priority, age) alone: the first `limit` of all are among the first `limit` of each

@@ -1,0 +1,307 @@
+"""Admission at an organisation's scale, simulated (issue 28 item 8): the production decision function
+(api/dispatcher/decide.py `decide`, with placement.py and quotas.py under it, unchanged) admits from a
+simulated queue onto a simulated cluster over a simulated day.
+
+- 2,000 projects in 50 cohorts of 40: each a nominal quota of an equal part of the cluster, a
+  borrowing limit of 4x its quota, every tenth a lending limit of 3/4 of it;
+- 10,000 nodes (8 GPUs, 64 CPUs) in 100 racks of 100, labelled `rack`;
+- 100,000 jobs queued at the start, over the hour before it, demand skewed within each cohort (the
+  k-th project submits in proportion to 1/k); gangs of 1 to 32 workers of (1 GPU, 4 CPUs), of those of
+  4 or more one in ten `topology: required rack` and one in ten `preferred rack`; each runs a lognormal
+  time (mean about 3 h, at most 8 h), then ends and gives its nodes back: about 1.2x what the cluster
+  can run in the day.
+
+What is production code and what is not: each round calls `decide` on a fresh `Cluster` over the same
+`Node`s (reserve takes from them; an ended job gives its bundles back) and a `Book` over the same
+`Standing`s (take adds to them; an ended job takes away). Fair share is `decide.dominant_share` and
+`decide.decayed` (the formulas of project_usage.share and SAMPLE_FAIR_SHARE in SQL) sampled every
+`fair_share_sample_s`, with the production half-life; the batch is the first `admit_batch` queued jobs
+by `decide.admission_key`, as repository.lock_queued picks it in SQL. Not simulated: the database
+writes, Ray's launch, and preemption / reclaim (a waiting job's `preempt` / `reclaim` is not acted on).
+
+Timed: `decide` alone, per round. A round runs every 30 simulated seconds when a job ended since the
+last, and again at once while a round admits a whole batch (as the dispatcher's NOTIFY wakes it).
+Fairness: each project's GPU-seconds within the day against its DRF entitlement: its cohort's delivered
+GPU-seconds water-filled over the projects' demand, each capped at its quota plus borrowing limit.
+
+    .venv/bin/python bench/simulate.py [--jobs 100000] [--nodes 10000] [--projects 2000] [--output sim.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import platform
+import random
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, NamedTuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from api.dispatcher.decide import Verdict, admission_key, decayed, decide, dominant_share
+from api.dispatcher.placement import Cluster, Node
+from api.dispatcher.quotas import Book, Standing
+from api.settings import Settings
+
+DAY_S, TICK_S, GPUS, CPUS, RACK = 86_400, 30, 8, 64, 100
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class SimJob(NamedTuple):
+    """A queued job as `decide` reads it (the fields of repository.QueuedJob it uses)."""
+
+    id: uuid.UUID
+    project_id: uuid.UUID
+    spec: dict[str, Any]
+    priority: int
+    gang_cpus: float
+    gang_gpus: float
+    created_at: datetime
+    share: float
+    infeasible_since: datetime | None
+    duration_s: float
+
+
+def build(args: argparse.Namespace, rng: random.Random) -> tuple[list[Node], dict[uuid.UUID, Standing], list[SimJob]]:
+    nodes = [
+        Node(f"{i:08x}", {"CPU": CPUS, "GPU": GPUS}, {"CPU": CPUS, "GPU": GPUS}, labels={"rack": f"r{i // RACK}"})
+        for i in range(args.nodes)
+    ]
+    per = args.projects // args.cohorts
+    gpu_quota, cpu_quota = args.nodes * GPUS / args.projects, args.nodes * CPUS / args.projects
+    projects, weights = {}, []
+    for p in range(args.projects):
+        lend = {"GPU": 0.75 * gpu_quota, "CPU": 0.75 * cpu_quota} if p % 10 == 9 else None
+        borrow = {"GPU": 4 * gpu_quota, "CPU": 4 * cpu_quota}
+        pid = uuid.UUID(int=p + 1)
+        projects[pid] = Standing(f"p{p}", {"CPU": cpu_quota, "GPU": gpu_quota}, f"c{p // per}", borrow, lend)
+        weights.append(1 / (p % per + 1))
+    ids = list(projects)
+    jobs = []
+    for project_id in rng.choices(ids, weights, k=args.jobs):
+        workers = rng.choice((1, 1, 2, 2, 4, 4, 8, 8, 16, 32))
+        scaling: dict[str, Any] = {"num_workers": workers, "resources_per_worker": {"CPU": 4, "GPU": 1}}
+        if workers >= 4 and (draw := rng.random()) < 0.2:
+            scaling["topology"] = {"required" if draw < 0.1 else "preferred": "rack"}
+        created = START - timedelta(seconds=rng.uniform(0, 3600))
+        duration = min(8 * 3600, rng.lognormvariate(8.9, 0.9))
+        job_id = uuid.UUID(int=rng.getrandbits(128))
+        jobs.append(
+            SimJob(job_id, project_id, {"scaling": scaling}, 0, 4.0 * workers, workers, created, 0.0, None, duration)
+        )
+    return nodes, projects, jobs
+
+
+def water_fill(total: float, demands: list[float]) -> list[float]:
+    """Max-min fair split of `total` over `demands` (each gets at most its demand)."""
+    left, order, shares = total, sorted(range(len(demands)), key=lambda i: demands[i]), [0.0] * len(demands)
+    for done, i in enumerate(order):
+        shares[i] = min(demands[i], left / (len(order) - done))
+        left -= shares[i]
+    return shares
+
+
+@dataclass
+class Simulation:
+    """What the simulated day holds between rounds: the nodes and standings `decide` changes, the
+    queues, the running jobs (by end time), and what is measured."""
+
+    nodes: list[Node]
+    projects: dict[uuid.UUID, Standing]
+    jobs: list[SimJob]
+    settings: Settings = field(default_factory=Settings)
+    queues: dict[uuid.UUID, list[SimJob]] = field(default_factory=dict)  # each in (priority, age) order
+    heads: dict[uuid.UUID, int] = field(default_factory=dict)  # each queue's first job not yet admitted
+    admitted: set[uuid.UUID] = field(default_factory=set)
+    history: dict[uuid.UUID, dict[str, float]] = field(default_factory=dict)  # decayed fair-share history
+    running: list[tuple[float, int, SimJob, dict[str, list[dict[str, float]]]]] = field(default_factory=list)
+    held: dict[str, float] = field(default_factory=lambda: {"CPU": 0.0, "GPU": 0.0})
+    gpu_seconds: dict[uuid.UUID, float] = field(default_factory=dict)  # within the day
+    rounds_ms: list[float] = field(default_factory=list)
+    cpu_ms: list[float] = field(default_factory=list)  # the round's thread CPU time: other processes' load adds none
+    admits: list[int] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.capacity = {r: float(sum(n.total[r] for n in self.nodes)) for r in ("CPU", "GPU")}
+        self.queues = {pid: [] for pid in self.projects}
+        for job in sorted(self.jobs, key=admission_key):
+            self.queues[job.project_id].append(job)
+        self.heads = dict.fromkeys(self.projects, 0)
+        self.history = {pid: {"CPU": 0.0, "GPU": 0.0} for pid in self.projects}
+        self.gpu_seconds = dict.fromkeys(self.projects, 0.0)
+
+    def run(self) -> None:
+        sampled, ended, again = 0.0, True, False
+        for now_s in range(0, DAY_S, TICK_S):
+            while self.running and self.running[0][0] <= now_s:
+                ended = self.end(heapq.heappop(self.running))
+            if now_s - sampled >= self.settings.fair_share_sample_s:
+                self.sample(now_s - sampled)
+                sampled = now_s
+            # A round when a job ended or the last one admitted; again at once while one admits a whole batch.
+            while ended or again:
+                ended, again = False, self.round(now_s) == self.settings.admit_batch
+
+    def end(self, entry: tuple[float, int, SimJob, dict[str, list[dict[str, float]]]]) -> bool:
+        """A job ends: its bundles go back to their nodes, its gang leaves its project's usage."""
+        _, _, job, placement = entry
+        for node_id, bundles in placement.items():
+            free = self.nodes[int(node_id, 16)].free
+            for bundle in bundles:
+                for name, amount in bundle.items():
+                    free[name] += amount
+        for name, amount in (("CPU", job.gang_cpus), ("GPU", job.gang_gpus)):
+            self.projects[job.project_id].usage[name] -= amount
+            self.held[name] -= amount
+        return True
+
+    def sample(self, elapsed_s: float) -> None:
+        half_life = self.settings.fair_share_half_life_s
+        for pid, standing in self.projects.items():
+            for r in ("CPU", "GPU"):
+                fraction = standing.used(r) / self.capacity[r]
+                self.history[pid][r] = decayed(self.history[pid][r], fraction, elapsed_s, half_life)
+
+    def round(self, now_s: int) -> int:
+        """One admission round: `decide` (timed) on a fresh Cluster and Book over the simulation's
+        nodes and standings, then the admitted gangs run. Returns how many were admitted."""
+        batch = self.batch()
+        now = START + timedelta(seconds=now_s)
+        cluster, book = Cluster(self.nodes), Book(self.projects)
+        began, cpu = time.perf_counter(), time.thread_time()
+        decisions = decide(batch, cluster, book, self.held, now=now, preemption=self.settings.preemption)
+        self.rounds_ms.append((time.perf_counter() - began) * 1000)
+        self.cpu_ms.append((time.thread_time() - cpu) * 1000)
+        started = decisions.of(Verdict.admit)
+        for outcome in started:
+            job = outcome.job
+            self.admitted.add(job.id)
+            self.waits.append((now - job.created_at).total_seconds())
+            self.held["CPU"] += job.gang_cpus
+            self.held["GPU"] += job.gang_gpus
+            heapq.heappush(self.running, (now_s + job.duration_s, len(self.admitted), job, outcome.placement))
+            self.gpu_seconds[job.project_id] += job.gang_gpus * min(job.duration_s, DAY_S - now_s)
+        self.admits.append(len(started))
+        return len(started)
+
+    def batch(self) -> list[SimJob]:
+        """The first `admit_batch` queued jobs by `admission_key` with each project's fair share now, as
+        lock_queued takes them: each project's queue is in (priority, age) order, so the batch is
+        merged from the projects' heads."""
+        frontier = []
+        for pid, queue in self.queues.items():
+            at = self.heads[pid] = self.next_queued(queue, self.heads[pid])
+            if at < len(queue):
+                share = dominant_share(self.history[pid], self.projects[pid].usage, self.capacity)
+                job = queue[at]._replace(share=share)
+                frontier.append((admission_key(job), at, job))
+        heapq.heapify(frontier)
+        batch: list[SimJob] = []
+        while frontier and len(batch) < self.settings.admit_batch:
+            _, at, job = heapq.heappop(frontier)
+            batch.append(job)
+            queue = self.queues[job.project_id]
+            if (at := self.next_queued(queue, at + 1)) < len(queue):
+                following = queue[at]._replace(share=job.share)
+                heapq.heappush(frontier, (admission_key(following), at, following))
+        return batch
+
+    def next_queued(self, queue: list[SimJob], at: int) -> int:
+        while at < len(queue) and queue[at].id in self.admitted:
+            at += 1
+        return at
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if ordered else 0.0
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"p50": percentile(values, 50), "p99": percentile(values, 99), "max": max(values, default=0.0)}
+
+
+def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
+    projects, jobs, admitted, gpu_seconds = sim.projects, sim.jobs, sim.admitted, sim.gpu_seconds
+    demand = dict.fromkeys(projects, 0.0)
+    for job in jobs:
+        demand[job.project_id] += job.gang_gpus * min(job.duration_s, DAY_S)
+    deviations, worst, short = [], (0.0, ""), set()
+    for cohort in sorted({s.cohort for s in projects.values()}, key=str):
+        members = [pid for pid, s in projects.items() if s.cohort == cohort]
+        caps = [
+            min(demand[p], (projects[p].quota["GPU"] + (projects[p].borrowing_limit or {})["GPU"]) * DAY_S)
+            for p in members
+        ]
+        entitled = water_fill(sum(gpu_seconds[p] for p in members), caps)
+        for pid, fair in zip(members, entitled, strict=True):
+            off = abs(gpu_seconds[pid] - fair) / fair if fair > 0 else 0.0
+            deviations.append(off)
+            worst = max(worst, (off, projects[pid].name))
+            if gpu_seconds[pid] < 0.95 * fair:
+                short.add(pid)
+    rounds_ms, cpu_ms, admits, waits = sim.rounds_ms, sim.cpu_ms, sim.admits, sim.waits
+    filling = [n for n in admits if n > 0]
+    busy_rounds = [ms for ms, n in zip(rounds_ms, admits, strict=True) if n > 0]
+    waiting_left = [
+        (START + timedelta(seconds=DAY_S) - j.created_at).total_seconds() for j in jobs if j.id not in admitted
+    ]
+    return {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_1m_at_end": os.getloadavg()[0],
+        },
+        "sizes": {"projects": args.projects, "cohorts": args.cohorts, "nodes": args.nodes, "jobs": args.jobs},
+        "rounds": len(rounds_ms),
+        "admitted": len(admitted),
+        "admissions_per_s": sum(admits) / (sum(rounds_ms) / 1000),
+        "admissions_per_s_rounds_that_admitted": sum(filling) / (sum(busy_rounds) / 1000),
+        "admissions_per_cpu_s": sum(admits) / (sum(cpu_ms) / 1000),
+        "round_ms": spread(rounds_ms),
+        "round_cpu_ms": spread(cpu_ms),
+        "fairness": {
+            "projects_within_5pct": sum(d <= 0.05 for d in deviations),
+            "projects": len(deviations),
+            "p99_deviation": percentile(deviations, 99),
+            "worst": {"deviation": worst[0], "project": worst[1]},
+        },
+        "wait_s_of_admitted": spread(waits),
+        "never_admitted": len(waiting_left),
+        "never_admitted_of_projects_short_of_entitlement": sum(
+            1 for j in jobs if j.id not in admitted and j.project_id in short
+        ),
+        "oldest_still_waiting_s": max(waiting_left, default=0.0),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--projects", type=int, default=2_000)
+    parser.add_argument("--cohorts", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=28)
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args()
+    nodes, projects, jobs = build(args, random.Random(args.seed))
+    simulation = Simulation(nodes, projects, jobs)
+    simulation.run()
+    result = report(args, simulation)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.output:
+        args.output.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Admission's rules (api/dispatcher/decide.py) as a pure function: snapshots in, decisions out, no
+database. The same function runs through real dispatcher rounds in tests/integration/test_dispatcher.py,
+test_quotas.py, test_preemption.py and the others that admit jobs."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from api.dispatcher.decide import Verdict, admission_key, decayed, decide, dominant_share
+from api.dispatcher.placement import Cluster, Node
+from api.dispatcher.quotas import Book, Standing
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+A, B = uuid.uuid4(), uuid.uuid4()
+
+
+@dataclass(frozen=True)
+class Job:
+    project_id: uuid.UUID
+    spec: dict[str, Any]
+    gang_cpus: float
+    gang_gpus: float
+    priority: int = 0
+    share: float = 0.0
+    created_at: datetime = NOW
+    infeasible_since: datetime | None = None
+    id: uuid.UUID = field(default_factory=uuid.uuid4)
+
+
+def gang(project: uuid.UUID, workers: int, gpus: float = 1, **extra: Any) -> Job:
+    """A gang of `workers` x (1 CPU, `gpus` GPU); `extra` goes to the job (priority, share, ...)
+    or, for `topology` and `code`, to its spec."""
+    scaling: dict[str, Any] = {"num_workers": workers, "resources_per_worker": {"CPU": 1, "GPU": gpus}}
+    if "topology" in extra:
+        scaling["topology"] = extra.pop("topology")
+    spec: dict[str, Any] = {"scaling": scaling}
+    if "code" in extra:
+        spec["code"] = extra.pop("code")
+    return Job(project, spec, float(workers), workers * gpus, **extra)
+
+
+def cluster(*gpus: int, racks: list[str] | None = None) -> Cluster:
+    nodes = []
+    for i, n in enumerate(gpus):
+        labels = {"rack": racks[i]} if racks else {}
+        nodes.append(
+            Node(f"node{i:04d}", {"CPU": 16.0, "GPU": float(n)}, {"CPU": 16.0, "GPU": float(n)}, labels=labels)
+        )
+    return Cluster(nodes)
+
+
+def full(gpus: int) -> Cluster:
+    """A node of `gpus` GPUs, every one of them taken: a gang that fits it waits for resources."""
+    busy = cluster(gpus)
+    busy.nodes[0].free["GPU"] = 0.0
+    return busy
+
+
+def verdicts(decisions: Any) -> list[tuple[uuid.UUID, Verdict]]:
+    return [(o.job.id, o.verdict) for o in decisions.outcomes]
+
+
+def test_admits_in_admission_order_until_the_cluster_is_full() -> None:
+    low, high, older = gang(A, 4, priority=0), gang(A, 4, priority=5), gang(B, 4, created_at=NOW - timedelta(1))
+    decisions = decide([low, high, older], cluster(8), Book(), {}, now=NOW)
+    assert verdicts(decisions) == [(high.id, Verdict.admit), (older.id, Verdict.admit), (low.id, Verdict.wait)]
+    [waiting] = decisions.of(Verdict.wait)
+    assert (
+        waiting.reason.startswith("waiting for resources: needs 4 CPU, 4 GPU") and "not enough free" in waiting.reason
+    )
+    assert sum(len(bundles) for o in decisions.of(Verdict.admit) for bundles in o.placement.values()) == 8
+
+
+def test_fair_share_orders_projects_of_equal_priority() -> None:
+    heavy, light = gang(A, 8, share=0.7), gang(B, 8, share=0.1, created_at=NOW + timedelta(hours=1))
+    assert sorted([heavy, light], key=admission_key) == [light, heavy]
+    decisions = decide([heavy, light], cluster(8), Book(), {}, now=NOW)
+    assert verdicts(decisions) == [(light.id, Verdict.admit), (heavy.id, Verdict.wait)]
+
+
+def test_the_budget_counts_what_active_jobs_hold() -> None:
+    job = gang(A, 4)
+    [outcome] = decide([job], cluster(8), Book(), {"CPU": 0.0, "GPU": 6.0}, now=NOW).outcomes
+    assert outcome.verdict is Verdict.wait
+    assert outcome.reason == (
+        "waiting for resources: trainmaster jobs that are starting hold 0 CPU and 6 GPU of the cluster's 16 CPU / 8 GPU"
+    )
+
+
+def test_a_quota_refuses_before_resources_and_never_preempts() -> None:
+    book = Book({A: Standing("a", {"GPU": 4}, usage={"GPU": 2})})
+    job = gang(A, 4)
+    [outcome] = decide([job], full(8), book, {}, now=NOW, preemption=True).outcomes  # no GPU free either
+    assert outcome.verdict is Verdict.wait and not outcome.preempt and not outcome.reclaim
+    assert outcome.reason == "waiting for its project's quota: needs 4 GPU; project a holds 2 of its quota of 4 GPU."
+
+
+def test_a_job_that_waits_for_resources_may_preempt_or_reclaim() -> None:
+    book = Book(
+        {
+            A: Standing("a", {"CPU": 16, "GPU": 8}, cohort="c", usage={"CPU": 0, "GPU": 0}),
+            B: Standing("b", {"CPU": 16, "GPU": 8}, cohort="c", usage={"CPU": 12, "GPU": 12}),  # borrows 4 GPU of a's
+        }
+    )
+    [outcome] = decide([gang(A, 4)], full(8), book, {}, now=NOW, preemption=False).outcomes
+    assert outcome.verdict is Verdict.wait and outcome.reclaim and not outcome.preempt
+    book.reclaim_failed(A, {"CPU": 4.0, "GPU": 4.0})
+    [again] = decide([gang(A, 4)], full(8), book, {}, now=NOW, preemption=True).outcomes
+    assert again.preempt and not again.reclaim  # a gang as large already found too little this round
+
+
+def test_borrowers_come_after_every_job_within_its_quota() -> None:
+    book = Book(
+        {
+            A: Standing("a", {"GPU": 4}, cohort="c", usage={"GPU": 4}),
+            B: Standing("b", {"GPU": 4}, cohort="c", usage={"GPU": 0}),
+        }
+    )
+    borrower = gang(A, 4, priority=9)  # first in admission order, but it would borrow b's quota
+    owed = gang(B, 4)
+    decisions = decide([borrower, owed], cluster(4), book, {}, now=NOW)
+    assert verdicts(decisions) == [(owed.id, Verdict.admit), (borrower.id, Verdict.wait)]
+    assert "borrows 0 from cohort c, which has 0 GPU left to lend" in decisions.outcomes[1].reason
+    assert book.projects[B].used("GPU") == 4  # the book counts the admitted gang for later jobs
+
+
+def test_infeasible_waits_its_timeout_then_fails() -> None:
+    job = gang(A, 16)
+    [first] = decide([job], cluster(8), Book(), {}, now=NOW, infeasible_timeout_s=600).outcomes
+    assert first.verdict is Verdict.infeasible and first.error is None
+    assert first.reason.startswith("can never fit this cluster as it is: needs 16 CPU, 16 GPU")
+    assert first.message.endswith("Fails in 600 s unless the cluster grows.")
+    late = gang(A, 16, infeasible_since=NOW - timedelta(seconds=700))
+    [last] = decide([late], cluster(8), Book(), {}, now=NOW, infeasible_timeout_s=600).outcomes
+    assert last.error is not None and last.error.endswith("(gave up after 700 s)")
+
+
+def test_a_bad_code_package_or_an_unreadable_spec_fails_that_job_alone() -> None:
+    bad = gang(A, 1, code="sha256:abc")
+    broken = Job(A, {"scaling": {"num_workers": "many"}}, 1.0, 1.0)
+    fine = gang(A, 1)
+    decisions = decide([bad, broken, fine], cluster(8), Book(), {}, now=NOW, bad_code={"sha256:abc": "damaged"})
+    assert dict(verdicts(decisions)) == {bad.id: Verdict.fail, broken.id: Verdict.fail, fine.id: Verdict.admit}
+    outcomes = {o.job.id: o for o in decisions.outcomes}
+    assert outcomes[bad.id].message == "not launched: damaged"
+    error = outcomes[broken.id].error
+    assert error is not None and error.startswith("could not be placed: ValidationError")
+
+
+def test_topology_places_a_gang_inside_one_rack_or_says_which_it_considered() -> None:
+    nodes = cluster(4, 4, 4, 4, racks=["r1", "r1", "r2", "r2"])
+    first, second, third = (
+        gang(A, 8, topology={"required": "rack"}, created_at=NOW + timedelta(seconds=i)) for i in range(3)
+    )
+    placed, other, wait = decide([first, second, third], nodes, Book(), {}, now=NOW).outcomes
+    for outcome in (placed, other):
+        assert outcome.verdict is Verdict.admit and outcome.selector is not None
+        rack = outcome.selector["rack"]
+        assert {n.labels["rack"] for n in nodes.nodes if n.node_id in outcome.placement} == {rack}
+    assert placed.selector != other.selector
+    assert wait.verdict is Verdict.wait
+    assert wait.reason.startswith("waiting for room inside one rack: needs 8 CPU, 8 GPU")
+    assert "rack=r1 {CPU: 24, GPU: 0}" in wait.reason
+    [never] = decide([gang(A, 12, topology={"required": "rack"})], nodes, Book(), {}, now=NOW).outcomes
+    assert never.verdict is Verdict.infeasible and never.reason.startswith("can never fit inside one rack")
+
+
+def test_the_fair_share_formulas() -> None:
+    capacity = {"CPU": 100.0, "GPU": 10.0}
+    assert dominant_share({"CPU": 0.1, "GPU": 0.0}, {"CPU": 10.0, "GPU": 5.0}, capacity) == 0.5
+    assert dominant_share({}, {"CPU": 5.0}, {"CPU": 0.0, "GPU": 0.0}) == 0.0
+    assert decayed(1.0, 0.0, 3600.0, 3600.0) == 0.5
+    assert decayed(0.0, 1.0, 7200.0, 3600.0) == 0.75
