@@ -46,6 +46,9 @@ class StackState:
     # temp_dir, token_file}, registered as a cluster record.
     clusters: list[dict[str, str]] = field(default_factory=list)
     storage_path: str = ""  # checkpoints; empty: <home>/storage
+    # What the API and the dispatcher connect as: the embedded server's login of the least-privilege role
+    # (migration 0022); empty: `database_url` (the owner's, which migrations and `trainmaster db` use).
+    service_database_url: str = ""
     supervisor_pid: int | None = None
     components: dict[str, Any] = field(default_factory=dict)
 
@@ -114,7 +117,7 @@ def server_env(state: StackState) -> dict[str, str]:
     env = ray_head.with_ray_auth(dict(os.environ), ray_token_path())
     env.update(
         {
-            "TRAINMASTER_DATABASE_URL": state.database_url,
+            "TRAINMASTER_DATABASE_URL": state.service_database_url or state.database_url,
             "TRAINMASTER_RAY_ADDRESS": state.ray_dashboard,
             "TRAINMASTER_API_URL": state.api_url,
             "TRAINMASTER_API_PORT": state.api_url.rsplit(":", 1)[1],
@@ -248,6 +251,8 @@ def up(
         worker_nodes=worker_dirs,
         clusters=extra,
         storage_path=storage,
+        # A server the operator gave (TRAINMASTER_DATABASE_URL) is connected to as they said.
+        service_database_url=postgres.service_login(database_url) if embedded else "",
         api_url=f"http://127.0.0.1:{free_port(api_port)}",
     )
 

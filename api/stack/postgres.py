@@ -59,6 +59,34 @@ def create_login(server_url: str, database_url: str, prefix: str = "tm_service")
     return urlunsplit(parts._replace(netloc=f"{name}:{password}@{host}"))
 
 
+SERVICE_LOGIN = "trainmaster_service"  # the embedded server's login of APP_ROLE (`trainmaster up`)
+
+
+def service_login(database_url: str) -> str:
+    """`database_url` (its owner's) connecting as SERVICE_LOGIN instead: the login is made a member of
+    APP_ROLE and nothing else, created if missing, with a fresh password either way. For a server of
+    one stack (the embedded one): another stack sharing a server would lose its login's password."""
+    import psycopg
+    from psycopg import sql
+
+    password = secrets.token_hex(16)
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
+        verb = (
+            "ALTER"
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (SERVICE_LOGIN,)).fetchone()
+            else "CREATE"
+        )
+        conn.execute(
+            sql.SQL(verb + " ROLE {} LOGIN PASSWORD {} NOSUPERUSER NOCREATEDB NOCREATEROLE").format(
+                sql.Identifier(SERVICE_LOGIN), sql.Literal(password)
+            )
+        )
+        conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(APP_ROLE), sql.Identifier(SERVICE_LOGIN)))
+    parts = urlsplit(libpq_url(database_url))
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{SERVICE_LOGIN}:{password}@{host}"))
+
+
 def drop_login(server_url: str, login_url: str) -> None:
     """Drop the login role of `login_url` (create_login's); its sessions end first."""
     import psycopg

@@ -12,9 +12,10 @@ import stat
 import subprocess
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from api.stack import osusers
+from api.stack import osusers, postgres
 from api.stack.processes import matching
 from tests.e2e.conftest import TRAINMASTER, wait_until
 from tests.e2e.ray_stack import one_start_at_a_time
@@ -79,6 +80,17 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
         assert second["dashboard"] != stack["ray_dashboard"]
         assert Path(second["token_file"]).read_text() != (home / "ray_auth_token").read_text()  # its own token
         assert json.loads(tm("project", "ls", "--json").stdout)[0]["cluster"] == "default"
+        # The API and the dispatcher connect as the least-privilege login, the owner's URL kept for migrations.
+        assert stack["service_database_url"].startswith(f"postgresql://{postgres.SERVICE_LOGIN}:")
+        with psycopg.connect(stack["database_url"]) as conn:
+            assert conn.execute(
+                "SELECT rolsuper FROM pg_roles WHERE rolname = %s", (postgres.SERVICE_LOGIN,)
+            ).fetchone() == (False,)
+            users = {
+                row[0]
+                for row in conn.execute("SELECT DISTINCT usename FROM pg_stat_activity WHERE datname = 'trainmaster'")
+            }
+        assert postgres.SERVICE_LOGIN in users, users
         again = tm("up")
         assert again.returncode == 0 and "already running" in again.stdout
         status = tm("status")

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from api.settings import libpq_url
-from api.stack.postgres import create_login, drop_login
+from api.stack.postgres import create_login, drop_login, service_login
 
 REFUSED = [
     ("run a program on the server", "COPY (SELECT 1) TO PROGRAM 'id'"),
@@ -28,9 +28,15 @@ REFUSED = [
 ]
 
 
-@pytest.fixture
-def login(pg_server_url: str, database_url: str) -> Iterator[str]:
-    url = create_login(pg_server_url, database_url)
+@pytest.fixture(params=["deployment", "local stack"])
+def login(request: pytest.FixtureRequest, pg_server_url: str, database_url: str) -> Iterator[str]:
+    """A login of the role as a deployment makes one (create_login), and as `trainmaster up` does for its
+    embedded server (service_login: made the first time, its password renewed by the second)."""
+    if request.param == "deployment":
+        url = create_login(pg_server_url, database_url)
+    else:
+        service_login(database_url)
+        url = service_login(database_url)
     yield url
     drop_login(pg_server_url, url)
 
