@@ -28,11 +28,15 @@ from ray.train.v2._internal.execution.callback import ControllerCallback, Worker
 
 import trainmaster
 from trainmaster.context import ENV_JOB_ID, ENV_JOB_TOKEN, ENV_STORAGE_PATH, post_event, record_checkpoint, within_job
+from trainmaster.control import max_workers
 
 MAX_LISTED_WORKERS = 64  # event data stays small for a gang of 1,024
 RESIZED = "resized by Ray Train's elastic policy"
 GREW = "room freed up: Ray Train's elastic policy grows the gang toward its maximum"
 SHRUNK = "the platform asked it to shrink, to make room for a higher-priority job"
+# Ray Train's running-group check found fewer workers' room than the group has, with no cap asking it:
+# a node of the group stopped answering (workers/elastic.py probes them) before its workers were seen lost.
+NODE_LOST = "worker(s) lost: their node stopped answering"
 ROOM_AT_START = "Ray Train's elastic policy found room above the minimum it was admitted at"
 
 
@@ -141,7 +145,9 @@ class PlacementCallback(ControllerCallback, WorkerGroupCallback):
             first = self.group_starts == 1  # larger than admission accounted: Ray Train found room
             why = self.why or (ROOM_AT_START if first else "Ray Train restarted the group")
             if why == RESIZED:  # Ray Train's elastic policy (workers/elastic.py) decided it
-                why = GREW if len(workers) > self.size else SHRUNK
+                cap = max_workers()
+                asked = cap is not None and cap < self.size
+                why = GREW if len(workers) > self.size else SHRUNK if asked else NODE_LOST
             if gone := sorted(self.nodes - set(nodes)):
                 why += f" on node(s) {', '.join(gone)}"  # the group's nodes that the new one is without
             post_event(

@@ -80,10 +80,16 @@ def test_a_first_group_larger_than_admitted_and_a_shrink_asked_for_are_resizes(m
     )
     placement = callbacks.PlacementCallback(driver.admitted(spec))
     placement.after_worker_group_start(group("a", "b", "c", "d"))
+    monkeypatch.setattr(callbacks, "max_workers", lambda: 2)  # the platform's cap (GET /v1/jobs/{id}/control)
     placement.after_controller_state_update(None, type("ResizingState", (), {})())
     placement.after_worker_group_start(group("a", "b"))
+    # No cap: Ray Train's running-group check found a node gone (its raylet stopped answering) first.
+    monkeypatch.setattr(callbacks, "max_workers", lambda: None)
+    placement.after_controller_state_update(None, type("ResizingState", (), {})())
+    placement.after_worker_group_start(group("a"))
     resizes = [data for kind, _, data in posted if kind == "resized"]
-    assert [(r["from"], r["to"]) for r in resizes] == [(2, 4), (4, 2)]
+    assert [(r["from"], r["to"]) for r in resizes] == [(2, 4), (4, 2), (2, 1)]
     assert "room above the minimum" in resizes[0]["why"] and "asked it to shrink" in resizes[1]["why"]
+    assert resizes[2]["why"] == f"{callbacks.NODE_LOST} on node(s) 10.0.0.1/bbbbbbbb"
     fixed = JobSpec.model_validate({"name": "f", "entrypoint": "builtin:mlp", "scaling": {"num_workers": 3}})
     assert driver.admitted(fixed) == 0  # a fixed gang's first group is no resize
