@@ -71,6 +71,13 @@ def cannot_run_python(user: OsUser) -> str | None:
     return None
 
 
+def usable_cluster_user(cluster: str) -> OsUser | None:
+    """`cluster_user(cluster)` when that user can run this Python (`cannot_run_python`), else None: what
+    a cluster started here runs as."""
+    user = cluster_user(cluster)
+    return user if user is not None and cannot_run_python(user) is None else None
+
+
 def private_dir(path: Path, user: OsUser | None) -> Path:
     """`path` (created if missing) readable by its owner alone: `user`, or this process's uid."""
     path.mkdir(parents=True, exist_ok=True)

@@ -54,9 +54,7 @@ def create_login(server_url: str, database_url: str, prefix: str = "tm_service")
                 sql.Identifier(name), sql.Literal(password), sql.Identifier(APP_ROLE)
             )
         )
-    parts = urlsplit(libpq_url(database_url))
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=f"{name}:{password}@{host}"))
+    return as_login(database_url, name, password)
 
 
 SERVICE_LOGIN = "trainmaster_service"  # the embedded server's login of APP_ROLE (`trainmaster up`)
@@ -82,9 +80,14 @@ def service_login(database_url: str) -> str:
             )
         )
         conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(APP_ROLE), sql.Identifier(SERVICE_LOGIN)))
+    return as_login(database_url, SERVICE_LOGIN, password)
+
+
+def as_login(database_url: str, name: str, password: str) -> str:
+    """`database_url` connecting as role `name` with `password` (host, database and query kept)."""
     parts = urlsplit(libpq_url(database_url))
     host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=f"{SERVICE_LOGIN}:{password}@{host}"))
+    return urlunsplit(parts._replace(netloc=f"{name}:{password}@{host}"))
 
 
 def drop_login(server_url: str, login_url: str) -> None:

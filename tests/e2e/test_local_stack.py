@@ -23,13 +23,6 @@ from tests.e2e.ray_stack import one_start_at_a_time
 pytestmark = pytest.mark.ray
 
 
-def separate_users() -> bool:
-    """Whether `up` runs each cluster as an OS user of its own here: run by root, with a Python that
-    other users can run (CI lets them enter /root, where pyenv keeps it)."""
-    user = osusers.cluster_user("default")
-    return user is not None and osusers.cannot_run_python(user) is None
-
-
 def owners(folder: str) -> set[str]:
     """The users of the processes whose command line names a path inside `folder`."""
     return {Path(f"/proc/{pid}").owner() for pid in matching([re.escape(folder) + "/"])}
@@ -37,7 +30,9 @@ def owners(folder: str) -> set[str]:
 
 def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    separate = separate_users()
+    # `up` runs each cluster as an OS user of its own when run by root with a Python other users can run
+    # (CI lets them enter /root, where pyenv keeps it).
+    separate = osusers.usable_cluster_user("default") is not None
     # No XDG_RUNTIME_DIR, as on many servers and in CI: `up` and `down` must not print platformdirs'
     # RuntimeDirWarning (a library warning that reads like an error).
     skipped = ("TRAINMASTER_", "RAY_", "XDG_RUNTIME_DIR")

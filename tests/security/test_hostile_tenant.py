@@ -101,16 +101,10 @@ def test_a_job_finds_no_credential_and_reaches_nothing_of_another_project(first:
     assert replays.get(job.id) == 401 and set(replays.values()) == {401}, replays
 
 
-def east_user() -> OsUser | None:
-    """`east` runs as an OS user of its own when the suite runs as root with a Python others can run."""
-    user = osusers.cluster_user("east")
-    return user if user is not None and osusers.cannot_run_python(user) is None else None
-
-
 @pytest.fixture(scope="module")
 def east() -> Iterator[tuple[RayHead, OsUser | None]]:
     """A second Ray cluster beside the session's: its own head, token and session folder, and user."""
-    user = east_user()
+    user = osusers.usable_cluster_user("east")  # run as root with a Python others can run
     head = start_ray_head(num_cpus=2, user=user)
     yield head, user
     stop_ray_head(head)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -31,10 +32,10 @@ def status(method: str, path: str, token: str | None, **kwargs: object) -> int:
     return httpx.request(method, f"{API}{path}", headers=headers, timeout=30, **kwargs).status_code  # type: ignore[arg-type]
 
 
-def refused(attempt: str, read: object) -> None:
+def refused(attempt: str, read: Callable[[], object]) -> None:
     """Records `read()`'s outcome: what it got, or how the OS refused it."""
     try:
-        record(attempt, f"read: {read()}")  # type: ignore[operator]
+        record(attempt, f"read: {read()}")
     except OSError as exc:
         record(attempt, f"refused: {type(exc).__name__}")
 
@@ -56,12 +57,12 @@ def os_attempts() -> None:
     record("other users' processes whose environment this job read", readable)
     if api := os.environ.get("PROBE_API_PID"):
         refused("the API process's environment", lambda: len(Path(f"/proc/{api}/environ").read_bytes()))
-    if path := os.environ.get("PROBE_OTHER_TOKEN"):
-        refused("the other cluster's Ray token file", lambda: len(Path(path).read_bytes()))
-    if path := os.environ.get("PROBE_OTHER_SESSION"):
-        refused("the other cluster's session folder listed", lambda: len(os.listdir(path)))
-    if path := os.environ.get("PROBE_OTHER_WARM"):
-        refused("the other cluster's warm server folder listed", lambda: len(os.listdir(path)))
+    if token := os.environ.get("PROBE_OTHER_TOKEN"):
+        refused("the other cluster's Ray token file", lambda: len(Path(token).read_bytes()))
+    if session := os.environ.get("PROBE_OTHER_SESSION"):
+        refused("the other cluster's session folder listed", lambda: len(os.listdir(session)))
+    if warm := os.environ.get("PROBE_OTHER_WARM"):
+        refused("the other cluster's warm server folder listed", lambda: len(os.listdir(warm)))
     refused("the checkpoint root listed", lambda: len(os.listdir(own.parent)))
     if path := os.environ.get("PROBE_VICTIM_STORAGE"):
         refused("another project's checkpoint folder listed", lambda: len(os.listdir(path)))
