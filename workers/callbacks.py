@@ -132,7 +132,7 @@ class PlacementCallback(ControllerCallback, WorkerGroupCallback):
     def after_worker_group_start(self, worker_group: Any) -> None:
         self.group_starts += 1
         workers = [describe_worker(worker) for worker in worker_group.get_workers()]
-        self.node_of_rank = {w["rank"]: w for w in workers if isinstance(w.get("rank"), int)}
+        before, self.node_of_rank = self.node_of_rank, {w["rank"]: w for w in workers if isinstance(w.get("rank"), int)}
         nodes = sorted({w["node"] for w in workers})
         restart = f" (restart {self.group_starts - 1})" if self.group_starts > 1 else ""
         post_event(
@@ -150,12 +150,23 @@ class PlacementCallback(ControllerCallback, WorkerGroupCallback):
                 why = GREW if len(workers) > self.size else SHRUNK if asked else NODE_LOST
             if gone := sorted(self.nodes - set(nodes)):
                 why += f" on node(s) {', '.join(gone)}"  # the group's nodes that the new one is without
+            if why.startswith(NODE_LOST):  # no health-check failure was seen: say which workers went
+                post_event("workers_lost", *node_lost(before, gone))
             post_event(
                 "resized",
                 f"{self.size} -> {len(workers)} workers: {why}",
                 {"from": self.size, "to": len(workers), "why": why},
             )
         self.size, self.nodes, self.why = len(workers), set(nodes), ""
+
+
+def node_lost(node_of_rank: dict[int, dict[str, Any]], gone: list[str]) -> tuple[str, dict[str, Any]]:
+    """The `workers_lost` event for the last group's workers on nodes the new group is without: Ray Train's
+    running-group check found their raylet gone before its health check failed a worker."""
+    ranks = sorted(rank for rank, worker in node_of_rank.items() if worker["node"] in gone)
+    where = f" on node(s) {', '.join(gone)}" if gone else ""
+    message = f"worker rank(s) {ranks or '?'} lost{where}: their node stopped answering; Ray Train restarts the group"
+    return message, {"ranks": ranks, "nodes": gone, "error": "node stopped answering", "restarts": True}
 
 
 def describe_worker(worker: Any) -> dict[str, Any]:

@@ -381,7 +381,10 @@ def test_the_operator_stack_runs_a_two_worker_job_through_control_plane_restarts
     before = {service: stack.started_at(service) for service in ("api", "dispatcher")}
     phases.timed("restart_api_dispatcher", lambda: stack.compose("restart", "api", "dispatcher", timeout=180))
     assert all(stack.started_at(service) != started for service, started in before.items())
-    assert job.refresh().status is tm.JobStatus.running, "the job ended before the restart finished: lengthen it"
+    # `restart` returns once the containers run; the API answers a moment later (its port may already take
+    # connections and drop them while uvicorn starts).
+    back = phases.timed("api_answers", lambda: poll("the API to answer after its restart", job.refresh, 120, 0.5))
+    assert back.status is tm.JobStatus.running, "the job ended before the restart finished: lengthen it"
 
     def ended() -> tm.Job | None:
         state = job.refresh()

@@ -91,5 +91,8 @@ def test_a_first_group_larger_than_admitted_and_a_shrink_asked_for_are_resizes(m
     assert [(r["from"], r["to"]) for r in resizes] == [(2, 4), (4, 2), (2, 1)]
     assert "room above the minimum" in resizes[0]["why"] and "asked it to shrink" in resizes[1]["why"]
     assert resizes[2]["why"] == f"{callbacks.NODE_LOST} on node(s) 10.0.0.1/bbbbbbbb"
+    # ... and the loss is a `workers_lost` event as when the health check sees it first: rank 1 was there.
+    [lost] = [data for kind, _, data in posted if kind == "workers_lost"]
+    assert lost["ranks"] == [1] and lost["nodes"] == ["10.0.0.1/bbbbbbbb"] and lost["restarts"]
     fixed = JobSpec.model_validate({"name": "f", "entrypoint": "builtin:mlp", "scaling": {"num_workers": 3}})
     assert driver.admitted(fixed) == 0  # a fixed gang's first group is no resize
