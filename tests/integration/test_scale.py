@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.session import create_engine, session_factory
 from api.dispatcher import repository as dispatcher_repository
+from api.dispatcher.decide import admission_key
 from api.jobs import repository as jobs_repository
 from api.metrics import repository as metrics_repository
 from api.retention.repository import RETENTION_LOCK
@@ -101,6 +102,13 @@ def test_queue_position_equals_admission_order_under_fair_share(http: TestClient
 
     order = in_session(database_url, claim_order)
     assert sorted(order) == sorted(queued)
+
+    async def python_order(session: AsyncSession) -> list[str]:  # decide's key over the rows the SQL read
+        claimed = await dispatcher_repository.lock_queued(session, 1000)
+        assert len({job.share for job in claimed}) > 2  # the projects' shares differ: the key's 2nd part counts
+        return [str(job.id) for job in sorted(reversed(claimed), key=admission_key)]
+
+    assert in_session(database_url, python_order) == order  # the SQL's ORDER BY is decide.admission_key
     project_of = dict(sql(database_url, "SELECT j.id::text, p.name FROM jobs j JOIN projects p ON p.id = j.project_id"))
     positions = {}
     for job_id in queued:
