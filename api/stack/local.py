@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,19 +169,104 @@ def up(
     root = home()
     (root / "logs").mkdir(parents=True, exist_ok=True)
 
-    database_url = os.environ.get("TRAINMASTER_DATABASE_URL")
-    embedded = database_url is None
-    if database_url is None:
-        say("starting embedded PostgreSQL")
-        database_url = postgres.start_embedded(root / "pgdata")
-    say("migrating the database")
-    env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url}
-    subprocess.run([bin_path("trainmaster"), "db", "upgrade"], env=env, check=True, capture_output=True, timeout=120)
-
     users = cluster_users(["default", *(f"cluster-{i}" for i in range(2, clusters + 1))], say)
     storage = ""
     if any(users.values()):
         storage = str(osusers.shared_root(Path("/var/lib/trainmaster") / ray_temp_dir().name / "storage"))
+    # Ray's nodes (seconds of `ray start` each) come up beside the database and its migrations.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray-start") as pool:
+        rays = pool.submit(
+            lambda: _start_rays(
+                root, users, nodes=nodes, num_cpus=num_cpus, num_gpus=num_gpus, cpus_per_node=cpus_per_node,
+                node_resources=node_resources, node_ip=node_ip, node_labels=node_labels, clusters=clusters,
+                cpus_per_cluster=cpus_per_cluster, say=say,
+            )
+        )  # fmt: skip
+        database_url = os.environ.get("TRAINMASTER_DATABASE_URL")
+        embedded = database_url is None
+        try:
+            if database_url is None:
+                say("starting embedded PostgreSQL")
+                database_url = postgres.start_embedded(root / "pgdata")
+            say("migrating the database")
+            env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url}
+            migrate = [bin_path("trainmaster"), "db", "upgrade"]
+            subprocess.run(migrate, env=env, check=True, capture_output=True, timeout=120)
+        except BaseException:
+            if rays.exception() is None:  # no stack without its database: stop the Ray nodes it started
+                _stop_rays(*rays.result())
+            raise
+        head, worker_dirs, extra = rays.result()
+    if extra and all(users.values()):
+        named = ", ".join(f"{name} as {user.name}" for name, user in users.items() if user)
+        say(f"each cluster runs as an OS user of its own: {named}")
+    elif extra:
+        say(
+            f"{len(extra) + 1} clusters on one machine run as one OS user ({_who()}): a job of one can read the "
+            "other's files and processes, so they share one trust domain; run `up` as root for an OS user per "
+            "cluster, or give each cluster machines of its own"
+        )
+    state = StackState(
+        home=str(root),
+        database_url=database_url,
+        embedded_postgres=embedded,
+        ray_dashboard=head.dashboard,
+        ray_gcs=head.gcs_address,
+        ray_temp_dir=str(head.temp_dir),
+        worker_nodes=worker_dirs,
+        clusters=extra,
+        storage_path=storage,
+        # A server the operator gave (TRAINMASTER_DATABASE_URL) is connected to as they said.
+        service_database_url=postgres.service_login(database_url) if embedded else "",
+        api_url=f"http://127.0.0.1:{free_port(api_port)}",
+    )
+
+    # The cluster `default` (migration 0013) is this stack's Ray head; the others are added or moved.
+    admin.point_cluster(database_url, "default", head.dashboard, str(ray_token_path()))
+    for cluster in extra:
+        admin.point_cluster(database_url, cluster["name"], cluster["dashboard"], cluster["token_file"])
+
+    say("starting the API and the dispatcher")
+    with (root / "logs" / "supervisor.log").open("ab") as log:
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "api.stack.supervisor", str(state_path())],
+            env=server_env(state),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    state.supervisor_pid = supervisor.pid
+    save_state(state)
+    # The person who ran `up` owns the stack: an admin token (also the project `default`'s), never
+    # expiring; made in the database while the API starts.
+    create = [bin_path("trainmaster"), "token", "create", "--project", "default", "--user", _who(), *UP_TOKEN]
+    minting = subprocess.Popen(create, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: api_ready(state.api_url), 60, "the API to be ready", supervisor, str(root / "logs"))
+    token, errors = minting.communicate(timeout=60)
+    if minting.returncode != 0:
+        raise subprocess.CalledProcessError(minting.returncode, create, token, errors)
+    client_config.save_file({"api_url": state.api_url, "token": token.strip()})
+    return state, True
+
+
+def _start_rays(
+    root: Path,
+    users: dict[str, OsUser | None],
+    *,
+    nodes: int,
+    num_cpus: int | None,
+    num_gpus: int | None,
+    cpus_per_node: float,
+    node_resources: dict[str, float] | None,
+    node_ip: str,
+    node_labels: list[dict[str, str]],
+    clusters: int,
+    cpus_per_cluster: int,
+    say: Any,
+) -> tuple[ray_head.RayHead, list[str], list[dict[str, str]]]:
+    """`up`'s Ray: the head, its `nodes` - 1 worker nodes, and the heads of the other clusters; returns the
+    head, the worker nodes' folders and the other clusters' records."""
     say("starting the Ray head (token auth on)" + (f", as {users['default'].name}" if users["default"] else ""))
     head = ray_head.start(
         ray_temp_dir(),
@@ -232,60 +318,15 @@ def up(
                 "token_file": str(other.token_path),
             }
         )
-    if extra and all(users.values()):
-        named = ", ".join(f"{name} as {user.name}" for name, user in users.items() if user)
-        say(f"each cluster runs as an OS user of its own: {named}")
-    elif extra:
-        say(
-            f"{len(extra) + 1} clusters on one machine run as one OS user ({_who()}): a job of one can read the "
-            "other's files and processes, so they share one trust domain; run `up` as root for an OS user per "
-            "cluster, or give each cluster machines of its own"
-        )
-    state = StackState(
-        home=str(root),
-        database_url=database_url,
-        embedded_postgres=embedded,
-        ray_dashboard=head.dashboard,
-        ray_gcs=head.gcs_address,
-        ray_temp_dir=str(head.temp_dir),
-        worker_nodes=worker_dirs,
-        clusters=extra,
-        storage_path=storage,
-        # A server the operator gave (TRAINMASTER_DATABASE_URL) is connected to as they said.
-        service_database_url=postgres.service_login(database_url) if embedded else "",
-        api_url=f"http://127.0.0.1:{free_port(api_port)}",
-    )
+    return head, worker_dirs, extra
 
-    # The cluster `default` (migration 0013) is this stack's Ray head; the others are added or moved.
-    admin.point_cluster(database_url, "default", head.dashboard, str(ray_token_path()))
+
+def _stop_rays(head: ray_head.RayHead, worker_dirs: list[str], extra: list[dict[str, str]]) -> None:
+    for folder in worker_dirs:
+        ray_head.stop(Path(folder))
     for cluster in extra:
-        admin.point_cluster(database_url, cluster["name"], cluster["dashboard"], cluster["token_file"])
-
-    say("starting the API and the dispatcher")
-    with (root / "logs" / "supervisor.log").open("ab") as log:
-        supervisor = subprocess.Popen(
-            [sys.executable, "-m", "api.stack.supervisor", str(state_path())],
-            env=server_env(state),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    state.supervisor_pid = supervisor.pid
-    save_state(state)
-    wait_for(lambda: api_ready(state.api_url), 60, "the API to be ready", supervisor, str(root / "logs"))
-
-    token = subprocess.run(
-        # The person who ran `up` owns the stack: an admin token (also the project `default`'s), never expiring.
-        [bin_path("trainmaster"), "token", "create", "--project", "default", "--user", _who(), *UP_TOKEN],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout.strip()
-    client_config.save_file({"api_url": state.api_url, "token": token})
-    return state, True
+        ray_head.stop(Path(cluster["temp_dir"]), cluster["gcs"])
+    ray_head.stop(head.temp_dir, head.gcs_address)
 
 
 def status(state: StackState | None = None) -> dict[str, dict[str, Any]]:

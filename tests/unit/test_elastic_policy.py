@@ -32,8 +32,8 @@ def policy(monkeypatch: pytest.MonkeyPatch, cap: int | None, min_workers: int = 
 
 
 def running(made: elastic.CappedElasticPolicy, workers: int) -> Any:
-    group = SimpleNamespace(start_time=float("-inf"), num_workers=workers)
-    return made.make_decision_for_running_worker_group(group, SimpleNamespace())  # type: ignore[arg-type]
+    group = SimpleNamespace(start_time=float("-inf"), num_workers=workers, workers=[])
+    return made.make_decision_for_running_worker_group(group, SimpleNamespace())
 
 
 def test_a_capped_gang_is_resized_down_to_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,6 +60,48 @@ def test_a_node_whose_raylet_does_not_answer_is_not_counted(monkeypatch: pytest.
     assert made.make_decision_for_non_running_worker_group().num_workers == 2  # type: ignore[attr-defined]
     monkeypatch.setattr(elastic, "answering", lambda nodes: set())
     assert isinstance(made.make_decision_for_non_running_worker_group(), NoopDecision)  # below min: it waits
+
+
+def group_on(*nodes: str, started: float) -> Any:
+    workers = [SimpleNamespace(metadata=SimpleNamespace(node_id=node)) for node in nodes]
+    return SimpleNamespace(start_time=started, num_workers=len(workers), workers=workers)
+
+
+def test_a_running_group_with_a_worker_on_a_dead_node_is_resized_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's policy considers resizes once a minute (elastic_resize_monitor_interval_s); a lost node is not
+    left to Ray's health check: at the next check the group restarts on what answers."""
+    made = policy(monkeypatch, cap=None)
+    made._get_reserved_resources = lambda: {"n1": {"CPU": 2.0}, "n2": {"CPU": 2.0}}  # type: ignore[method-assign]
+    just_started = group_on("n1", "n1", "n2", "n2", started=elastic.time_monotonic())
+    monkeypatch.setattr(elastic, "answering", lambda nodes: nodes)
+    assert isinstance(made.make_decision_for_running_worker_group(just_started, SimpleNamespace()), NoopDecision)
+    monkeypatch.setattr(elastic, "answering", lambda nodes: nodes - {"n2"})
+    decision = made.make_decision_for_running_worker_group(just_started, SimpleNamespace())
+    assert isinstance(decision, ResizeDecision) and decision.num_workers == 2
+    # What answers is below its min: no resize here (Ray Train's failure handling restarts it when it can).
+    strict = policy(monkeypatch, cap=None, min_workers=3)
+    strict._get_reserved_resources = made._get_reserved_resources  # type: ignore[method-assign]
+    assert isinstance(strict.make_decision_for_running_worker_group(just_started, SimpleNamespace()), NoopDecision)
+
+
+def test_raylet_addresses_are_asked_of_ray_once_per_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A running group's nodes are probed every 2 s: Ray's node list is read only for nodes not seen."""
+    asked: list[int] = []
+    listing = [
+        {"NodeID": "a", "Alive": True, "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": 1},
+        {"NodeID": "b", "Alive": False, "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": 2},
+    ]
+    monkeypatch.setattr(elastic.ray, "is_initialized", lambda: True)
+
+    def nodes() -> list[dict[str, Any]]:
+        asked.append(1)
+        return listing
+
+    monkeypatch.setattr(elastic.ray, "nodes", nodes)
+    monkeypatch.setattr(elastic, "accepts", lambda address: address == ("127.0.0.1", 1))
+    monkeypatch.setattr(elastic, "_raylets", {})
+    assert elastic.answering({"a"}) == {"a"} and elastic.answering({"a"}) == {"a"} and len(asked) == 1
+    assert elastic.answering({"a", "b"}) == {"a"} and len(asked) == 2  # b: not seen alive, asked again
 
 
 def test_the_probe_tells_a_listening_port_from_a_closed_one() -> None:
