@@ -255,8 +255,13 @@ async def get_writable(session: AsyncSession, principal: Principal, raw_id: str)
 async def control(session: AsyncSession, principal: Principal, raw_id: str) -> JobControl:
     job = await get_writable(session, principal, raw_id)
     if job.preempt_requested_at is None:
-        reason = f"shrunk to make room for {job.preempted_by}" if job.shrink_to and job.preempted_by else None
-        return JobControl(max_workers=job.shrink_to, reason=reason)
+        if not (job.shrink_to and job.preempted_by):
+            return JobControl()
+        # A gang shrunk for a job that has ended since may grow again (its policy grows it when there is room).
+        making_room_for = await session.get(JobRow, job.preempted_by)
+        if making_room_for is None or making_room_for.status.terminal:
+            return JobControl(reason=f"the cap for {job.preempted_by} is lifted: it has ended")
+        return JobControl(max_workers=job.shrink_to, reason=f"shrunk to make room for {job.preempted_by}")
     return JobControl(checkpoint=True, reason=f"preempted by {job.preempted_by}", max_workers=job.shrink_to)
 
 

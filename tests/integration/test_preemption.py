@@ -213,6 +213,16 @@ def test_an_elastic_gang_is_shrunk_before_anything_is_preempted(database_url: st
             assert [a.n for a in await world.attempts(low)] == [1]  # the same attempt: never stopped
             assert world.ray.stopped == []
 
+            async with world.sessions() as session:
+                assert (await control(session)).max_workers == 2  # while the high gang runs, the cap holds
+            world.ray.jobs[f"tm-{high}-1"] = RayJobState.SUCCEEDED
+            await dispatcher.reconcile_round()
+            assert (await world.job(high)).status is JobStatus.succeeded
+            async with world.sessions() as session:
+                lifted = await control(session)
+            assert (lifted.max_workers, lifted.checkpoint) == (None, False)  # it may grow back to its max
+            assert "lifted" in (lifted.reason or "")
+
     run(scenario())
 
 
