@@ -18,8 +18,9 @@ Shrinking comes first (issue 29): on either path, running elastic gangs above th
 candidates are asked to shrink (`shrink_to`, read by the job's scaling policy through the same
 control endpoint: workers/elastic.py) before any job is preempted whole, and only when shrinking them
 all frees enough. A shrunk gang keeps running, resized from its latest checkpoint in the same attempt,
-at most that size until the attempt ends; its `resized` event moves what it holds, and the waiting
-gang is admitted. Guaranteed shares do not limit shrinking (the gang keeps its `min`).
+at most that size until the job it made room for ends (the control endpoint lifts the cap then, and the
+gang's policy grows it when there is room) or the attempt does; its `resized` event moves what it holds,
+and the waiting gang is admitted. Guaranteed shares do not limit shrinking (the gang keeps its `min`).
 
 Room is counted in totals (CPU, GPU), not per node: the victims' resources come back wherever they
 ran, and the waiting gang is admitted by the normal admission round once its placement fits.
