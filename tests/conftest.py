@@ -166,3 +166,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank.get(path(item), len(rank)))  # stable: the rest keep their order
     for item in items:
         item.add_marker(pytest.mark.xdist_group("cpu-bound-ray" if path(item) in CPU_BOUND else path(item)))
+
+
+# -- how the two workers' time went (every run prints it: which chain is the suite's critical path) -----
+
+_worker_seconds: dict[str, float] = {}
+_file_seconds: dict[tuple[str, str], float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # on xdist's controller, the worker that ran it
+    worker = getattr(getattr(node, "gateway", None), "id", "main")
+    _worker_seconds[worker] = _worker_seconds.get(worker, 0.0) + report.duration
+    key = (worker, report.nodeid.split("::", 1)[0])
+    _file_seconds[key] = _file_seconds.get(key, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if len(_worker_seconds) < 2:
+        return
+    terminalreporter.section("seconds per worker (setup, call and teardown), and its five longest files")
+    for worker, seconds in sorted(_worker_seconds.items()):
+        files = sorted(((s, f) for (w, f), s in _file_seconds.items() if w == worker), reverse=True)[:5]
+        terminalreporter.write_line(f"{worker}: {seconds:.0f} s; " + ", ".join(f"{f} {s:.0f}" for s, f in files))
