@@ -44,7 +44,8 @@ def finished(process: subprocess.Popen[str], timeout: float = 600) -> str:
     except subprocess.TimeoutExpired:
         process.kill()
         stdout, stderr = process.communicate()
-    assert process.returncode == 0, f"{process.args!r} failed ({process.returncode}):\n{stdout[-3000:]}\n{stderr[-3000:]}"
+    said = f"{stdout[-3000:]}\n{stderr[-3000:]}"
+    assert process.returncode == 0, f"{process.args!r} failed ({process.returncode}):\n{said}"
     return stdout
 
 
