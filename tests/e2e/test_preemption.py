@@ -122,8 +122,10 @@ def test_an_elastic_gang_is_shrunk_instead_of_preempted_and_keeps_its_attempt(pr
         assert "shrink_requested" in kinds and "preempt_requested" not in kinds, kinds
         # Started above the min it was admitted at (what it holds followed), then shrunk for the high gang.
         resizes = [(e.data["from"], e.data["to"], e.data["why"]) for e in events if e.kind == "resized"]
-        assert [(a, b) for a, b, _ in resizes] == [(2, 4), (4, 2)], resizes
+        assert [(a, b) for a, b, _ in resizes[:2]] == [(2, 4), (4, 2)], resizes
         assert "to make room for a higher-priority job" in resizes[1][2], resizes
+        # The high gang's end lifts the cap: a low one still running then may grow back (once) to its max.
+        assert all((a, b) == (2, 4) and "grows the gang" in why for a, b, why in resizes[2:]), resizes
         # Its metrics carry the worker count: rank 0 of each group said its size (a chart per size).
         sizes = [p.value for p in client.metrics(low.id, names=["sys/world_size"])]
         assert sizes[:1] == [4.0] and 2.0 in sizes, sizes
