@@ -96,3 +96,19 @@ def test_a_first_group_larger_than_admitted_and_a_shrink_asked_for_are_resizes(m
     assert lost["ranks"] == [1] and lost["nodes"] == ["10.0.0.1/bbbbbbbb"] and lost["restarts"]
     fixed = JobSpec.model_validate({"name": "f", "entrypoint": "builtin:mlp", "scaling": {"num_workers": 3}})
     assert driver.admitted(fixed) == 0  # a fixed gang's first group is no resize
+
+
+def test_the_controller_lets_a_stopped_runs_resource_request_go_in_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run stopped from outside never cancels its request to Ray's autoscaling coordinator, which then
+    holds its resources from the next elastic gang: in the controller (where the callback is unpickled) a
+    request lasts three renewals, not 180 s."""
+    import pickle
+
+    from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as coordinator
+
+    monkeypatch.setattr(coordinator, "AUTOSCALING_REQUESTS_EXPIRE_TIME_S", 180)
+    callbacks.PlacementCallback(2)  # made in the driver: nothing changes there
+    assert coordinator.AUTOSCALING_REQUESTS_EXPIRE_TIME_S == 180
+    copy = pickle.loads(pickle.dumps(callbacks.PlacementCallback(2)))
+    assert copy.size == 2 and coordinator.AUTOSCALING_REQUESTS_EXPIRE_TIME_S == callbacks.REQUEST_EXPIRY_S
+    assert callbacks.REQUEST_EXPIRY_S >= 3 * coordinator.AUTOSCALING_REQUESTS_INTERVAL_S  # a live run renews in time
