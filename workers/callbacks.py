@@ -171,25 +171,18 @@ class PlacementCallback(ControllerCallback, WorkerGroupCallback):
                 cap = max_workers()
                 asked = cap is not None and cap < self.size
                 why = GREW if len(workers) > self.size else SHRUNK if asked else NODE_LOST
-            if gone := sorted(self.nodes - set(nodes)):
-                why += f" on node(s) {', '.join(gone)}"  # the group's nodes that the new one is without
-            if why.startswith(NODE_LOST):  # no health-check failure was seen: say which workers went
-                post_event("workers_lost", *node_lost(before, gone))
+            gone = sorted(self.nodes - set(nodes))  # the group's nodes that the new one is without
+            if why == NODE_LOST:  # no health-check failure was seen: say which workers went
+                ranks = sorted(rank for rank, worker in before.items() if worker["node"] in gone)
+                post_event("workers_lost", *lost_event(ranks, gone, "their node stopped answering", restarts=True))
+            if gone:
+                why += f" on node(s) {', '.join(gone)}"
             post_event(
                 "resized",
                 f"{self.size} -> {len(workers)} workers: {why}",
                 {"from": self.size, "to": len(workers), "why": why},
             )
         self.size, self.nodes, self.why = len(workers), set(nodes), ""
-
-
-def node_lost(node_of_rank: dict[int, dict[str, Any]], gone: list[str]) -> tuple[str, dict[str, Any]]:
-    """The `workers_lost` event for the last group's workers on nodes the new group is without: Ray Train's
-    running-group check found their raylet gone before its health check failed a worker."""
-    ranks = sorted(rank for rank, worker in node_of_rank.items() if worker["node"] in gone)
-    where = f" on node(s) {', '.join(gone)}" if gone else ""
-    message = f"worker rank(s) {ranks or '?'} lost{where}: their node stopped answering; Ray Train restarts the group"
-    return message, {"ranks": ranks, "nodes": gone, "error": "node stopped answering", "restarts": True}
 
 
 def describe_worker(worker: Any) -> dict[str, Any]:
@@ -213,7 +206,12 @@ def lost_workers(error: Any, node_of_rank: dict[int, dict[str, Any]], *, restart
     ranks = sorted(int(rank) for rank in failures)
     nodes = sorted({node_of_rank[rank]["node"] for rank in ranks if rank in node_of_rank})
     first = str(next(iter(failures.values()), error) or "").strip().splitlines()
-    reason = first[-1][:300] if first else "unknown"
+    return lost_event(ranks, nodes, first[-1][:300] if first else "unknown", restarts=restarts)
+
+
+def lost_event(ranks: list[int], nodes: list[str], reason: str, *, restarts: bool) -> tuple[str, dict[str, Any]]:
+    """A `workers_lost` event's text and data, however the loss was seen: a worker's failure
+    (`lost_workers`), or a node gone from the elastic policy's count before any worker failed."""
     where = f" on node(s) {', '.join(nodes)}" if nodes else ""
     then = "Ray Train restarts the group" if restarts else "no failures left (max_failures): the attempt fails"
     message = f"worker rank(s) {ranks or '?'} failed{where}: {reason}; {then}"

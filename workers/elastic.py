@@ -40,7 +40,10 @@ class CappedElasticPolicy(ElasticScalingPolicy):
     whose raylet does not answer; and a running group with a worker on such a node is resized at once."""
 
     def _count_possible_workers(self, reserved_resources: Any) -> int:
-        live = answering(set(reserved_resources))
+        return self._count_on(reserved_resources, answering(set(reserved_resources)))
+
+    def _count_on(self, reserved_resources: Any, live: set[str]) -> int:
+        """Ray's count over the reserved nodes in `live`, within the platform's cap."""
         possible: int = super()._count_possible_workers({n: r for n, r in reserved_resources.items() if n in live})
         cap = max_workers()  # the control poller's last answer (trainmaster/control.py): no request here
         return possible if cap is None else min(possible, max(cap, self.scaling_config.min_workers))
@@ -52,8 +55,10 @@ class CappedElasticPolicy(ElasticScalingPolicy):
         waiting for Ray to fail that worker's health check (15-20 s). A lost node is looked for at every
         check: the group restarts at once on what answers, if that is its `min` or more."""
         nodes = {worker.metadata.node_id for worker in worker_group_state.workers}
-        if nodes - answering(nodes) and (reserved := self._get_reserved_resources()) is not None:
-            possible = self._count_possible_workers(reserved)  # the nodes that answer, within the cap
+        live = answering(nodes)
+        if nodes - live and (reserved := self._get_reserved_resources()) is not None:
+            # The group's nodes were just probed: only the other reserved ones are.
+            possible = self._count_on(reserved, live | answering(set(reserved) - nodes))
             if self.scaling_config.min_workers <= possible < worker_group_state.num_workers:
                 self._latest_monitor_time = time_monotonic()
                 return self._get_resize_decision(possible)

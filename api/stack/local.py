@@ -194,7 +194,8 @@ def up(
             subprocess.run(migrate, env=env, check=True, capture_output=True, timeout=120)
         except BaseException:
             if rays.exception() is None:  # no stack without its database: stop the Ray nodes it started
-                _stop_rays(*rays.result())
+                head, worker_dirs, extra = rays.result()
+                _stop_rays(head.temp_dir, head.gcs_address, worker_dirs, extra, say)
             raise
         head, worker_dirs, extra = rays.result()
     if extra and all(users.values()):
@@ -321,12 +322,15 @@ def _start_rays(
     return head, worker_dirs, extra
 
 
-def _stop_rays(head: ray_head.RayHead, worker_dirs: list[str], extra: list[dict[str, str]]) -> None:
+def _stop_rays(temp_dir: Path, gcs: str, worker_dirs: list[str], clusters: list[dict[str, str]], say: Any) -> None:
+    """Stop a stack's Ray: the head started with `temp_dir`, its worker nodes, the other clusters' heads."""
     for folder in worker_dirs:
         ray_head.stop(Path(folder))
-    for cluster in extra:
+    for cluster in clusters:
+        say(f"stopping the Ray head of cluster {cluster['name']}")
         ray_head.stop(Path(cluster["temp_dir"]), cluster["gcs"])
-    ray_head.stop(head.temp_dir, head.gcs_address)
+    say("stopping the Ray head" + (f" and {len(worker_dirs)} worker node(s)" if worker_dirs else ""))
+    ray_head.stop(temp_dir, gcs)
 
 
 def status(state: StackState | None = None) -> dict[str, dict[str, Any]]:
@@ -373,13 +377,8 @@ def down(say: Any = print) -> bool:
     if state.supervisor_pid and alive(state.supervisor_pid):
         say("stopping the API and the dispatcher")
         kill_group(state.supervisor_pid)
-    for folder in state.worker_nodes:
-        ray_head.stop(Path(folder))
-    for cluster in state.clusters:
-        say(f"stopping the Ray head of cluster {cluster['name']}")
-        ray_head.stop(Path(cluster["temp_dir"]), cluster["gcs"])
-    say("stopping the Ray head" + (f" and {len(state.worker_nodes)} worker node(s)" if state.worker_nodes else ""))
-    ray_head.stop(Path(state.ray_temp_dir) if state.ray_temp_dir else ray_temp_dir(), state.ray_gcs)
+    head = Path(state.ray_temp_dir) if state.ray_temp_dir else ray_temp_dir()
+    _stop_rays(head, state.ray_gcs, state.worker_nodes, state.clusters, say)
     if state.embedded_postgres:
         say("stopping embedded PostgreSQL")
         postgres.stop_embedded(home() / "pgdata")

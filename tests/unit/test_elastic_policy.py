@@ -75,9 +75,16 @@ def test_a_running_group_with_a_worker_on_a_dead_node_is_resized_at_once(monkeyp
     just_started = group_on("n1", "n1", "n2", "n2", started=elastic.time_monotonic())
     monkeypatch.setattr(elastic, "answering", lambda nodes: nodes)
     assert isinstance(made.make_decision_for_running_worker_group(just_started, SimpleNamespace()), NoopDecision)
-    monkeypatch.setattr(elastic, "answering", lambda nodes: nodes - {"n2"})
+    probed: list[str] = []
+
+    def answering(nodes: set[str]) -> set[str]:
+        probed.extend(nodes)
+        return nodes - {"n2"}
+
+    monkeypatch.setattr(elastic, "answering", answering)
     decision = made.make_decision_for_running_worker_group(just_started, SimpleNamespace())
     assert isinstance(decision, ResizeDecision) and decision.num_workers == 2
+    assert sorted(probed) == ["n1", "n2"]  # each node probed once in the check (a dead host costs 1 s)
     # What answers is below its min: no resize here (Ray Train's failure handling restarts it when it can).
     strict = policy(monkeypatch, cap=None, min_workers=3)
     strict._get_reserved_resources = made._get_reserved_resources  # type: ignore[method-assign]
