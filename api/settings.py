@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     preemption: bool = False
     preemption_grace_s: float = 60.0  # how long a preempted job has to checkpoint before it is stopped
     guaranteed_shares: dict[str, dict[str, float]] = {}
+    # Fair sharing in a cohort (off by default, as in Kueue): a gang that would borrow and waits may
+    # preempt jobs that run on borrowed quota of members above its project in fair share, while each
+    # stays at least the margin (0.25: a quarter) above it (api/dispatcher/victims.py), so that shares
+    # a gang apart do not take turns preempting each other.
+    fair_share_preemption: bool = False
+    fair_share_preemption_margin: float = Field(default=0.25, ge=0)
     reconcile_batch: int = 200  # active jobs followed per round; the least recently followed first
     sse_heartbeat_s: float = 15.0
     sse_send_timeout_s: float = 30.0

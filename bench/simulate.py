@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 import json
 import os
 import platform
@@ -38,6 +39,7 @@ import random
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -45,6 +47,7 @@ from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from api.dispatcher import victims
 from api.dispatcher.decide import Verdict, admission_key, decayed, decide, dominant_share
 from api.dispatcher.placement import Cluster, Node
 from api.dispatcher.quotas import Book, Standing
@@ -109,6 +112,36 @@ def water_fill(total: float, demands: list[float]) -> list[float]:
 
 
 @dataclass
+class Live:
+    """A running gang: what it holds where, since when, and whether it was asked to go."""
+
+    job: SimJob
+    placement: dict[str, list[dict[str, float]]]
+    start_s: float
+    end_s: float
+    restart_s: float  # spent starting again from its checkpoint, when it resumes a preempted run
+    counted: float  # the GPU-seconds of work it was counted for within the day when admitted
+    asked_for: uuid.UUID | None = None  # the waiting job it was preempted for
+
+    # What the victim rules read (victims.Running).
+    @property
+    def project_id(self) -> uuid.UUID:
+        return self.job.project_id
+
+    @property
+    def priority(self) -> int:
+        return self.job.priority
+
+    @property
+    def gang_cpus(self) -> float:
+        return self.job.gang_cpus
+
+    @property
+    def gang_gpus(self) -> float:
+        return self.job.gang_gpus
+
+
+@dataclass
 class Simulation:
     """What the simulated day holds between rounds: the nodes and standings `decide` changes, the
     queues, the running jobs (by end time), and what is measured."""
@@ -119,15 +152,23 @@ class Simulation:
     settings: Settings = field(default_factory=Settings)
     queues: dict[uuid.UUID, list[SimJob]] = field(default_factory=dict)  # each in (priority, age) order
     heads: dict[uuid.UUID, int] = field(default_factory=dict)  # each queue's first job not yet admitted
+    returned: dict[uuid.UUID, dict[uuid.UUID, SimJob]] = field(default_factory=dict)  # preempted, queued again
     admitted: set[uuid.UUID] = field(default_factory=set)
     history: dict[uuid.UUID, dict[str, float]] = field(default_factory=dict)  # decayed fair-share history
-    running: list[tuple[float, int, SimJob, dict[str, list[dict[str, float]]]]] = field(default_factory=list)
+    running: list[tuple[float, int, Live]] = field(default_factory=list)  # by end time
+    live: dict[uuid.UUID, Live] = field(default_factory=dict)
     held: dict[str, float] = field(default_factory=lambda: {"CPU": 0.0, "GPU": 0.0})
     gpu_seconds: dict[uuid.UUID, float] = field(default_factory=dict)  # within the day
     rounds_ms: list[float] = field(default_factory=list)
     cpu_ms: list[float] = field(default_factory=list)  # the round's thread CPU time: other processes' load adds none
     admits: list[int] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
+    preempted: dict[str, int] = field(default_factory=lambda: {"reclaim": 0, "fair_share": 0})
+    restart_s: float = 120.0  # what a preempted gang spends starting again, from its checkpoint
+    checkpoint_s: float = 1800.0  # how often a running gang checkpoints (victims.py prefers the least work since)
+    restart_gpu_s: float = 0.0
+    room_ms: list[float] = field(default_factory=list)  # make_room: the victim rules, per round that asked
+    seq: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
         self.capacity = {r: float(sum(n.total[r] for n in self.nodes)) for r in ("CPU", "GPU")}
@@ -135,14 +176,19 @@ class Simulation:
         for job in sorted(self.jobs, key=admission_key):
             self.queues[job.project_id].append(job)
         self.heads = dict.fromkeys(self.projects, 0)
-        self.history = {pid: {"CPU": 0.0, "GPU": 0.0} for pid in self.projects}
+        self.returned = {pid: {} for pid in self.projects}
+        for pid, standing in self.projects.items():
+            standing.history = self.history[pid] = {"CPU": 0.0, "GPU": 0.0}
         self.gpu_seconds = dict.fromkeys(self.projects, 0.0)
+        self.cohorts: dict[str | None, list[uuid.UUID]] = {}
+        for pid, standing in self.projects.items():
+            self.cohorts.setdefault(standing.cohort, []).append(pid)
 
     def run(self) -> None:
         sampled, ended, again = 0.0, True, False
         for now_s in range(0, DAY_S, TICK_S):
             while self.running and self.running[0][0] <= now_s:
-                ended = self.end(heapq.heappop(self.running))
+                ended = self.end(heapq.heappop(self.running)[2], now_s) or ended
             if now_s - sampled >= self.settings.fair_share_sample_s:
                 self.sample(now_s - sampled)
                 sampled = now_s
@@ -150,10 +196,14 @@ class Simulation:
             while ended or again:
                 ended, again = False, self.round(now_s) == self.settings.admit_batch
 
-    def end(self, entry: tuple[float, int, SimJob, dict[str, list[dict[str, float]]]]) -> bool:
-        """A job ends: its bundles go back to their nodes, its gang leaves its project's usage."""
-        _, _, job, placement = entry
-        for node_id, bundles in placement.items():
+    def end(self, live: Live, now_s: int) -> bool:
+        """A gang ends or, preempted, stops (its work saved: it checkpointed when asked) and is queued
+        again for the rest of its run: its bundles go back to their nodes, it leaves its project's usage."""
+        if self.live.get(live.job.id) is not live or live.end_s > now_s:
+            return False  # an entry left behind when its gang was preempted
+        del self.live[live.job.id]
+        job = live.job
+        for node_id, bundles in live.placement.items():
             free = self.nodes[int(node_id, 16)].free
             for bundle in bundles:
                 for name, amount in bundle.items():
@@ -161,58 +211,112 @@ class Simulation:
         for name, amount in (("CPU", job.gang_cpus), ("GPU", job.gang_gpus)):
             self.projects[job.project_id].usage[name] -= amount
             self.held[name] -= amount
+        if live.asked_for is not None and (done := max(0.0, now_s - live.start_s - live.restart_s)) < job.duration_s:
+            self.gpu_seconds[job.project_id] -= live.counted - job.gang_gpus * done
+            self.returned[job.project_id][job.id] = job._replace(duration_s=job.duration_s - done)
         return True
 
     def sample(self, elapsed_s: float) -> None:
         half_life = self.settings.fair_share_half_life_s
         for pid, standing in self.projects.items():
+            history = self.history[pid]
             for r in ("CPU", "GPU"):
-                fraction = standing.used(r) / self.capacity[r]
-                self.history[pid][r] = decayed(self.history[pid][r], fraction, elapsed_s, half_life)
+                history[r] = decayed(history[r], standing.used(r) / self.capacity[r], elapsed_s, half_life)
 
     def round(self, now_s: int) -> int:
         """One admission round: `decide` (timed) on a fresh Cluster and Book over the simulation's
-        nodes and standings, then the admitted gangs run. Returns how many were admitted."""
+        nodes and standings, then the admitted gangs run and the waiting ones that may reclaim or
+        preempt for fair share choose their victims (victims.py, as preemption.make_room does).
+        Returns how many were admitted."""
         batch = self.batch()
         now = START + timedelta(seconds=now_s)
         cluster, book = Cluster(self.nodes), Book(self.projects)
         began, cpu = time.perf_counter(), time.thread_time()
-        decisions = decide(batch, cluster, book, self.held, now=now, preemption=self.settings.preemption)
+        decisions = decide(batch, cluster, book, self.held, now=now, fair_share=self.settings.fair_share_preemption)
         self.rounds_ms.append((time.perf_counter() - began) * 1000)
         self.cpu_ms.append((time.thread_time() - cpu) * 1000)
         started = decisions.of(Verdict.admit)
         for outcome in started:
             job = outcome.job
+            restart = 0.0
+            if self.returned[job.project_id].pop(job.id, None) is None:
+                self.waits.append((now - job.created_at).total_seconds())
+            else:
+                restart = self.restart_s
+                self.restart_gpu_s += job.gang_gpus * restart
             self.admitted.add(job.id)
-            self.waits.append((now - job.created_at).total_seconds())
             self.held["CPU"] += job.gang_cpus
             self.held["GPU"] += job.gang_gpus
-            heapq.heappush(self.running, (now_s + job.duration_s, len(self.admitted), job, outcome.placement))
-            self.gpu_seconds[job.project_id] += job.gang_gpus * min(job.duration_s, DAY_S - now_s)
+            counted = job.gang_gpus * max(0.0, min(job.duration_s, DAY_S - now_s - restart))
+            live = Live(job, outcome.placement, now_s, now_s + restart + job.duration_s, restart, counted)
+            self.live[job.id] = live
+            heapq.heappush(self.running, (live.end_s, next(self.seq), live))
+            self.gpu_seconds[job.project_id] += counted
         self.admits.append(len(started))
+        self.make_room(decisions.of(Verdict.wait), book, cluster, now_s)
         return len(started)
+
+    def make_room(self, waiting: list[Any], book: Book, cluster: Cluster, now_s: int) -> None:
+        """preemption.make_room for each waiting job that may reclaim or preempt for fair share, in
+        admission order: a job with victims still stopping asks no more; the candidates are the cohort's
+        running gangs not yet asked, cheapest first (the least work since their last checkpoint, every
+        `sim_checkpoint_s`); the chosen stop after the grace period."""
+        asking = {live.asked_for for live in self.live.values() if live.asked_for is not None}
+        free = cluster.free()
+        room = {"CPU": free.get("CPU", 0.0), "GPU": free.get("GPU", 0.0)}
+        every, began, asked = self.checkpoint_s, time.perf_counter(), False
+        for outcome in waiting:
+            job = outcome.job
+            if not (outcome.reclaim or outcome.fair) or job.id in asking:
+                continue
+            asked, cohort = True, self.projects[job.project_id].cohort
+            members = set(self.cohorts[cohort])
+            candidates = sorted(
+                (live for live in self.live.values() if live.asked_for is None and live.job.project_id in members),
+                key=lambda live: ((now_s - live.start_s) % every, live.priority),
+            )
+            margin, kind = self.settings.fair_share_preemption_margin, "reclaim" if outcome.reclaim else "fair_share"
+            if outcome.reclaim:
+                chosen = victims.reclaim(job, book, room, candidates)
+            else:
+                chosen = victims.fair_share(job, book, self.capacity, room, candidates, margin)
+            stop_s = now_s + self.settings.preemption_grace_s
+            for live in chosen:
+                live.asked_for, live.end_s = job.id, stop_s
+                heapq.heappush(self.running, (stop_s, next(self.seq), live))
+            self.preempted[kind] += len(chosen)
+        if asked:
+            self.room_ms.append((time.perf_counter() - began) * 1000)
 
     def batch(self) -> list[SimJob]:
         """The first `admit_batch` queued jobs by `admission_key` with each project's fair share now, as
-        lock_queued takes them: each project's queue is in (priority, age) order, so the batch is
-        merged from the projects' heads."""
+        lock_queued takes them: each project's jobs come in (priority, age) order (its queue, merged with
+        its preempted jobs queued again), so the batch is merged from the projects' heads."""
         frontier = []
         for pid, queue in self.queues.items():
-            at = self.heads[pid] = self.next_queued(queue, self.heads[pid])
-            if at < len(queue):
+            self.heads[pid] = self.next_queued(queue, self.heads[pid])
+            pending = self.pending(pid)
+            if (job := next(pending, None)) is not None:
                 share = dominant_share(self.history[pid], self.projects[pid].usage, self.capacity)
-                job = queue[at]._replace(share=share)
-                frontier.append((admission_key(job), at, job))
+                job = job._replace(share=share)
+                frontier.append((admission_key(job), job, pending))
         heapq.heapify(frontier)
         batch: list[SimJob] = []
         while frontier and len(batch) < self.settings.admit_batch:
-            _, at, job = heapq.heappop(frontier)
+            _, job, pending = heapq.heappop(frontier)
             batch.append(job)
-            queue = self.queues[job.project_id]
-            if (at := self.next_queued(queue, at + 1)) < len(queue):
-                following = queue[at]._replace(share=job.share)
-                heapq.heappush(frontier, (admission_key(following), at, following))
+            if (following := next(pending, None)) is not None:
+                following = following._replace(share=job.share)
+                heapq.heappush(frontier, (admission_key(following), following, pending))
         return batch
+
+    def pending(self, pid: uuid.UUID) -> Iterator[SimJob]:
+        """The project's queued jobs in (priority, age) order: its preempted jobs queued again merged
+        with its queue from its head."""
+        queue, admitted = self.queues[pid], self.admitted
+        listed = (job for job in itertools.islice(queue, self.heads[pid], None) if job.id not in admitted)
+        again = self.returned[pid]
+        return heapq.merge(sorted(again.values(), key=admission_key), listed, key=admission_key) if again else listed
 
     def next_queued(self, queue: list[SimJob], at: int) -> int:
         while at < len(queue) and queue[at].id in self.admitted:
@@ -276,6 +380,11 @@ def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
             "worst": {"deviation": worst[0], "project": worst[1]},
         },
         "wait_s_of_admitted": spread(waits),
+        "fair_share_preemption": sim.settings.fair_share_preemption,
+        "fair_share_half_life_s": sim.settings.fair_share_half_life_s,
+        "preempted": sim.preempted,
+        "restart_gpu_share": sim.restart_gpu_s / max(1.0, sum(gpu_seconds.values())),
+        "make_room_ms": spread(sim.room_ms),
         "never_admitted": len(waiting_left),
         "never_admitted_of_projects_short_of_entitlement": sum(
             1 for j in jobs if j.id not in admitted and j.project_id in short
@@ -292,9 +401,13 @@ def main() -> None:
     parser.add_argument("--cohorts", type=int, default=50)
     parser.add_argument("--seed", type=int, default=28)
     parser.add_argument("--output", type=Path)
+    parser.add_argument("--fair-share-preemption", action="store_true", help="the setting on (it is off by default)")
+    parser.add_argument("--half-life", type=float, help="fair_share_half_life_s (the setting's default otherwise)")
     args = parser.parse_args()
     nodes, projects, jobs = build(args, random.Random(args.seed))
-    simulation = Simulation(nodes, projects, jobs)
+    chosen = {"fair_share_half_life_s": args.half_life} if args.half_life else {}
+    settings = Settings(fair_share_preemption=args.fair_share_preemption, **chosen)
+    simulation = Simulation(nodes, projects, jobs, settings)
     simulation.run()
     result = report(args, simulation)
     text = json.dumps(result, indent=2)

@@ -57,6 +57,7 @@ async def admit_round(context: RoundContext) -> int:
             now=now,
             driver=driver,
             preemption=settings.preemption,
+            fair_share=settings.fair_share_preemption,
             infeasible_timeout_s=settings.infeasible_timeout_s,
             bad_code=context.bad_code,
         )
@@ -76,7 +77,7 @@ async def _write(
 ) -> list[Launch]:
     """Write a round's decisions: the admitted gangs' attempts, the failures and the waiting jobs'
     reasons in one statement (launch.start_attempts), the infeasible jobs one at a time. Each waiting
-    job that may preempt or reclaim asks preemption.make_room, in admission order, and shows its
+    job that may preempt, reclaim or preempt for fair share asks preemption.make_room, in admission order, and shows its
     answer: priority preemption counts what active jobs hold in the database, so the round's admitted
     gangs are written before it asks (reclaim reads the book, which holds them already)."""
     settings = context.settings
@@ -102,9 +103,10 @@ async def _write(
         job, reason = outcome.job, outcome.reason
         # A reclaim earlier in this round found too little for a gang as large: not tried again.
         reclaim = outcome.reclaim and not book.gave_up(job.project_id, {"CPU": job.gang_cpus, "GPU": job.gang_gpus})
-        if outcome.preempt or reclaim:
+        if outcome.preempt or reclaim or outcome.fair:
             row = await session.get_one(Job, job.id)  # locked already, by lock_queued
-            if room := await preemption.make_room(settings, session, row, cluster, now, book if reclaim else None):
+            quotas = book if reclaim or outcome.fair else None
+            if room := await preemption.make_room(settings, session, row, cluster, now, quotas, fair=outcome.fair):
                 reason = room
         if reason != job.pending_reason or job.infeasible_since is not None:
             reasons[job.id] = reason

@@ -11,12 +11,15 @@ The order, per job:
 1. a code package this dispatcher found unusable, or a spec placement cannot read: the job fails;
 2. placement (placement.admit): whether the gang can ever fit, fits now, or waits for room;
 3. its project's quota (quotas.Book.refusal) holds a gang that could fit: nothing is placed, and
-   nothing is preempted for it;
+   nothing is preempted for it, unless what holds it is that other members borrow what its cohort
+   would lend it (fair share, below);
 4. the budget: the cluster less what trainmaster's active jobs hold (their placement may not show in
    Ray yet) must cover the gang;
 5. a job that waits for resources (not for its quota) may preempt lower-priority jobs (the
-   `preemption` setting) or reclaim its project's quota from borrowers in its cohort: the round asks
-   preemption.make_room for it after writing the admitted gangs.
+   `preemption` setting) or reclaim its project's quota from borrowers in its cohort; one that would
+   borrow itself (held by resources or by its cohort's lending) may preempt borrowers above its
+   project in fair share (the `fair_share_preemption` setting; api/dispatcher/victims.py). The round
+   asks preemption.make_room for it after writing the admitted gangs.
 Jobs come in admission order (`admission_key`), except that one that would borrow quota comes after
 every one that would not (`borrowers_last`).
 """
@@ -96,7 +99,7 @@ class Verdict(str, enum.Enum):
 class Outcome(Generic[Job]):
     """What became of one job. admit: `placement` (node id -> bundles) and `selector` (the label
     domain, for a gang with a topology). wait: `reason`, and whether the round should ask for room by
-    priority preemption (`preempt`) or quota reclaim (`reclaim`). infeasible: `reason` (its event's
+    priority preemption (`preempt`), quota reclaim (`reclaim`) or fair share (`fair`). infeasible: `reason` (its event's
     text), `message` (what the job shows while it waits) or, once `infeasible_timeout_s` has passed,
     `error` (it fails). fail: `error` and the event's `message`; `exception` when placement raised
     (the round logs it)."""
@@ -108,6 +111,7 @@ class Outcome(Generic[Job]):
     selector: dict[str, str] | None = None
     preempt: bool = False
     reclaim: bool = False
+    fair: bool = False
     error: str | None = None
     message: str = ""
     exception: BaseException | None = None
@@ -132,6 +136,7 @@ def decide(
     now: datetime,
     driver: Resources | None = None,
     preemption: bool = False,
+    fair_share: bool = False,
     infeasible_timeout_s: float = 600.0,
     bad_code: Mapping[str, str] | None = None,
 ) -> Decisions[Job]:
@@ -161,8 +166,10 @@ def decide(
             decisions.outcomes.append(_infeasible(job, admission.reason, now, infeasible_timeout_s))
             continue
         if refusal := book.refusal(job.project_id, need):
-            # The project's quota holds it: no placement is taken, and nothing is preempted for it.
-            decisions.outcomes.append(Outcome(job, Verdict.wait, refusal[0]))
+            # The project's quota holds it: no placement is taken, and nothing is preempted for it,
+            # unless other members borrow what its cohort would lend it and fair share may take it back.
+            fair = fair_share and not refusal[1] and bool(book.lending_short(job.project_id, need))
+            decisions.outcomes.append(Outcome(job, Verdict.wait, refusal[0], fair=fair))
             continue
         if admission.decision is Decision.admit and not _within(budget, need):
             admission.decision = Decision.wait
@@ -181,7 +188,10 @@ def decide(
             )
         else:
             reclaim = book.reclaims(job.project_id, need)
-            decisions.outcomes.append(Outcome(job, Verdict.wait, admission.reason, preempt=preemption, reclaim=reclaim))
+            fair = fair_share and not reclaim and book.in_cohort(job.project_id)
+            decisions.outcomes.append(
+                Outcome(job, Verdict.wait, admission.reason, preempt=preemption, reclaim=reclaim, fair=fair)
+            )
     return decisions
 
 

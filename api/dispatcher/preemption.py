@@ -14,6 +14,11 @@ holds less than its quota, and other members of its cohort run on quota they bor
 it back the same way: the borrowers' jobs are preempted, cheapest first (`_reclaim`), whatever their
 priority.
 
+Fair-share preemption (the `fair_share_preemption` setting, off by default): a job that would borrow and
+waits for resources may take borrowed quota from cohort members above its project in fair share, while
+each stays at or above the waiting project's share with the gang (`_fair_share`). The rules of both are
+pure, in api/dispatcher/victims.py.
+
 Shrinking comes first (issue 29): on either path, running elastic gangs above their `min` among the
 candidates are asked to shrink (`shrink_to`, read by the job's scaling policy through the same
 control endpoint: workers/elastic.py) before any job is preempted whole, and only when shrinking them
@@ -38,6 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from api.db.models import Checkpoint, Job, Project
+from api.dispatcher import victims
 from api.dispatcher.placement import Cluster
 from api.dispatcher.quotas import RESOURCES, Book
 from api.jobs.repository import ACTIVE
@@ -49,11 +55,19 @@ EPSILON = 1e-9
 
 
 async def make_room(
-    settings: Settings, session: AsyncSession, job: Job, cluster: Cluster, now: datetime, book: Book | None = None
+    settings: Settings,
+    session: AsyncSession,
+    job: Job,
+    cluster: Cluster,
+    now: datetime,
+    book: Book | None = None,
+    *,
+    fair: bool = False,
 ) -> str | None:
     """Make room for `job`: with `book` (the job is within its project's quota, and its cohort lends
-    some of that quota to others), by reclaiming it from jobs running on borrowed quota; with the
-    `preemption` setting, by asking lower-priority running jobs to go. The reason to show it, or None."""
+    some of that quota to others), by reclaiming it from jobs running on borrowed quota; with `book` and
+    `fair` (the job would borrow), from borrowers above its project in fair share; with the `preemption`
+    setting, by asking lower-priority running jobs to go. The reason to show it, or None."""
     already = await _victims_of(session, job, now, settings.preemption_grace_s)
     if already:
         names = ", ".join(str(v.id)[:8] for v in already)
@@ -63,8 +77,10 @@ async def make_room(
     free = cluster.free()
     room = {"CPU": free.get("CPU", 0.0), "GPU": free.get("GPU", 0.0)}
     need = {"CPU": job.gang_cpus, "GPU": job.gang_gpus}
-    if book is not None and (reclaimed := await _reclaim(settings, session, job, book, dict(room), need, now)):
+    if book is not None and not fair and (reclaimed := await _reclaim(settings, session, job, book, room, now)):
         return reclaimed
+    if book is not None and fair and (shared := await _fair_share(settings, session, job, book, cluster, room, now)):
+        return shared
     if not settings.preemption:
         return None
     held = await _held_by_project(session, job)
@@ -77,17 +93,17 @@ async def make_room(
         return shrunk
     chosen: list[Job] = []
     for victim, project in candidates:
-        if _covers(room, need):
+        if victims.covers(room, need):
             break
         share = shares.get(project, {})
         usage = held.setdefault(project, {"CPU": 0.0, "GPU": 0.0})
-        if any(usage[r] - _gang(victim)[r] < share.get(r, 0.0) - EPSILON for r in ("CPU", "GPU")):
+        if any(usage[r] - victims.gang(victim)[r] < share.get(r, 0.0) - EPSILON for r in ("CPU", "GPU")):
             continue  # within its project's guaranteed share
         chosen.append(victim)
-        for resource, amount in _gang(victim).items():
+        for resource, amount in victims.gang(victim).items():
             room[resource] += amount
             usage[resource] -= amount
-    if not chosen or not _covers(room, need):
+    if not chosen or not victims.covers(room, need):
         return None
     names = await _ask(
         settings, session, job, chosen, now, lambda v: f"(priority {job.priority} > {v.priority})", "to make room", {}
@@ -124,40 +140,18 @@ async def _ask(
 
 
 async def _reclaim(
-    settings: Settings,
-    session: AsyncSession,
-    job: Job,
-    book: Book,
-    room: dict[str, float],
-    need: dict[str, float],
-    now: datetime,
+    settings: Settings, session: AsyncSession, job: Job, book: Book, room: dict[str, float], now: datetime
 ) -> str | None:
-    """Preempt jobs of the cohort that run on borrowed quota, cheapest first: those that checkpoint
-    before those that never did, then the least work since their last checkpoint (or start), then the
-    lowest priority. A project gives back only while it still borrows. None when they cannot free enough."""
+    """Preempt jobs of the cohort that run on borrowed quota, cheapest first (victims.reclaim). None
+    when they cannot free enough."""
+    need = victims.gang(job)
     standing = book.projects[job.project_id]
-    borrowers = {pid: s for pid, s in book.projects.items() if pid != job.project_id and s.cohort == standing.cohort}
-    borrowers = {pid: s for pid, s in borrowers.items() if any(s.borrowed(r) > EPSILON for r in RESOURCES)}
-    if not borrowers:
-        book.reclaim_failed(job.project_id, need)
-        return None
-    usage = {pid: dict(s.usage) for pid, s in borrowers.items()}
-    borrowing = await _borrowing_jobs(session, list(borrowers))
+    borrowing = await _borrowing_jobs(session, _borrowers(book, job))
     why = f"(project {standing.name} reclaims its quota, which this job's project borrowed in cohort {standing.cohort})"
     if shrunk := await _shrink(session, now, job, borrowing, dict(room), need, lambda _: why):
         return shrunk
-    chosen: list[Job] = []
-    for victim in borrowing:
-        if _covers(room, need):
-            break
-        quota, held = borrowers[victim.project_id].quota, usage[victim.project_id]
-        if not any(held.get(r, 0.0) > quota[r] + EPSILON and _gang(victim)[r] > 0 for r in RESOURCES if r in quota):
-            continue  # its project no longer borrows what this job holds
-        chosen.append(victim)
-        for resource, amount in _gang(victim).items():
-            room[resource] += amount
-            held[resource] = held.get(resource, 0.0) - amount
-    if not chosen or not _covers(room, need):
+    chosen = victims.reclaim(job, book, room, borrowing)
+    if not chosen:
         book.reclaim_failed(job.project_id, need)
         return None
     purpose = f"to reclaim its quota: they run on quota borrowed in cohort {standing.cohort}"
@@ -168,8 +162,57 @@ async def _reclaim(
     )
 
 
+async def _fair_share(
+    settings: Settings,
+    session: AsyncSession,
+    job: Job,
+    book: Book,
+    cluster: Cluster,
+    room: dict[str, float],
+    now: datetime,
+) -> str | None:
+    """Preempt jobs that run on borrowed quota of cohort members above `job`'s project in fair share
+    (victims.fair_share); elastic ones among them shrink first. None when they cannot free enough."""
+    standing = book.projects[job.project_id]
+    borrowing = await _borrowing_jobs(session, _borrowers(book, job))
+    capacity = cluster.total()
+    chosen = victims.fair_share(job, book, capacity, room, borrowing, settings.fair_share_preemption_margin)
+    if not chosen:
+        return None
+    mine = victims.share(standing, {r: standing.used(r) + victims.gang(job)[r] for r in RESOURCES}, capacity)
+
+    def why(victim: Job) -> str:
+        theirs = book.projects[victim.project_id]
+        return (
+            f"(fair share in cohort {standing.cohort}: project {theirs.name} holds a share of "
+            f"{victims.share(theirs, theirs.usage, capacity):.4g} of the cluster, above project {standing.name}'s "
+            f"{mine:.4g} with this job)"
+        )
+
+    if shrunk := await _shrink(session, now, job, chosen, dict(room), victims.gang(job), why):
+        return shrunk
+    purpose = f"for fair share: their projects are above {standing.name}'s in cohort {standing.cohort}"
+    names = await _ask(settings, session, job, chosen, now, why, purpose, {"fair_share": True})
+    return (
+        f"preempting {len(chosen)} job(s) on borrowed quota for fair share in cohort {standing.cohort} "
+        f"({names}): their projects' shares are above {standing.name}'s; waiting for them to checkpoint and stop"
+    )
+
+
+def _borrowers(book: Book, job: Job) -> list[uuid.UUID]:
+    """The other members of `job`'s project's cohort that hold more than their quota now."""
+    cohort = book.projects[job.project_id].cohort
+    return [
+        pid
+        for pid, s in book.projects.items()
+        if pid != job.project_id and s.cohort == cohort and any(s.borrowed(r) > EPSILON for r in RESOURCES)
+    ]
+
+
 async def _borrowing_jobs(session: AsyncSession, project_ids: list[uuid.UUID]) -> list[Job]:
     """Running jobs of `project_ids` not yet asked to go, locked, cheapest to preempt first."""
+    if not project_ids:
+        return []
     last_checkpoint = (
         select(func.max(Checkpoint.created_at)).where(Checkpoint.job_id == Job.id).correlate(Job).scalar_subquery()
     )
@@ -181,14 +224,6 @@ async def _borrowing_jobs(session: AsyncSession, project_ids: list[uuid.UUID]) -
         .with_for_update(of=Job, skip_locked=True)
     )
     return list((await session.execute(query)).scalars())
-
-
-def _gang(job: Job) -> dict[str, float]:
-    return {"CPU": job.gang_cpus, "GPU": job.gang_gpus}
-
-
-def _covers(room: dict[str, float], need: dict[str, float]) -> bool:
-    return all(room[r] + EPSILON >= need[r] for r in need)
 
 
 async def _victims_of(session: AsyncSession, job: Job, now: datetime, grace_s: float) -> list[Job]:
@@ -225,7 +260,7 @@ async def _shrink(
     asked, when shrinking all of them cannot free enough."""
     asked: list[tuple[Job, int, int]] = []  # (job, from, to)
     for victim in candidates:
-        if _covers(room, need):
+        if victims.covers(room, need):
             break
         scaling = Scaling.model_validate(victim.spec.get("scaling", {}))
         if not scaling.elastic:  # the candidates are running jobs not asked to go
@@ -233,13 +268,13 @@ async def _shrink(
         size = _workers(victim, scaling)
         per = scaling.worker_resources()
         target = size
-        while target > scaling.min_workers and not _covers(room, need):
+        while target > scaling.min_workers and not victims.covers(room, need):
             target -= 1
             for resource in room:
                 room[resource] += per.get(resource, 0.0)
         if target < size:
             asked.append((victim, size, target))
-    if not asked or not _covers(room, need):
+    if not asked or not victims.covers(room, need):
         return None
     for victim, size, target in asked:
         victim.shrink_to, victim.preempted_by, victim.shrink_requested_at = target, job.id, now

@@ -33,9 +33,12 @@ class Standing:
     borrowing_limit: dict[str, float] | None = None
     lending_limit: dict[str, float] | None = None
     usage: dict[str, float] = field(default_factory=dict)
+    # Its decayed fair-share history, a fraction of the cluster per resource (project_usage's columns):
+    # fair-share preemption compares members' shares (api/dispatcher/victims.py).
+    history: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, row: Project, cpus: float, gpus: float) -> Standing:
+    def of(cls, row: Project, cpus: float, gpus: float, history: dict[str, float] | None = None) -> Standing:
         return cls(
             row.name,
             {name: float(amount) for name, amount in (row.quota or {}).items()},
@@ -43,6 +46,7 @@ class Standing:
             row.borrowing_limit,
             row.lending_limit,
             {"CPU": cpus, "GPU": gpus},
+            history or {},
         )
 
     def used(self, resource: str) -> float:
@@ -150,6 +154,30 @@ class Book:
         return standing is not None and any(
             standing.beyond(r, amount) for r, amount in need.items() if r in standing.quota
         )
+
+    def lending_short(self, project_id: uuid.UUID, need: dict[str, float]) -> dict[str, float]:
+        """What its cohort lacks to lend a gang of `need` (resource -> amount), when that is what holds
+        the gang: it would borrow within its borrowing limit, and other members borrow what it would.
+        Empty when the cohort can lend it, or when the project's own limits hold it."""
+        standing = self.projects.get(project_id)
+        if standing is None or standing.cohort is None:
+            return {}
+        short: dict[str, float] = {}
+        for resource in RESOURCES:
+            amount = need.get(resource, 0.0)
+            if amount <= 0 or resource not in standing.quota or not standing.beyond(resource, amount):
+                continue
+            borrow = standing.used(resource) + amount - standing.quota[resource]
+            limit = (standing.borrowing_limit or {}).get(resource)
+            if limit is not None and borrow > limit + EPSILON:
+                return {}
+            if (lack := borrow - self.free_to_borrow(project_id, resource)) > EPSILON:
+                short[resource] = lack
+        return short
+
+    def in_cohort(self, project_id: uuid.UUID) -> bool:
+        standing = self.projects.get(project_id)
+        return standing is not None and standing.cohort is not None
 
     def reclaims(self, project_id: uuid.UUID, need: dict[str, float]) -> bool:
         """Whether a gang of `need` that waits for resources may take back its project's quota from

@@ -115,17 +115,28 @@ async def sample_fair_share(
 
 
 QUOTA_BOOK = (
-    select(Project, func.coalesce(ProjectUsage.cpus, 0), func.coalesce(ProjectUsage.gpus, 0))
+    select(
+        Project,
+        func.coalesce(ProjectUsage.cpus, 0),
+        func.coalesce(ProjectUsage.gpus, 0),
+        func.coalesce(ProjectUsage.history_cpus, 0),
+        func.coalesce(ProjectUsage.history_gpus, 0),
+    )
     .outerjoin(ProjectUsage, ProjectUsage.project_id == Project.id)
     .where(Project.quota != text("'{}'::jsonb"), PROJECT_ON_CLUSTER)
 )
 
 
 async def quota_book(session: AsyncSession, cluster: uuid.UUID | None = None) -> Book:
-    """Every project of the cluster with a quota, and what its active jobs hold (one statement;
-    projects are few). After `lock_admission`, like `held_resources`."""
+    """Every project of the cluster with a quota, what its active jobs hold and its fair-share history
+    (one statement; projects are few). After `lock_admission`, like `held_resources`."""
     rows = (await session.execute(QUOTA_BOOK, {"cluster": cluster})).all()
-    return Book({row[0].id: Standing.of(row[0], float(row[1]), float(row[2])) for row in rows})
+    return Book(
+        {
+            project.id: Standing.of(project, float(cpus), float(gpus), {"CPU": float(hc), "GPU": float(hg)})
+            for project, cpus, gpus, hc, hg in rows
+        }
+    )
 
 
 class QueuedJob(NamedTuple):

@@ -11,10 +11,10 @@ import uuid
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import func, update
+from sqlalchemy import func, select, update
 
 from api.auth.repository import get_or_create_project
-from api.db.models import Checkpoint, Job, Project
+from api.db.models import Checkpoint, Job, Project, ProjectUsage
 from tests.factories.auth import scoped_token
 from tests.integration.test_dispatcher import World, one_worker, run
 from trainmaster.models import JobStatus
@@ -148,6 +148,71 @@ def test_cohort_lends_unused_quota_and_reclaims_it_by_preempting_the_cheapest_bo
             victim = await world.job(alpha[1])
             assert victim.status is JobStatus.queued
             assert "borrows 1 from cohort research, which has 0 CPU left to lend" in (victim.pending_reason or "")
+
+    run(scenario())
+
+
+def test_fair_share_preemption_takes_borrowed_quota_back_from_the_project_far_above_in_share(
+    database_url: str,
+) -> None:
+    """Two borrowers in one cohort: alpha borrows all that gamma lends, beta then waits for the cohort's
+    lending. With equal histories nothing is preempted (they would take turns); once alpha has used
+    much more before, its cheapest borrowed job goes for beta's, with events saying why."""
+
+    async def scenario() -> None:
+        async with World(database_url, fair_share_preemption=True, preemption_grace_s=60) as world:
+            world.ray.cpus = 4
+            await set_quota(world, "alpha", quota={"CPU": 1}, cohort="r")
+            await set_quota(world, "beta", quota={"CPU": 1}, cohort="r")
+            await set_quota(world, "gamma", quota={"CPU": 2}, cohort="r")  # idle: lends its 2
+            alpha = [await world.submit("alpha", **one_worker()) for _ in range(3)]
+            first = await world.submit("beta", **one_worker())
+            assert await world.dispatcher().admit_round() == 4  # alpha: 1 its own, 2 borrowed; beta 1
+            await running(world, *alpha, first)
+            world.ray.used_cpus = 4
+            second = await world.submit("beta", **one_worker())  # would borrow: the cohort has none left
+
+            await world.dispatcher().admit_round()
+            waiting = await world.job(second)
+            assert "borrows 0 from cohort r, which has 0 CPU left to lend" in (waiting.pending_reason or "")
+            assert [(await world.job(j)).preempt_requested_at for j in alpha] == [None, None, None]
+
+            # alpha used most of the cluster for a long while before: far above beta in fair share.
+            await world.execute(
+                lambda s: s.execute(
+                    update(ProjectUsage)
+                    .where(
+                        ProjectUsage.project_id == select(Project.id).where(Project.name == "alpha").scalar_subquery()
+                    )
+                    .values(history_cpus=0.6)
+                )
+            )
+            await world.dispatcher().admit_round()
+            waiting = await world.job(second)
+            assert waiting.status is JobStatus.queued
+            assert (waiting.pending_reason or "").startswith(
+                "preempting 1 job(s) on borrowed quota for fair share in cohort r"
+            ), waiting.pending_reason
+            asked = [j for j in alpha if (await world.job(j)).preempt_requested_at is not None]
+            assert len(asked) == 1 and (await world.job(first)).preempt_requested_at is None
+            [event] = [e for e in await world.events(asked[0]) if e.kind == "preempt_requested"]
+            assert event.data["fair_share"] is True and "fair share in cohort r: project alpha" in event.message
+            # Asked once: the next round waits for that victim.
+            await world.dispatcher().admit_round()
+            assert sum([(await world.job(j)).preempt_requested_at is not None for j in alpha]) == 1
+
+            # The victim stops and is queued again; beta's job takes what the cohort lends now.
+            await world.execute(
+                lambda s: s.execute(
+                    update(Job)
+                    .where(Job.id == asked[0])
+                    .values(status="queued", preempted_by=None, preempt_requested_at=None)
+                )
+            )
+            world.ray.used_cpus = 3
+            assert await world.dispatcher().admit_round() == 1
+            assert (await world.job(second)).status is JobStatus.starting
+            assert (await world.job(asked[0])).status is JobStatus.queued
 
     run(scenario())
 

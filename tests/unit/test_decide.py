@@ -14,7 +14,7 @@ from api.dispatcher.placement import Cluster, Node
 from api.dispatcher.quotas import Book, Standing
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
-A, B = uuid.uuid4(), uuid.uuid4()
+A, B, C = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,30 @@ def test_a_job_that_waits_for_resources_may_preempt_or_reclaim() -> None:
     book.reclaim_failed(A, {"CPU": 4.0, "GPU": 4.0})
     [again] = decide([gang(A, 4)], full(8), book, {}, now=NOW, preemption=True).outcomes
     assert again.preempt and not again.reclaim  # a gang as large already found too little this round
+
+
+def test_a_gang_that_would_borrow_may_ask_for_fair_share_when_others_borrow_what_it_would() -> None:
+    book = Book(
+        {
+            A: Standing("a", {"GPU": 4}, cohort="c", usage={"GPU": 4}),
+            B: Standing("b", {"GPU": 4}, cohort="c", usage={"GPU": 8}),  # borrows all that c lends
+            C: Standing("c", {"GPU": 4}, cohort="c", usage={"GPU": 0}),
+        }
+    )
+    [held] = decide([gang(A, 2)], full(16), book, {}, now=NOW, fair_share=True).outcomes
+    assert held.verdict is Verdict.wait and held.fair and not held.reclaim
+    assert "which has 0 GPU left to lend" in held.reason
+    [off] = decide([gang(A, 2)], full(16), book, {}, now=NOW).outcomes
+    assert not off.fair  # the setting is off
+    limited = Book(
+        {**book.projects, A: Standing("a", {"GPU": 4}, cohort="c", borrowing_limit={"GPU": 1}, usage={"GPU": 4})}
+    )
+    [own] = decide([gang(A, 2)], full(16), limited, {}, now=NOW, fair_share=True).outcomes
+    assert not own.fair  # its own borrowing limit holds it: nobody else can give that back
+    # Lent room but no resources (the cluster is full): it may ask too.
+    book.projects[B].usage["GPU"] = 4
+    [room] = decide([gang(A, 2)], full(16), book, {}, now=NOW, fair_share=True).outcomes
+    assert room.fair and room.reason.startswith("waiting for resources")
 
 
 def test_borrowers_come_after_every_job_within_its_quota() -> None:
