@@ -30,7 +30,7 @@ def test_a_small_day_keeps_every_project_within_quota_and_borrowing_and_preempts
     nodes, projects, jobs = simulate.build(args, random.Random(args.seed))
     over: list[str] = []
 
-    class Checked(simulate.Simulation):  # type: ignore[misc, name-defined]
+    class Checked(simulate.Simulation):  # type: ignore[name-defined]
         def round(self, now_s: int) -> int:
             admitted = super().round(now_s)
             for standing in self.projects.values():
