@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     poll_interval_s: float = 2.0
     lease_s: float = 30.0
     infeasible_timeout_s: float = 600.0
+    # Bounded waits: a job passed by later jobs of its project (smaller gangs that fitted where it did
+    # not) for this long holds admission until it fits; 0: never (api/dispatcher/decide.py).
+    starvation_s: float = Field(default=3600.0, ge=0)
     launch_timeout_s: float = 300.0
     # A job `starting` this long (its workers never reported) is checked with Ray: a placement group
     # of its driver that Ray created means it runs; none means the gang could not be placed: it fails.

@@ -23,10 +23,12 @@ their last checkpoint, every 30 minutes); they stop after the grace period with 
 checkpoint when asked) and queue again for the rest, paying `restart_s` to start again. Not simulated:
 the database writes, Ray's launch, and priority preemption (every job has priority 0).
 
-Timed: `decide` alone, per round (and the victim rules, per round that asked them). A round runs every 30 simulated seconds when a job ended since the
-last, and again at once while a round admits a whole batch (as the dispatcher's NOTIFY wakes it).
-Fairness: each project's GPU-seconds within the day against its DRF entitlement: its cohort's delivered
-GPU-seconds water-filled over the projects' demand, each capped at its quota plus borrowing limit.
+Timed: `decide` alone, per round (and the victim rules, per round that asked them). A round runs every
+30 simulated seconds when a job ended since the last, and again at once while a round admits a whole
+batch (as the dispatcher's NOTIFY wakes it). Fairness: each project's GPU-seconds within the day
+against its DRF entitlement: its cohort's delivered GPU-seconds water-filled over the projects' demand,
+each capped at its quota plus borrowing limit. Starvation: how long a job waits after a later job of
+its own project was admitted ahead of it (`bypassed`).
 
     .venv/bin/python bench/simulate.py [--jobs 100000] [--nodes 10000] [--projects 2000] [--output sim.json]
 """
@@ -73,6 +75,7 @@ class SimJob(NamedTuple):
     created_at: datetime
     share: float
     infeasible_since: datetime | None
+    bypassed_since: datetime | None
     duration_s: float
 
 
@@ -101,7 +104,9 @@ def build(args: argparse.Namespace, rng: random.Random) -> tuple[list[Node], dic
         duration = min(8 * 3600, rng.lognormvariate(8.9, 0.9))
         job_id = uuid.UUID(int=rng.getrandbits(128))
         jobs.append(
-            SimJob(job_id, project_id, {"scaling": scaling}, 0, 4.0 * workers, workers, created, 0.0, None, duration)
+            SimJob(
+                job_id, project_id, {"scaling": scaling}, 0, 4.0 * workers, workers, created, 0.0, None, None, duration
+            )
         )
     return nodes, projects, jobs
 
@@ -167,6 +172,13 @@ class Simulation:
     cpu_ms: list[float] = field(default_factory=list)  # the round's thread CPU time: other processes' load adds none
     admits: list[int] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
+    # Starvation: a job is bypassed when a later job of its project (in its admission order) is admitted
+    # while it waits. Measured: from the first such admission to its own (or the day's end), and from
+    # the first to the last (how long later jobs kept passing it: what `starvation_s` bounds).
+    bypassed: dict[uuid.UUID, list[float]] = field(default_factory=dict)  # job id -> [first, last]
+    bypass_s: list[float] = field(default_factory=list)
+    passed_for_s: list[float] = field(default_factory=list)
+    since: dict[uuid.UUID, datetime] = field(default_factory=dict)  # what the rounds record (jobs.bypassed_since)
     preempted: dict[str, int] = field(default_factory=lambda: {"reclaim": 0, "fair_share": 0})
     restart_s: float = 120.0  # what a preempted gang spends starting again, from its checkpoint
     checkpoint_s: float = 1800.0  # how often a running gang checkpoints (victims.py prefers the least work since)
@@ -180,6 +192,7 @@ class Simulation:
         for job in sorted(self.jobs, key=admission_key):
             self.queues[job.project_id].append(job)
         self.heads = dict.fromkeys(self.projects, 0)
+        self.position = {job.id: at for queue in self.queues.values() for at, job in enumerate(queue)}
         self.returned = {pid: {} for pid in self.projects}
         for pid, standing in self.projects.items():
             standing.history = self.history[pid] = {"CPU": 0.0, "GPU": 0.0}
@@ -236,15 +249,25 @@ class Simulation:
         now = START + timedelta(seconds=now_s)
         cluster, book = Cluster(self.nodes), Book(self.projects)
         began, cpu = time.perf_counter(), time.thread_time()
-        decisions = decide(batch, cluster, book, self.held, now=now, fair_share=self.settings.fair_share_preemption)
+        decisions = decide(
+            batch,
+            cluster,
+            book,
+            self.held,
+            now=now,
+            fair_share=self.settings.fair_share_preemption,
+            starvation_s=self.settings.starvation_s,
+        )
         self.rounds_ms.append((time.perf_counter() - began) * 1000)
         self.cpu_ms.append((time.thread_time() - cpu) * 1000)
         started = decisions.of(Verdict.admit)
         for outcome in started:
             job = outcome.job
             restart = 0.0
+            self.since.pop(job.id, None)
             if self.returned[job.project_id].pop(job.id, None) is None:
                 self.waits.append((now - job.created_at).total_seconds())
+                self.bypass(job, now_s)
             else:
                 restart = self.restart_s
                 self.restart_gpu_s += job.gang_gpus * restart
@@ -257,6 +280,9 @@ class Simulation:
             heapq.heappush(self.running, (live.end_s, next(self.seq), live))
             self.gpu_seconds[job.project_id] += counted
         self.admits.append(len(started))
+        for outcome in decisions.of(Verdict.wait):
+            if outcome.bypassed:
+                self.since.setdefault(outcome.job.id, now)
         self.make_room(decisions.of(Verdict.wait), book, cluster, now_s)
         return len(started)
 
@@ -292,6 +318,17 @@ class Simulation:
         if asked:
             self.room_ms.append((time.perf_counter() - began) * 1000)
 
+    def bypass(self, job: SimJob, now_s: int) -> None:
+        """`job` is admitted: it stops being bypassed, and every earlier job of its project still
+        waiting is bypassed from now (if it was not already)."""
+        if (span := self.bypassed.pop(job.id, None)) is not None:
+            self.bypass_s.append(now_s - span[0])
+            self.passed_for_s.append(span[1] - span[0])
+        queue = self.queues[job.project_id]
+        for earlier in itertools.islice(queue, self.heads[job.project_id], self.position[job.id]):
+            if earlier.id not in self.admitted:
+                self.bypassed.setdefault(earlier.id, [now_s, now_s])[1] = now_s
+
     def batch(self) -> list[SimJob]:
         """The first `admit_batch` queued jobs by `admission_key` with each project's fair share now, as
         lock_queued takes them: each project's jobs come in (priority, age) order (its queue, merged with
@@ -302,7 +339,7 @@ class Simulation:
             pending = self.pending(pid)
             if (job := next(pending, None)) is not None:
                 share = dominant_share(self.history[pid], self.projects[pid].usage, self.capacity)
-                job = job._replace(share=share)
+                job = job._replace(share=share, bypassed_since=self.since.get(job.id))
                 frontier.append((admission_key(job), job, pending))
         heapq.heapify(frontier)
         batch: list[SimJob] = []
@@ -310,7 +347,7 @@ class Simulation:
             _, job, pending = heapq.heappop(frontier)
             batch.append(job)
             if (following := next(pending, None)) is not None:
-                following = following._replace(share=job.share)
+                following = following._replace(share=job.share, bypassed_since=self.since.get(following.id))
                 heapq.heappush(frontier, (admission_key(following), following, pending))
         return batch
 
@@ -386,6 +423,7 @@ def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
         "wait_s_of_admitted": spread(waits),
         "fair_share_preemption": sim.settings.fair_share_preemption,
         "fair_share_half_life_s": sim.settings.fair_share_half_life_s,
+        "starvation_s": sim.settings.starvation_s,
         "preempted": sim.preempted,
         "restart_gpu_share": sim.restart_gpu_s / max(1.0, sum(gpu_seconds.values())),
         "make_room_ms": spread(sim.room_ms),
@@ -394,6 +432,14 @@ def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
             1 for j in jobs if j.id not in admitted and j.project_id in short
         ),
         "oldest_still_waiting_s": max(waiting_left, default=0.0),
+        "bypassed_then_admitted_s": spread(sim.bypass_s),
+        "passed_by_later_jobs_for_s": spread(
+            sim.passed_for_s + [last - first for first, last in sim.bypassed.values()]
+        ),
+        "bypassed_still_waiting": {
+            "jobs": len(sim.bypassed),
+            "longest_s": DAY_S - min((first for first, _ in sim.bypassed.values()), default=DAY_S),
+        },
     }
 
 
@@ -407,9 +453,12 @@ def main() -> None:
     parser.add_argument("--output", type=Path)
     parser.add_argument("--fair-share-preemption", action="store_true", help="the setting on (it is off by default)")
     parser.add_argument("--half-life", type=float, help="fair_share_half_life_s (the setting's default otherwise)")
+    parser.add_argument("--starvation-s", type=float, help="starvation_s (the setting's default otherwise; 0: off)")
     args = parser.parse_args()
     nodes, projects, jobs = build(args, random.Random(args.seed))
-    chosen = {"fair_share_half_life_s": args.half_life} if args.half_life else {}
+    chosen: dict[str, float] = {"fair_share_half_life_s": args.half_life} if args.half_life else {}
+    if args.starvation_s is not None:
+        chosen["starvation_s"] = args.starvation_s
     settings = Settings(fair_share_preemption=args.fair_share_preemption, **chosen)
     simulation = Simulation(nodes, projects, jobs, settings)
     simulation.run()

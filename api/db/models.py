@@ -168,6 +168,9 @@ class Job(Base):
     request_hash: Mapped[str | None] = mapped_column(String(64))
     pending_reason: Mapped[str | None] = mapped_column(Text)
     infeasible_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # When a later job of its project was first admitted while it waited for resources (0024): past
+    # `starvation_s`, it holds admission until it fits (api/dispatcher/decide.py).
+    bypassed_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     error: Mapped[str | None] = mapped_column(Text)
     latest_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     lease_owner: Mapped[str | None] = mapped_column(String(128))

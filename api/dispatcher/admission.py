@@ -59,6 +59,7 @@ async def admit_round(context: RoundContext) -> int:
             preemption=settings.preemption,
             fair_share=settings.fair_share_preemption,
             infeasible_timeout_s=settings.infeasible_timeout_s,
+            starvation_s=settings.starvation_s,
             bad_code=context.bad_code,
         )
         launches = await _write(context, session, decisions, cluster, book, now)
@@ -110,8 +111,9 @@ async def _write(
                 reason = room
         if reason != job.pending_reason or job.infeasible_since is not None:
             reasons[job.id] = reason
+    bypassed = [o.job.id for o in waiting if o.bypassed and o.job.bypassed_since is None]
     launches += await launch.start_attempts(
-        context, session, admitted, now, warning, reasons, failures, selectors=selectors
+        context, session, admitted, now, warning, reasons, failures, selectors=selectors, bypassed=bypassed
     )
     return launches
 

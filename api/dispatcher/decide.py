@@ -22,6 +22,12 @@ The order, per job:
    asks preemption.make_room for it after writing the admitted gangs.
 Jobs come in admission order (`admission_key`), except that one that would borrow quota comes after
 every one that would not (`borrowers_last`).
+
+Bounded waits: a job that waits for resources or its project's quota while a job after it in its
+project's order is admitted is `bypassed` (the round records since when). Once that is `starvation_s`
+old, no later job of its project is admitted until it is (they would take the quota it waits for), and
+while it waits for resources no later job at all (they would take the room it waits for); the jobs
+held say behind which job they wait.
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ class Queued(Protocol):
     def share(self) -> float: ...
     @property
     def infeasible_since(self) -> datetime | None: ...
+    @property
+    def bypassed_since(self) -> datetime | None: ...
 
 
 Job = TypeVar("Job", bound=Queued)
@@ -99,7 +107,8 @@ class Verdict(str, enum.Enum):
 class Outcome(Generic[Job]):
     """What became of one job. admit: `placement` (node id -> bundles) and `selector` (the label
     domain, for a gang with a topology). wait: `reason`, and whether the round should ask for room by
-    priority preemption (`preempt`), quota reclaim (`reclaim`) or fair share (`fair`). infeasible: `reason` (its event's
+    priority preemption (`preempt`), quota reclaim (`reclaim`) or fair share (`fair`), and whether a
+    later job of its project was admitted while it waited for resources (`bypassed`). infeasible: `reason` (its event's
     text), `message` (what the job shows while it waits) or, once `infeasible_timeout_s` has passed,
     `error` (it fails). fail: `error` and the event's `message`; `exception` when placement raised
     (the round logs it)."""
@@ -112,6 +121,7 @@ class Outcome(Generic[Job]):
     preempt: bool = False
     reclaim: bool = False
     fair: bool = False
+    bypassed: bool = False  # it waited for resources while a later job of its project was admitted
     error: str | None = None
     message: str = ""
     exception: BaseException | None = None
@@ -138,6 +148,7 @@ def decide(
     preemption: bool = False,
     fair_share: bool = False,
     infeasible_timeout_s: float = 600.0,
+    starvation_s: float = 0.0,
     bad_code: Mapping[str, str] | None = None,
 ) -> Decisions[Job]:
     """Admit what fits of `queue` (any order: it is sorted by `admission_key`) on `cluster` within
@@ -148,7 +159,17 @@ def decide(
     total = cluster.total()
     budget = {r: total.get(r, 0.0) - held.get(r, 0.0) for r in ("CPU", "GPU")}
     decisions: Decisions[Job] = Decisions()
-    for job in borrowers_last(sorted(queue, key=admission_key), book):
+    ordered = sorted(queue, key=admission_key)
+    # Each project's starving jobs (passed by later jobs of its project for `starvation_s`), in order: until
+    # the first is admitted, no later job of its project is (then the next holds); while it waits for
+    # resources, no later job at all.
+    starving: dict[uuid.UUID, list[tuple[Job, float]]] = {}
+    for job in ordered:
+        if passed := _starving(job, now, starvation_s):
+            starving.setdefault(job.project_id, []).append((job, passed))
+    hold: tuple[Job, float] | None = None  # a starving job that waits for resources
+    passable: list[Outcome[Job]] = []  # the jobs that wait for resources or quota (not held behind another)
+    for job in borrowers_last(ordered, book):
         if (code := job.spec.get("code")) is not None and (why := bad_code.get(code)) is not None:
             decisions.outcomes.append(Outcome(job, Verdict.fail, error=why, message=f"not launched: {why}"))
             continue
@@ -165,11 +186,23 @@ def decide(
         if admission.decision is Decision.infeasible:
             decisions.outcomes.append(_infeasible(job, admission.reason, now, infeasible_timeout_s))
             continue
+        first = starving[job.project_id][0] if job.project_id in starving else None
+        if first is not None and first[0].id != job.id:
+            if admission_key(first[0]) < admission_key(job):
+                # A later job of a project whose starving job waits: it takes neither quota nor resources.
+                decisions.outcomes.append(Outcome(job, Verdict.wait, _behind(*first)))
+                continue
+            first = None  # this job comes before its project's starving one
         if refusal := book.refusal(job.project_id, need):
             # The project's quota holds it: no placement is taken, and nothing is preempted for it,
             # unless other members borrow what its cohort would lend it and fair share may take it back.
             fair = fair_share and not refusal[1] and bool(book.lending_short(job.project_id, need))
-            decisions.outcomes.append(Outcome(job, Verdict.wait, refusal[0], fair=fair))
+            outcome = Outcome(job, Verdict.wait, refusal[0], fair=fair)
+            if first is not None:
+                outcome.reason += _holds(first[1])
+            decisions.outcomes.append(outcome)
+            if not refusal[1]:
+                passable.append(outcome)
             continue
         if admission.decision is Decision.admit and not _within(budget, need):
             admission.decision = Decision.wait
@@ -178,7 +211,18 @@ def decide(
                 f"and {held.get('GPU', 0.0):g} GPU of the cluster's {total.get('CPU', 0):g} CPU / "
                 f"{total.get('GPU', 0):g} GPU"
             )
+        held_back = False
+        if hold is not None and admission.decision is Decision.admit:
+            held_back = True
+            admission.decision, admission.reason = Decision.wait, _behind(*hold)
+        elif admission.decision is Decision.wait and first is not None and hold is None:
+            hold = first
+            admission.reason += _holds(first[1])
         if admission.decision is Decision.admit:
+            if first is not None:  # its project's first starving job: the next one holds from now
+                starving[job.project_id].pop(0)
+                if not starving[job.project_id]:
+                    del starving[job.project_id]
             cluster.reserve(admission.placement)
             for resource, amount in need.items():
                 budget[resource] -= amount
@@ -187,12 +231,51 @@ def decide(
                 Outcome(job, Verdict.admit, admission.reason, admission.placement, admission.selector)
             )
         else:
-            reclaim = book.reclaims(job.project_id, need)
-            fair = fair_share and not reclaim and book.in_cohort(job.project_id)
-            decisions.outcomes.append(
-                Outcome(job, Verdict.wait, admission.reason, preempt=preemption, reclaim=reclaim, fair=fair)
-            )
+            # Held back, it would fit: nothing is preempted for it.
+            reclaim = not held_back and book.reclaims(job.project_id, need)
+            fair = fair_share and not held_back and not reclaim and book.in_cohort(job.project_id)
+            preempt = preemption and not held_back
+            outcome = Outcome(job, Verdict.wait, admission.reason, preempt=preempt, reclaim=reclaim, fair=fair)
+            decisions.outcomes.append(outcome)
+            if not held_back:
+                passable.append(outcome)
+    _mark_bypassed(decisions, passable)
     return decisions
+
+
+def _behind(first: Queued, passed: float) -> str:
+    return (
+        f"waiting behind job {first.id}, which later jobs of its project have passed for {passed / 60:.0f} min: "
+        "nothing after it is admitted until it fits (bounded waits)"
+    )
+
+
+def _holds(passed: float) -> str:
+    return (
+        f". Later jobs of its project have passed it for {passed / 60:.0f} min: nothing after it is admitted "
+        "until it fits (bounded waits)"
+    )
+
+
+def _starving(job: Queued, now: datetime, starvation_s: float) -> float:
+    """How long later jobs of its project have passed `job`, once that is `starvation_s` or more; else 0."""
+    if starvation_s <= 0 or job.bypassed_since is None:
+        return 0.0
+    passed = (now - job.bypassed_since).total_seconds()
+    return passed if passed >= starvation_s else 0.0
+
+
+def _mark_bypassed(decisions: Decisions[Job], passable: list[Outcome[Job]]) -> None:
+    """A job that waits for resources or its project's quota is bypassed when a job after it in its
+    project's admission order was admitted in the same round (a smaller gang fitted where it did not)."""
+    last: dict[uuid.UUID, tuple[int, float, datetime, uuid.UUID]] = {}
+    for outcome in decisions.of(Verdict.admit):
+        key = admission_key(outcome.job)
+        if outcome.job.project_id not in last or key > last[outcome.job.project_id]:
+            last[outcome.job.project_id] = key
+    for outcome in passable:
+        latest = last.get(outcome.job.project_id)
+        outcome.bypassed = latest is not None and admission_key(outcome.job) < latest
 
 
 def borrowers_last(queued: Iterable[Job], book: Book) -> Iterator[Job]:

@@ -59,6 +59,7 @@ async def start_attempts(
     reasons: Mapping[uuid.UUID, str] | None = None,
     failures: Mapping[uuid.UUID, tuple[str, str]] | None = None,
     selectors: Mapping[uuid.UUID, dict[str, str]] | None = None,
+    bypassed: Sequence[uuid.UUID] = (),
 ) -> list[Launch]:
     """New attempt rows for the gangs an admission round admitted (committed by the caller before any
     submit) and the launches that go with them. Each job's status change to starting, attempt, events
@@ -69,7 +70,7 @@ async def start_attempts(
     nothing and is not launched, and the round goes on with the others. Nothing here reads or unpacks
     code (that waits for the commit: `submit_all`), and a launch that cannot be built is returned
     refused, for `submit_all` to fail its job alone. `selectors`: the node-label domain each gang with
-    a topology was placed inside."""
+    a topology was placed inside; `bypassed`: the waiting jobs a later job of their project passed."""
     settings = context.settings
     selectors = selectors or {}
     claims = [new_token() for _ in admitted]  # each job token row is written with its claim's hash
@@ -91,6 +92,7 @@ async def start_attempts(
         warning=warning,
         reasons=reasons,
         failures=failures,
+        bypassed=bypassed,
         owner=context.owner,
         lease_expires_at=now + timedelta(seconds=settings.lease_s),
         channel=JOB_CHANNEL,

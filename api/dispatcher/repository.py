@@ -153,6 +153,7 @@ class QueuedJob(NamedTuple):
     pending_reason: str | None
     infeasible_since: datetime | None
     created_at: datetime
+    bypassed_since: datetime | None
     share: float  # its project's fair share (project_usage.share; 0 without a row): decide.admission_key
     attempts: int  # the highest attempt number so far, 0 for none
 
@@ -220,7 +221,7 @@ ROUND_WRITES = text(
     """
     WITH started AS (
         UPDATE jobs j SET status = 'starting', lease_owner = :owner, lease_expires_at = :lease_expires_at,
-                          pending_reason = NULL, infeasible_since = NULL
+                          pending_reason = NULL, infeasible_since = NULL, bypassed_since = NULL
         FROM jsonb_to_recordset(CAST(:gangs AS jsonb))
              AS g(at int, job_id uuid, n int, submission_id text, message text, payload text, selector jsonb),
              jobs old
@@ -261,6 +262,10 @@ ROUND_WRITES = text(
         ) AS e
         ORDER BY e.part, e.at
     ),
+    bypassed AS (
+        UPDATE jobs SET bypassed_since = now()
+        WHERE id = ANY(CAST(:bypassed AS uuid[])) AND bypassed_since IS NULL AND status = 'queued'
+    ),
     waiting AS (
         UPDATE jobs j SET pending_reason = r.reason,
                           infeasible_since = CASE WHEN :clear_infeasible THEN NULL ELSE j.infeasible_since END
@@ -295,15 +300,17 @@ async def write_round(
     reasons: Mapping[uuid.UUID, str] | None = None,
     failures: Mapping[uuid.UUID, tuple[str, str]] | None = None,
     clear_infeasible: bool = True,
+    bypassed: Sequence[uuid.UUID] = (),
     owner: str = "",
     lease_expires_at: datetime | None = None,
     channel: str = "",
 ) -> set[uuid.UUID]:
     """ROUND_WRITES; `warning` is an event for every gang that starts; `failures` (job id -> (error,
     event message)) fail; with `clear_infeasible` the waiting jobs are no longer marked infeasible
-    (they can fit the cluster). Returns the ids of the gangs that moved to starting: a gang whose job
+    (they can fit the cluster); `bypassed` were passed by a later job of their project (their
+    `bypassed_since` is set unless it is already). Returns the ids of the gangs that moved to starting: a gang whose job
     left `queued` since the claim is left as it is."""
-    if not gangs and not reasons and not failures:
+    if not gangs and not reasons and not failures and not bypassed:
         return set()
     gang_rows = [
         {
@@ -335,6 +342,7 @@ async def write_round(
             "warning": warning,
             "reasons": json.dumps(reason_rows),
             "clear_infeasible": clear_infeasible,
+            "bypassed": [str(job_id) for job_id in bypassed],
             "owner": owner,
             "lease_expires_at": lease_expires_at,
             "channel": channel,

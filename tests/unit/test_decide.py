@@ -27,6 +27,7 @@ class Job:
     share: float = 0.0
     created_at: datetime = NOW
     infeasible_since: datetime | None = None
+    bypassed_since: datetime | None = None
     id: uuid.UUID = field(default_factory=uuid.uuid4)
 
 
@@ -149,6 +150,55 @@ def test_borrowers_come_after_every_job_within_its_quota() -> None:
     assert verdicts(decisions) == [(owed.id, Verdict.admit), (borrower.id, Verdict.wait)]
     assert "borrows 0 from cohort c, which has 0 GPU left to lend" in decisions.outcomes[1].reason
     assert book.projects[B].used("GPU") == 4  # the book counts the admitted gang for later jobs
+
+
+def test_a_gang_passed_by_later_jobs_of_its_project_is_marked_then_holds_admission_until_it_fits() -> None:
+    def room(free: int) -> Cluster:
+        nodes = cluster(4)
+        nodes.nodes[0].free["GPU"] = float(free)
+        return nodes
+
+    big = gang(A, 4, created_at=NOW - timedelta(hours=3))
+    small, other = gang(A, 1, created_at=NOW - timedelta(hours=2)), gang(B, 1)
+    decisions = decide([big, small, other], room(2), Book(), {}, now=NOW, starvation_s=3600)
+    assert verdicts(decisions) == [(big.id, Verdict.wait), (small.id, Verdict.admit), (other.id, Verdict.admit)]
+    assert [o.bypassed for o in decisions.outcomes] == [True, False, False]  # small passed big
+    alone = decide([big, other], room(2), Book(), {}, now=NOW, starvation_s=3600)
+    assert not alone.outcomes[0].bypassed  # another project's job passes no one of a's
+
+    # Passed for two hours, past starvation_s: it holds admission; nothing after it is admitted, nor
+    # preempts anything (it would fit), and each says behind which job it waits.
+    starving = gang(A, 4, created_at=big.created_at, bypassed_since=NOW - timedelta(hours=2), id=big.id)
+    decisions = decide([starving, small, other], room(2), Book(), {}, now=NOW, preemption=True, starvation_s=3600)
+    assert [o.verdict for o in decisions.outcomes] == [Verdict.wait] * 3
+    first, *held = decisions.outcomes
+    assert "Later jobs of its project have passed it for 120 min: nothing after it is admitted" in first.reason
+    assert first.preempt
+    for outcome in held:
+        assert outcome.reason.startswith(f"waiting behind job {big.id}, which later jobs of its project have passed")
+        assert not outcome.preempt and not outcome.bypassed
+    # Not yet starvation_s, or the setting off: it is passed as before.
+    for limit in (3 * 3600, 0):
+        again = decide([starving, small, other], room(2), Book(), {}, now=NOW, starvation_s=limit)
+        assert verdicts(again)[1:] == [(small.id, Verdict.admit), (other.id, Verdict.admit)]
+    # Once the room is there, it is admitted first, and then what fits after it.
+    roomy = cluster(8)
+    roomy.nodes[0].free["GPU"] = 5.0
+    assert verdicts(decide([starving, small], roomy, Book(), {}, now=NOW, starvation_s=3600)) == [
+        (big.id, Verdict.admit),
+        (small.id, Verdict.admit),
+    ]
+    # Held by its quota instead, it holds back only its own project's later jobs (they would take it).
+    book = Book({A: Standing("a", {"GPU": 4}, usage={"GPU": 2})})
+    decisions = decide([starving, small, other], room(2), book, {}, now=NOW, starvation_s=3600)
+    outcomes = {o.job.id: o for o in decisions.outcomes}  # a would borrow: big comes last (borrowers_last)
+    assert {job_id: o.verdict for job_id, o in outcomes.items()} == {
+        big.id: Verdict.wait,
+        small.id: Verdict.wait,
+        other.id: Verdict.admit,
+    }
+    assert outcomes[big.id].reason.startswith("waiting for its project's quota")
+    assert outcomes[small.id].reason.startswith(f"waiting behind job {big.id}")
 
 
 def test_infeasible_waits_its_timeout_then_fails() -> None:
