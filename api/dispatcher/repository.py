@@ -262,14 +262,13 @@ ROUND_WRITES = text(
         ) AS e
         ORDER BY e.part, e.at
     ),
-    bypassed AS (
-        UPDATE jobs SET bypassed_since = now()
-        WHERE id = ANY(CAST(:bypassed AS uuid[])) AND bypassed_since IS NULL AND status = 'queued'
-    ),
     waiting AS (
-        UPDATE jobs j SET pending_reason = r.reason,
-                          infeasible_since = CASE WHEN :clear_infeasible THEN NULL ELSE j.infeasible_since END
-        FROM jsonb_to_recordset(CAST(:reasons AS jsonb)) AS r(job_id uuid, reason text)
+        UPDATE jobs j SET pending_reason = coalesce(r.reason, j.pending_reason),
+                          infeasible_since = CASE WHEN :clear_infeasible AND r.reason IS NOT NULL THEN NULL
+                                                  ELSE j.infeasible_since END,
+                          bypassed_since = CASE WHEN r.bypassed AND j.status = 'queued'
+                                                THEN coalesce(j.bypassed_since, now()) ELSE j.bypassed_since END
+        FROM jsonb_to_recordset(CAST(:reasons AS jsonb)) AS r(job_id uuid, reason text, bypassed boolean)
         WHERE j.id = r.job_id
     )
     SELECT s.job_id, true, pg_notify(:channel, s.payload) FROM started s
@@ -327,7 +326,12 @@ async def write_round(
         }
         for at, gang in enumerate(gangs)
     ]
-    reason_rows = [{"job_id": str(job_id), "reason": reason} for job_id, reason in (reasons or {}).items()]
+    # One row per waiting job (a row changes once per statement): its new reason, whether it was passed.
+    reasons, passed = reasons or {}, set(bypassed)
+    reason_rows = [
+        {"job_id": str(job_id), "reason": reasons.get(job_id), "bypassed": job_id in passed}
+        for job_id in [*reasons, *(passed - reasons.keys())]
+    ]
     failure_rows = [
         {"at": at, "job_id": str(job_id), "error": error, "message": message}
         for at, (job_id, (error, message)) in enumerate((failures or {}).items())
@@ -342,7 +346,6 @@ async def write_round(
             "warning": warning,
             "reasons": json.dumps(reason_rows),
             "clear_infeasible": clear_infeasible,
-            "bypassed": [str(job_id) for job_id in bypassed],
             "owner": owner,
             "lease_expires_at": lease_expires_at,
             "channel": channel,

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 
 from api.auth.principal import Principal
 from api.auth.repository import get_or_create_project
@@ -619,5 +619,44 @@ def test_a_round_never_starts_a_job_that_left_queued_after_the_claim(
                 tokens = await session.scalar(select(func.count()).where(ApiToken.job_id == cancelled))
             assert tokens == 0
             assert list(world.ray.submit_calls) == [f"tm-{kept}-1"]
+
+    run(scenario())
+
+
+def test_a_gang_passed_by_smaller_jobs_of_its_project_holds_admission_once_starving(database_url: str) -> None:
+    """Bounded waits through real rounds: the round that admits a later, smaller job of the project
+    marks the waiting gang (jobs.bypassed_since); once that is `starvation_s` old, nothing after it is
+    admitted until it fits, each held job saying behind which; admitted, its mark is cleared."""
+
+    async def scenario() -> None:
+        async with World(database_url, starvation_s=3600) as world:
+            world.ray.cpus, world.ray.used_cpus = 4, 2
+            big = await world.submit("alpha", **one_worker(cpus=3))
+            small = await world.submit("alpha", **one_worker())
+            assert await world.dispatcher().admit_round() == 1
+            assert (await world.job(small)).status is JobStatus.starting
+            passed = await world.job(big)
+            assert passed.status is JobStatus.queued and passed.bypassed_since is not None
+            # An hour later smaller jobs would still pass it: they wait behind it instead.
+            await world.execute(
+                lambda s: s.execute(
+                    update(Job).where(Job.id == big).values(bypassed_since=func.now() - text("interval '2 hours'"))
+                )
+            )
+            later = await world.submit("alpha", **one_worker())
+            other = await world.submit("beta", priority=-1, **one_worker())  # after big in admission order
+            world.ray.used_cpus = 3
+            assert await world.dispatcher().admit_round() == 0
+            starving = await world.job(big)
+            assert "Later jobs of its project have passed it for 120 min" in (starving.pending_reason or "")
+            for held in (later, other):
+                reason = (await world.job(held)).pending_reason or ""
+                assert reason.startswith(f"waiting behind job {big}, which later jobs of its project"), reason
+
+            world.ray.used_cpus = 1  # the room it waits for
+            assert await world.dispatcher().admit_round() == 1
+            admitted = await world.job(big)
+            assert admitted.status is JobStatus.starting and admitted.bypassed_since is None
+            assert (await world.job(later)).status is JobStatus.queued
 
     run(scenario())
