@@ -424,6 +424,7 @@ def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
         "fair_share_preemption": sim.settings.fair_share_preemption,
         "fair_share_half_life_s": sim.settings.fair_share_half_life_s,
         "starvation_s": sim.settings.starvation_s,
+        "fair_share_preemption_margin": sim.settings.fair_share_preemption_margin,
         "preempted": sim.preempted,
         "restart_gpu_share": sim.restart_gpu_s / max(1.0, sum(gpu_seconds.values())),
         "make_room_ms": spread(sim.room_ms),
@@ -454,11 +455,14 @@ def main() -> None:
     parser.add_argument("--fair-share-preemption", action="store_true", help="the setting on (it is off by default)")
     parser.add_argument("--half-life", type=float, help="fair_share_half_life_s (the setting's default otherwise)")
     parser.add_argument("--starvation-s", type=float, help="starvation_s (the setting's default otherwise; 0: off)")
+    parser.add_argument("--margin", type=float, help="fair_share_preemption_margin (the setting's default otherwise)")
     args = parser.parse_args()
     nodes, projects, jobs = build(args, random.Random(args.seed))
     chosen: dict[str, float] = {"fair_share_half_life_s": args.half_life} if args.half_life else {}
     if args.starvation_s is not None:
         chosen["starvation_s"] = args.starvation_s
+    if args.margin is not None:
+        chosen["fair_share_preemption_margin"] = args.margin
     settings = Settings(fair_share_preemption=args.fair_share_preemption, **chosen)
     simulation = Simulation(nodes, projects, jobs, settings)
     simulation.run()
