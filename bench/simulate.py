@@ -458,12 +458,15 @@ def main() -> None:
     parser.add_argument("--margin", type=float, help="fair_share_preemption_margin (the setting's default otherwise)")
     args = parser.parse_args()
     nodes, projects, jobs = build(args, random.Random(args.seed))
-    chosen: dict[str, float] = {"fair_share_half_life_s": args.half_life} if args.half_life else {}
-    if args.starvation_s is not None:
-        chosen["starvation_s"] = args.starvation_s
-    if args.margin is not None:
-        chosen["fair_share_preemption_margin"] = args.margin
-    settings = Settings(fair_share_preemption=args.fair_share_preemption, **chosen)
+    chosen: dict[str, Any] = {"fair_share_preemption": args.fair_share_preemption}
+    for name, value in (
+        ("fair_share_half_life_s", args.half_life),
+        ("starvation_s", args.starvation_s),
+        ("fair_share_preemption_margin", args.margin),
+    ):
+        if value is not None:
+            chosen[name] = value
+    settings = Settings.model_validate(chosen)
     simulation = Simulation(nodes, projects, jobs, settings)
     simulation.run()
     result = report(args, simulation)
