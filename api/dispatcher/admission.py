@@ -102,12 +102,15 @@ async def _write(
     reasons: dict[uuid.UUID, str] = {}  # the waiting jobs' new reasons, written together
     for outcome in waiting:
         job, reason = outcome.job, outcome.reason
-        # A reclaim earlier in this round found too little for a gang as large: not tried again.
-        reclaim = outcome.reclaim and not book.gave_up(job.project_id, {"CPU": job.gang_cpus, "GPU": job.gang_gpus})
-        if outcome.preempt or reclaim or outcome.fair:
+        # A reclaim or fair-share preemption earlier in this round found too little for a gang as large: not
+        # tried again.
+        need = {"CPU": job.gang_cpus, "GPU": job.gang_gpus}
+        reclaim = outcome.reclaim and not book.gave_up(job.project_id, need)
+        fair = outcome.fair and not book.fair_share_gave_up(job.project_id, need)
+        if outcome.preempt or reclaim or fair:
             row = await session.get_one(Job, job.id)  # locked already, by lock_queued
-            quotas = book if reclaim or outcome.fair else None
-            if room := await preemption.make_room(settings, session, row, cluster, now, quotas, fair=outcome.fair):
+            quotas = book if reclaim or fair else None
+            if room := await preemption.make_room(settings, session, row, cluster, now, quotas, fair=fair):
                 reason = room
         if reason != job.pending_reason or job.infeasible_since is not None:
             reasons[job.id] = reason

@@ -178,6 +178,7 @@ async def _fair_share(
     capacity = cluster.total()
     chosen = victims.fair_share(job, book, capacity, room, borrowing, settings.fair_share_preemption_margin)
     if not chosen:
+        book.fair_share_failed(job.project_id, victims.gang(job))
         return None
     mine = victims.share(standing, {r: standing.used(r) + victims.gang(job)[r] for r in RESOURCES}, capacity)
 

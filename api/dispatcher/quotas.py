@@ -83,6 +83,8 @@ class Book:
     # Per cohort, the gangs for which reclaim found too little to preempt this round. Free resources only
     # shrink during a round and no job starts running in one, so a gang at least as large finds no more.
     unreclaimable: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    # The same for fair-share preemption, per project (what may be taken depends on its share).
+    unfair: dict[uuid.UUID, list[dict[str, float]]] = field(default_factory=dict)
 
     # Each cohort's members, found on first use (a round's projects are fixed once read): thousands of
     # projects in dozens of cohorts are not scanned whole for every job.
@@ -204,6 +206,17 @@ class Book:
             all(need.get(resource, 0.0) + EPSILON >= amount for resource, amount in failed.items())
             for failed in self.unreclaimable.get(standing.cohort, ())
         )
+
+    def fair_share_gave_up(self, project_id: uuid.UUID, need: dict[str, float]) -> bool:
+        """Whether fair-share preemption already found too little this round for a gang of the project
+        at most as large as `need`."""
+        return any(
+            all(need.get(resource, 0.0) + EPSILON >= amount for resource, amount in failed.items())
+            for failed in self.unfair.get(project_id, ())
+        )
+
+    def fair_share_failed(self, project_id: uuid.UUID, need: dict[str, float]) -> None:
+        self.unfair.setdefault(project_id, []).append(dict(need))
 
     def reclaim_failed(self, project_id: uuid.UUID, need: dict[str, float]) -> None:
         """Reclaim could not free `need` for this project's cohort: a gang as large is not tried again."""

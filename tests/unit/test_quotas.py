@@ -79,3 +79,11 @@ def test_borrowing_and_lending_limits() -> None:
     )
     assert unlimited.refusal(A, gpus(3)) is None
     assert unlimited.refusal(A, gpus(4)) is not None
+
+
+def test_fair_share_that_found_too_little_is_not_asked_again_for_as_large_a_gang_of_the_project() -> None:
+    book = Book({A: Standing("a", {"GPU": 4}, cohort="r"), B: Standing("b", {"GPU": 4}, cohort="r")})
+    book.fair_share_failed(A, {"CPU": 2.0, "GPU": 2.0})
+    assert book.fair_share_gave_up(A, {"CPU": 2.0, "GPU": 4.0})
+    assert not book.fair_share_gave_up(A, {"CPU": 2.0, "GPU": 1.0})  # a smaller gang may find enough
+    assert not book.fair_share_gave_up(B, {"CPU": 2.0, "GPU": 4.0})  # another project's share differs
