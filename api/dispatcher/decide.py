@@ -173,6 +173,10 @@ def decide(
         if (code := job.spec.get("code")) is not None and (why := bad_code.get(code)) is not None:
             decisions.outcomes.append(Outcome(job, Verdict.fail, error=why, message=f"not launched: {why}"))
             continue
+        if hold is not None:
+            # Behind a starving gang that waits for resources: nothing after it is placed this round.
+            decisions.outcomes.append(Outcome(job, Verdict.wait, _behind(*hold)))
+            continue
         try:
             # Placement reads only the scaling: the whole spec is validated for the launch alone.
             admission = admit(Scaling.model_validate(job.spec.get("scaling", {})), cluster, driver)
@@ -211,11 +215,7 @@ def decide(
                 f"and {held.get('GPU', 0.0):g} GPU of the cluster's {total.get('CPU', 0):g} CPU / "
                 f"{total.get('GPU', 0):g} GPU"
             )
-        held_back = False
-        if hold is not None and admission.decision is Decision.admit:
-            held_back = True
-            admission.decision, admission.reason = Decision.wait, _behind(*hold)
-        elif admission.decision is Decision.wait and first is not None and hold is None:
+        if admission.decision is Decision.wait and first is not None:
             hold = first
             admission.reason += _holds(first[1])
         if admission.decision is Decision.admit:
@@ -231,14 +231,11 @@ def decide(
                 Outcome(job, Verdict.admit, admission.reason, admission.placement, admission.selector)
             )
         else:
-            # Held back, it would fit: nothing is preempted for it.
-            reclaim = not held_back and book.reclaims(job.project_id, need)
-            fair = fair_share and not held_back and not reclaim and book.in_cohort(job.project_id)
-            preempt = preemption and not held_back
-            outcome = Outcome(job, Verdict.wait, admission.reason, preempt=preempt, reclaim=reclaim, fair=fair)
+            reclaim = book.reclaims(job.project_id, need)
+            fair = fair_share and not reclaim and book.in_cohort(job.project_id)
+            outcome = Outcome(job, Verdict.wait, admission.reason, preempt=preemption, reclaim=reclaim, fair=fair)
             decisions.outcomes.append(outcome)
-            if not held_back:
-                passable.append(outcome)
+            passable.append(outcome)
     _mark_bypassed(decisions, passable)
     return decisions
 
