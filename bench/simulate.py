@@ -261,6 +261,7 @@ class Simulation:
         self.rounds_ms.append((time.perf_counter() - began) * 1000)
         self.cpu_ms.append((time.thread_time() - cpu) * 1000)
         started = decisions.of(Verdict.admit)
+        self.admitted.update(outcome.job.id for outcome in started)  # a job admitted in this round is not passed
         for outcome in started:
             job = outcome.job
             restart = 0.0
@@ -271,7 +272,6 @@ class Simulation:
             else:
                 restart = self.restart_s
                 self.restart_gpu_s += job.gang_gpus * restart
-            self.admitted.add(job.id)
             self.held["CPU"] += job.gang_cpus
             self.held["GPU"] += job.gang_gpus
             counted = job.gang_gpus * max(0.0, min(job.duration_s, DAY_S - now_s - restart))
