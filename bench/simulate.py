@@ -132,23 +132,6 @@ class Live:
     counted: float  # the GPU-seconds of work it was counted for within the day when admitted
     asked_for: uuid.UUID | None = None  # the waiting job it was preempted for
 
-    # What the victim rules read (victims.Running).
-    @property
-    def project_id(self) -> uuid.UUID:
-        return self.job.project_id
-
-    @property
-    def priority(self) -> int:
-        return self.job.priority
-
-    @property
-    def gang_cpus(self) -> float:
-        return self.job.gang_cpus
-
-    @property
-    def gang_gpus(self) -> float:
-        return self.job.gang_gpus
-
 
 @dataclass
 class Simulation:
@@ -290,7 +273,7 @@ class Simulation:
         """preemption.make_room for each waiting job that may reclaim or preempt for fair share, in
         admission order: a job with victims still stopping asks no more; the candidates are the cohort's
         running gangs not yet asked, cheapest first (the least work since their last checkpoint, every
-        `sim_checkpoint_s`); the chosen stop after the grace period."""
+        `checkpoint_s`); the chosen stop after the grace period."""
         asking = {live.asked_for for live in self.live.values() if live.asked_for is not None}
         free = cluster.free()
         room = {"CPU": free.get("CPU", 0.0), "GPU": free.get("GPU", 0.0)}
@@ -301,17 +284,19 @@ class Simulation:
                 continue
             asked, cohort = True, self.projects[job.project_id].cohort
             members = set(self.cohorts[cohort])
-            candidates = sorted(
+            cheapest = sorted(
                 (live for live in self.live.values() if live.asked_for is None and live.job.project_id in members),
-                key=lambda live: ((now_s - live.start_s) % every, live.priority),
+                key=lambda live: ((now_s - live.start_s) % every, live.job.priority),
             )
+            candidates = [live.job for live in cheapest]
             margin, kind = self.settings.fair_share_preemption_margin, "reclaim" if outcome.reclaim else "fair_share"
             if outcome.reclaim:
                 chosen = victims.reclaim(job, book, room, candidates)
             else:
                 chosen = victims.fair_share(job, book, self.capacity, room, candidates, margin)
             stop_s = now_s + self.settings.preemption_grace_s
-            for live in chosen:
+            for victim in chosen:
+                live = self.live[victim.id]
                 live.asked_for, live.end_s = job.id, stop_s
                 heapq.heappush(self.running, (stop_s, next(self.seq), live))
             self.preempted[kind] += len(chosen)

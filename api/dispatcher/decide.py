@@ -44,21 +44,26 @@ from api.dispatcher.quotas import Book
 from trainmaster.models import Scaling
 
 
-class Queued(Protocol):
-    """What `decide` reads of a queued job (repository.QueuedJob; bench/simulate.py's own jobs)."""
+class Running(Protocol):
+    """What preemption's rules read of a job (api/dispatcher/victims.py: api.db.models.Job there)."""
 
     @property
-    def id(self) -> uuid.UUID: ...
-    @property
     def project_id(self) -> uuid.UUID: ...
-    @property
-    def spec(self) -> Mapping[str, Any]: ...
     @property
     def priority(self) -> int: ...
     @property
     def gang_cpus(self) -> float: ...
     @property
     def gang_gpus(self) -> float: ...
+
+
+class Queued(Running, Protocol):
+    """What `decide` reads of a queued job (repository.QueuedJob; bench/simulate.py's own jobs)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def spec(self) -> Mapping[str, Any]: ...
     @property
     def created_at(self) -> datetime: ...
     @property
@@ -121,7 +126,7 @@ class Outcome(Generic[Job]):
     preempt: bool = False
     reclaim: bool = False
     fair: bool = False
-    bypassed: bool = False  # it waited for resources while a later job of its project was admitted
+    bypassed: bool = False  # it waited (for room or quota) while a later job of its project was admitted
     error: str | None = None
     message: str = ""
     exception: BaseException | None = None

@@ -45,13 +45,11 @@ from sqlalchemy.orm import aliased
 from api.db.models import Checkpoint, Job, Project
 from api.dispatcher import victims
 from api.dispatcher.placement import Cluster
-from api.dispatcher.quotas import RESOURCES, Book
+from api.dispatcher.quotas import EPSILON, Book
 from api.jobs.repository import ACTIVE
 from api.jobs.status import record_event
 from api.settings import Settings
 from trainmaster.models import JobStatus, Scaling
-
-EPSILON = 1e-9
 
 
 async def make_room(
@@ -77,10 +75,14 @@ async def make_room(
     free = cluster.free()
     room = {"CPU": free.get("CPU", 0.0), "GPU": free.get("GPU", 0.0)}
     need = {"CPU": job.gang_cpus, "GPU": job.gang_gpus}
-    if book is not None and not fair and (reclaimed := await _reclaim(settings, session, job, book, room, now)):
-        return reclaimed
-    if book is not None and fair and (shared := await _fair_share(settings, session, job, book, cluster, room, now)):
-        return shared
+    if book is not None:
+        taking = (
+            _fair_share(settings, session, job, book, cluster, room, now)
+            if fair
+            else _reclaim(settings, session, job, book, room, now)
+        )
+        if made := await taking:
+            return made
     if not settings.preemption:
         return None
     held = await _held_by_project(session, job)
@@ -146,7 +148,7 @@ async def _reclaim(
     when they cannot free enough."""
     need = victims.gang(job)
     standing = book.projects[job.project_id]
-    borrowing = await _borrowing_jobs(session, _borrowers(book, job))
+    borrowing = await _borrowing_jobs(session, book.borrowers(job.project_id))
     why = f"(project {standing.name} reclaims its quota, which this job's project borrowed in cohort {standing.cohort})"
     if shrunk := await _shrink(session, now, job, borrowing, dict(room), need, lambda _: why):
         return shrunk
@@ -174,13 +176,13 @@ async def _fair_share(
     """Preempt jobs that run on borrowed quota of cohort members above `job`'s project in fair share
     (victims.fair_share); elastic ones among them shrink first. None when they cannot free enough."""
     standing = book.projects[job.project_id]
-    borrowing = await _borrowing_jobs(session, _borrowers(book, job))
+    borrowing = await _borrowing_jobs(session, book.borrowers(job.project_id))
     capacity = cluster.total()
     chosen = victims.fair_share(job, book, capacity, room, borrowing, settings.fair_share_preemption_margin)
     if not chosen:
         book.fair_share_failed(job.project_id, victims.gang(job))
         return None
-    mine = victims.share(standing, {r: standing.used(r) + victims.gang(job)[r] for r in RESOURCES}, capacity)
+    mine = victims.share_with(standing, victims.gang(job), capacity)
 
     def why(victim: Job) -> str:
         theirs = book.projects[victim.project_id]
@@ -198,16 +200,6 @@ async def _fair_share(
         f"preempting {len(chosen)} job(s) on borrowed quota for fair share in cohort {standing.cohort} "
         f"({names}): their projects' shares are above {standing.name}'s; waiting for them to checkpoint and stop"
     )
-
-
-def _borrowers(book: Book, job: Job) -> list[uuid.UUID]:
-    """The other members of `job`'s project's cohort that hold more than their quota now."""
-    cohort = book.projects[job.project_id].cohort
-    return [
-        pid
-        for pid, s in book.projects.items()
-        if pid != job.project_id and s.cohort == cohort and any(s.borrowed(r) > EPSILON for r in RESOURCES)
-    ]
 
 
 async def _borrowing_jobs(session: AsyncSession, project_ids: list[uuid.UUID]) -> list[Job]:

@@ -15,6 +15,7 @@ database; tests/integration/test_quotas.py through real dispatcher rounds.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from api.db.models import Project
@@ -90,14 +91,22 @@ class Book:
     # projects in dozens of cohorts are not scanned whole for every job.
     cohorts: dict[str, list[tuple[uuid.UUID, Standing]]] = field(default_factory=dict, repr=False, compare=False)
 
-    def members(self, cohort: str | None, but: uuid.UUID) -> list[Standing]:
+    def _cohort(self, cohort: str | None) -> list[tuple[uuid.UUID, Standing]]:
         if cohort is None:
             return []
         if not self.cohorts:
             for pid, standing in self.projects.items():
                 if standing.cohort is not None:
                     self.cohorts.setdefault(standing.cohort, []).append((pid, standing))
-        return [s for pid, s in self.cohorts.get(cohort, ()) if pid != but]
+        return self.cohorts.get(cohort, [])
+
+    def members(self, cohort: str | None, but: uuid.UUID) -> list[Standing]:
+        return [s for pid, s in self._cohort(cohort) if pid != but]
+
+    def borrowers(self, project_id: uuid.UUID) -> list[uuid.UUID]:
+        """The other members of the project's cohort that hold more than their quota now."""
+        cohort = self._cohort(self.projects[project_id].cohort)
+        return [pid for pid, s in cohort if pid != project_id and any(s.borrowed(r) > EPSILON for r in RESOURCES)]
 
     def free_to_borrow(self, project_id: uuid.UUID, resource: str) -> float:
         """What the project's cohort has free to lend it: the others' lendable unused quota less what
@@ -202,18 +211,12 @@ class Book:
         standing = self.projects.get(project_id)
         if standing is None or standing.cohort is None:
             return False
-        return any(
-            all(need.get(resource, 0.0) + EPSILON >= amount for resource, amount in failed.items())
-            for failed in self.unreclaimable.get(standing.cohort, ())
-        )
+        return _at_least_one_of(need, self.unreclaimable.get(standing.cohort, ()))
 
     def fair_share_gave_up(self, project_id: uuid.UUID, need: dict[str, float]) -> bool:
         """Whether fair-share preemption already found too little this round for a gang of the project
-        at most as large as `need`."""
-        return any(
-            all(need.get(resource, 0.0) + EPSILON >= amount for resource, amount in failed.items())
-            for failed in self.unfair.get(project_id, ())
-        )
+        (`fair_share_failed`): a gang at least as large finds no more."""
+        return _at_least_one_of(need, self.unfair.get(project_id, ()))
 
     def fair_share_failed(self, project_id: uuid.UUID, need: dict[str, float]) -> None:
         self.unfair.setdefault(project_id, []).append(dict(need))
@@ -230,6 +233,11 @@ class Book:
         if standing is not None:
             for resource, amount in need.items():
                 standing.usage[resource] = standing.used(resource) + amount
+
+
+def _at_least_one_of(need: dict[str, float], failed: Iterable[dict[str, float]]) -> bool:
+    """Whether `need` is at least as large as one of `failed` in every resource."""
+    return any(all(need.get(r, 0.0) + EPSILON >= amount for r, amount in gang.items()) for gang in failed)
 
 
 def _ceiling_parts(standing: Standing, most: float) -> str:

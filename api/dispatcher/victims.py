@@ -23,24 +23,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
-from api.dispatcher.decide import dominant_share
+from api.dispatcher.decide import Running, dominant_share
 from api.dispatcher.quotas import EPSILON, RESOURCES, Book, Standing
-
-
-class Running(Protocol):
-    """What the rules read of a running job (api.db.models.Job; bench/simulate.py's own)."""
-
-    @property
-    def project_id(self) -> uuid.UUID: ...
-    @property
-    def priority(self) -> int: ...
-    @property
-    def gang_cpus(self) -> float: ...
-    @property
-    def gang_gpus(self) -> float: ...
-
 
 Victim = TypeVar("Victim", bound=Running)
 
@@ -86,6 +72,11 @@ def share(standing: Standing, usage: Mapping[str, float], capacity: Mapping[str,
     return dominant_share(standing.history, usage, capacity)
 
 
+def share_with(standing: Standing, need: Mapping[str, float], capacity: Mapping[str, float]) -> float:
+    """The project's share were a gang of `need` admitted."""
+    return share(standing, {r: standing.used(r) + need.get(r, 0.0) for r in RESOURCES}, capacity)
+
+
 def fair_share(
     job: Running,
     book: Book,
@@ -101,8 +92,7 @@ def fair_share(
         return []
     need, free = gang(job), dict(room)
     short = book.lending_short(job.project_id, need)  # the cohort's lending, when it holds the gang too
-    with_gang = {r: mine.used(r) + need[r] for r in RESOURCES}
-    floor = share(mine, with_gang, capacity) * (1 + margin)
+    floor = share_with(mine, need, capacity) * (1 + margin)
     queues: dict[uuid.UUID, list[Victim]] = {}
     for victim in candidates:
         standing = book.projects.get(victim.project_id)
