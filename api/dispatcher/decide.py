@@ -23,11 +23,11 @@ The order, per job:
 Jobs come in admission order (`admission_key`), except that one that would borrow quota comes after
 every one that would not (`borrowers_last`).
 
-Bounded waits: a job that waits for resources or its project's quota while a job after it in its
-project's order is admitted is `bypassed` (the round records since when). Once that is `starvation_s`
-old, no later job of its project is admitted until it is (they would take the quota it waits for), and
-while it waits for resources no later job at all (they would take the room it waits for); the jobs
-held say behind which job they wait.
+Bounded waits: a job that waits (for resources, its project's quota, or behind a starving gang) while a
+job after it in its project's order is admitted is `bypassed` (the round records since when). Once that
+is `starvation_s` old, no later job of its project is admitted until it is (they would take the quota it
+waits for), and while it waits for resources no later job at all (they would take the room it waits
+for); the jobs held say behind which job they wait.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class Outcome(Generic[Job]):
     """What became of one job. admit: `placement` (node id -> bundles) and `selector` (the label
     domain, for a gang with a topology). wait: `reason`, and whether the round should ask for room by
     priority preemption (`preempt`), quota reclaim (`reclaim`) or fair share (`fair`), and whether a
-    later job of its project was admitted while it waited for resources (`bypassed`). infeasible: `reason` (its event's
+    later job of its project was admitted while it waited (`bypassed`). infeasible: `reason` (its event's
     text), `message` (what the job shows while it waits) or, once `infeasible_timeout_s` has passed,
     `error` (it fails). fail: `error` and the event's `message`; `exception` when placement raised
     (the round logs it)."""
@@ -126,7 +126,8 @@ class Outcome(Generic[Job]):
     preempt: bool = False
     reclaim: bool = False
     fair: bool = False
-    bypassed: bool = False  # it waited (for room or quota) while a later job of its project was admitted
+    # It waited (for room, quota or a starving gang) while a later job of its project was admitted.
+    bypassed: bool = False
     error: str | None = None
     message: str = ""
     exception: BaseException | None = None
@@ -173,14 +174,17 @@ def decide(
         if passed := _starving(job, now, starvation_s):
             starving.setdefault(job.project_id, []).append((job, passed))
     hold: tuple[Job, float] | None = None  # a starving job that waits for resources
-    passable: list[Outcome[Job]] = []  # the jobs that wait for resources or quota (not held behind another)
+    # The jobs that wait for resources, quota or a starving gang: each is bypassed if a later job of its
+    # project is admitted (one that did not borrow can come before a borrower, see borrowers_last).
+    passable: list[Outcome[Job]] = []
     for job in borrowers_last(ordered, book):
         if (code := job.spec.get("code")) is not None and (why := bad_code.get(code)) is not None:
             decisions.outcomes.append(Outcome(job, Verdict.fail, error=why, message=f"not launched: {why}"))
             continue
         if hold is not None:
             # Behind a starving gang that waits for resources: nothing after it is placed this round.
-            decisions.outcomes.append(Outcome(job, Verdict.wait, _behind(*hold)))
+            passable.append(Outcome(job, Verdict.wait, _behind(*hold)))
+            decisions.outcomes.append(passable[-1])
             continue
         try:
             # Placement reads only the scaling: the whole spec is validated for the launch alone.
@@ -199,7 +203,8 @@ def decide(
         if first is not None and first[0].id != job.id:
             if admission_key(first[0]) < admission_key(job):
                 # A later job of a project whose starving job waits: it takes neither quota nor resources.
-                decisions.outcomes.append(Outcome(job, Verdict.wait, _behind(*first)))
+                passable.append(Outcome(job, Verdict.wait, _behind(*first)))
+                decisions.outcomes.append(passable[-1])
                 continue
             first = None  # this job comes before its project's starving one
         if refusal := book.refusal(job.project_id, need):
@@ -268,8 +273,9 @@ def _starving(job: Queued, now: datetime, starvation_s: float) -> float:
 
 
 def _mark_bypassed(decisions: Decisions[Job], passable: list[Outcome[Job]]) -> None:
-    """A job that waits for resources or its project's quota is bypassed when a job after it in its
-    project's admission order was admitted in the same round (a smaller gang fitted where it did not)."""
+    """A job that waits for resources, its project's quota or a starving gang is bypassed when a job after
+    it in its project's admission order was admitted in the same round (a smaller gang fitted where it
+    did not, or came first as it did not borrow)."""
     last: dict[uuid.UUID, tuple[int, float, datetime, uuid.UUID]] = {}
     for outcome in decisions.of(Verdict.admit):
         key = admission_key(outcome.job)

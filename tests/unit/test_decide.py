@@ -201,6 +201,25 @@ def test_a_gang_passed_by_later_jobs_of_its_project_is_marked_then_holds_admissi
     assert outcomes[small.id].reason.startswith(f"waiting behind job {big.id}")
 
 
+def test_a_gang_held_behind_another_projects_starving_gang_is_still_marked_when_its_own_later_jobs_pass() -> None:
+    # a's 4-GPU gang borrows, so it comes after every job that does not (borrowers_last): a's later
+    # 1-GPU job is admitted, c's starving gang then holds the round, and a's gang waits behind it. It
+    # was passed by a later job of its own project all the same: marked, or it never starves and later
+    # jobs of a may pass it for as long as some other project's gang holds the rounds.
+    book = Book({A: Standing("a", {"GPU": 2}, "c"), B: Standing("b", {"GPU": 8}, "c")})
+    nodes = cluster(8)
+    nodes.nodes[0].free["GPU"] = 2.0
+    first = gang(A, 4, created_at=NOW - timedelta(hours=3))
+    later = gang(A, 1, created_at=NOW - timedelta(hours=2))
+    starving = gang(C, 4, share=0.5, bypassed_since=NOW - timedelta(hours=2))
+    decisions = decide([first, later, starving], nodes, book, {}, now=NOW, starvation_s=3600)
+    outcomes = {o.job.id: o for o in decisions.outcomes}
+    assert outcomes[later.id].verdict is Verdict.admit
+    assert outcomes[starving.id].verdict is Verdict.wait
+    assert outcomes[first.id].reason.startswith(f"waiting behind job {starving.id}")
+    assert outcomes[first.id].bypassed
+
+
 def test_infeasible_waits_its_timeout_then_fails() -> None:
     job = gang(A, 16)
     [first] = decide([job], cluster(8), Book(), {}, now=NOW, infeasible_timeout_s=600).outcomes
