@@ -54,7 +54,7 @@ from typing import Any, NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.dispatcher import victims
-from api.dispatcher.decide import Verdict, admission_key, decayed, decide, dominant_share
+from api.dispatcher.decide import ROUND_BATCHES, Verdict, admission_key, decayed, decide, dominant_share, read_on, seen
 from api.dispatcher.placement import Cluster, Node
 from api.dispatcher.quotas import Book, Standing
 from api.settings import Settings
@@ -194,7 +194,7 @@ class Simulation:
                 sampled = now_s
             # A round when a job ended or the last one admitted; again at once while one admits a whole batch.
             while ended or again:
-                ended, again = False, self.round(now_s) == self.settings.admit_batch
+                ended, again = False, self.round(now_s) >= self.settings.admit_batch
 
     def end(self, live: Live, now_s: int) -> bool:
         """A gang ends or, preempted, stops (its work saved: it checkpointed when asked) and is queued
@@ -228,22 +228,44 @@ class Simulation:
         nodes and standings, then the admitted gangs run and the waiting ones that may reclaim or
         preempt for fair share choose their victims (victims.py, as preemption.make_room does).
         Returns how many were admitted."""
-        batch = self.batch()
         now = START + timedelta(seconds=now_s)
         cluster, book = Cluster(self.nodes), Book(self.projects)
-        began, cpu = time.perf_counter(), time.thread_time()
-        decisions = decide(
-            batch,
-            cluster,
-            book,
-            self.held,
-            now=now,
-            fair_share=self.settings.fair_share_preemption,
-            starvation_s=self.settings.starvation_s,
-        )
-        self.rounds_ms.append((time.perf_counter() - began) * 1000)
-        self.cpu_ms.append((time.thread_time() - cpu) * 1000)
-        started = decisions.of(Verdict.admit)
+        looked: set[uuid.UUID] = set()
+        started: list[Any] = []
+        waiting: list[Any] = []
+        spent = spent_cpu = 0.0
+        for _ in range(ROUND_BATCHES):  # as admission.admit_round reads the queue
+            batch = self.batch(looked)
+            began, cpu = time.perf_counter(), time.thread_time()
+            decisions = decide(
+                batch,
+                cluster,
+                book,
+                self.held,
+                now=now,
+                fair_share=self.settings.fair_share_preemption,
+                starvation_s=self.settings.starvation_s,
+            )
+            spent += time.perf_counter() - began
+            spent_cpu += time.thread_time() - cpu
+            admitted = decisions.of(Verdict.admit)
+            self.start(admitted, now, now_s)
+            started += admitted
+            waiting += decisions.of(Verdict.wait)
+            looked |= seen(decisions)
+            if not read_on(batch, decisions, len(started), self.settings.admit_batch):
+                break
+        self.rounds_ms.append(spent * 1000)
+        self.cpu_ms.append(spent_cpu * 1000)
+        self.admits.append(len(started))
+        for outcome in waiting:
+            if outcome.bypassed:
+                self.since.setdefault(outcome.job.id, now)
+        self.make_room(waiting, book, cluster, now_s)
+        return len(started)
+
+    def start(self, started: list[Any], now: datetime, now_s: int) -> None:
+        """The admitted gangs run: each holds its placement until it ends (or is preempted)."""
         self.admitted.update(outcome.job.id for outcome in started)  # a job admitted in this round is not passed
         for outcome in started:
             job = outcome.job
@@ -262,12 +284,6 @@ class Simulation:
             self.live[job.id] = live
             heapq.heappush(self.running, (live.end_s, next(self.seq), live))
             self.gpu_seconds[job.project_id] += counted
-        self.admits.append(len(started))
-        for outcome in decisions.of(Verdict.wait):
-            if outcome.bypassed:
-                self.since.setdefault(outcome.job.id, now)
-        self.make_room(decisions.of(Verdict.wait), book, cluster, now_s)
-        return len(started)
 
     def make_room(self, waiting: list[Any], book: Book, cluster: Cluster, now_s: int) -> None:
         """preemption.make_room for each waiting job that may reclaim or preempt for fair share, in
@@ -314,12 +330,14 @@ class Simulation:
             if earlier.id not in self.admitted:
                 self.bypassed.setdefault(earlier.id, [now_s, now_s])[1] = now_s
 
-    def batch(self) -> list[SimJob]:
+    def batch(self, looked: set[uuid.UUID]) -> list[SimJob]:
         """The first `admit_batch` queued jobs by `admission_key` with each project's fair share now, as
         lock_queued takes them: each project's jobs come in (priority, age) order (its queue, merged with
         its preempted jobs queued again), so the batch is merged from the projects' heads."""
         frontier = []
         for pid, queue in self.queues.items():
+            if pid in looked:
+                continue
             self.heads[pid] = self.next_queued(queue, self.heads[pid])
             pending = self.pending(pid)
             if (job := next(pending, None)) is not None:

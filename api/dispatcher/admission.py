@@ -1,6 +1,7 @@
 """One admission round, after Kueue's scheduling cycle: a snapshot (Ray's nodes; under the admission
 lock what active jobs hold, the quota book and the first `admit_batch` queued jobs in admission order),
-the decisions of `decide.decide` (every rule of admission is there), then the writes: the admitted
+the decisions of `decide.decide` (every rule of admission is there; while a whole batch was read and
+too little of it admitted, the next batch of the projects not yet seen: decide.read_on), then the writes: the admitted
 gangs' attempts, the waiting jobs' reasons (after asking preemption for room where the decision
 allows it), the infeasible and failed jobs; then the launches."""
 
@@ -20,7 +21,7 @@ from api.dispatcher import launch, preemption
 from api.dispatcher import repository as repo
 from api.dispatcher.backend import Launch, RayUnavailable
 from api.dispatcher.context import RoundContext
-from api.dispatcher.decide import Decisions, Outcome, Verdict, decide
+from api.dispatcher.decide import ROUND_BATCHES, Decisions, Outcome, Verdict, decide, read_on, seen
 from api.dispatcher.placement import Cluster
 from api.dispatcher.quotas import Book
 from api.dispatcher.repository import QueuedJob
@@ -49,19 +50,31 @@ async def admit_round(context: RoundContext) -> int:
             context.fair_share_sampled = time.monotonic()
         now, held_cpus, held_gpus = await repo.held_resources(session, ours)
         book = await repo.quota_book(session, ours)
-        decisions = decide(
-            await repo.lock_queued(session, settings.admit_batch, ours),
-            cluster,
-            book,
-            {"CPU": held_cpus, "GPU": held_gpus},
-            now=now,
-            driver=driver,
-            preemption=settings.preemption,
-            fair_share=settings.fair_share_preemption,
-            infeasible_timeout_s=settings.infeasible_timeout_s,
-            starvation_s=settings.starvation_s,
-            bad_code=context.bad_code,
-        )
+        held = {"CPU": held_cpus, "GPU": held_gpus}
+        decisions: Decisions[QueuedJob] = Decisions()
+        looked: set[uuid.UUID] = set()  # the projects of the batches read so far
+        for _ in range(ROUND_BATCHES):
+            batch = await repo.lock_queued(session, settings.admit_batch, ours, looked)
+            more = decide(
+                batch,
+                cluster,
+                book,
+                held,
+                now=now,
+                driver=driver,
+                preemption=settings.preemption,
+                fair_share=settings.fair_share_preemption,
+                infeasible_timeout_s=settings.infeasible_timeout_s,
+                starvation_s=settings.starvation_s,
+                bad_code=context.bad_code,
+            )
+            decisions.extend(more)
+            for outcome in more.of(Verdict.admit):  # the next batch's budget counts them
+                held["CPU"] += outcome.job.gang_cpus
+                held["GPU"] += outcome.job.gang_gpus
+            looked |= seen(more)
+            if not read_on(batch, more, len(decisions.of(Verdict.admit)), settings.admit_batch):
+                break
         launches = await _write(context, session, decisions, cluster, book, now)
     # The attempt rows are committed: only now may Ray hear of them.
     await launch.submit_all(context, launches)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
@@ -128,6 +128,9 @@ class Outcome(Generic[Job]):
     fair: bool = False
     # It waited (for room, quota or a starving gang) while a later job of its project was admitted.
     bypassed: bool = False
+    # Its project holds it (its quota, its cohort's lending, or its own starving job), not the cluster:
+    # other projects' jobs may fit (read_on).
+    own: bool = False
     error: str | None = None
     message: str = ""
     exception: BaseException | None = None
@@ -139,8 +142,42 @@ class Decisions(Generic[Job]):
 
     outcomes: list[Outcome[Job]] = field(default_factory=list)
 
+    held: bool = False  # a starving gang that waits for resources held the round: nothing after it was placed
+
     def of(self, verdict: Verdict) -> list[Outcome[Job]]:
         return [o for o in self.outcomes if o.verdict is verdict]
+
+    def extend(self, more: Decisions[Job]) -> None:
+        self.outcomes += more.outcomes
+        self.held = self.held or more.held
+
+
+# A round reads at most this many batches (each `admit_batch` jobs): see `read_on`.
+ROUND_BATCHES = 4
+
+
+def read_on(batch: Sequence[object], decisions: Decisions[Any], admitted: int, admit_batch: int) -> bool:
+    """Whether a round reads another batch of the queue, without the projects it has seen (`seen`).
+
+    The first `admit_batch` jobs in admission order can all wait for what their own projects hold them
+    to (quotas, cohorts' lending): read alone, they would stop every other project's jobs for as long
+    as they wait. So while a batch was full, one of its jobs waited for its project (`Outcome.own`),
+    the round admitted fewer than `admit_batch` and no starving gang holds it, the round reads the
+    next jobs in admission order of the projects not yet seen (up to ROUND_BATCHES batches). A project
+    seen once is left out, so that none of its later jobs passes one of its jobs that waits unmarked
+    (one whose every job was admitted comes back next round). Jobs that wait for the cluster's room
+    read no further: later ones would wait for it as well."""
+    return (
+        len(batch) >= admit_batch
+        and admitted < admit_batch
+        and not decisions.held
+        and any(outcome.own for outcome in decisions.outcomes)
+    )
+
+
+def seen(decisions: Decisions[Any]) -> set[uuid.UUID]:
+    """The projects of the jobs a batch brought (`read_on`)."""
+    return {outcome.job.project_id for outcome in decisions.outcomes}
 
 
 def decide(
@@ -203,7 +240,7 @@ def decide(
         if first is not None and first[0].id != job.id:
             if admission_key(first[0]) < admission_key(job):
                 # A later job of a project whose starving job waits: it takes neither quota nor resources.
-                passable.append(Outcome(job, Verdict.wait, _behind(*first)))
+                passable.append(Outcome(job, Verdict.wait, _behind(*first), own=True))
                 decisions.outcomes.append(passable[-1])
                 continue
             first = None  # this job comes before its project's starving one
@@ -211,7 +248,7 @@ def decide(
             # The project's quota holds it: no placement is taken, and nothing is preempted for it,
             # unless other members borrow what its cohort would lend it and fair share may take it back.
             fair = fair_share and not refusal[1] and bool(book.lending_short(job.project_id, need))
-            outcome = Outcome(job, Verdict.wait, refusal[0], fair=fair)
+            outcome = Outcome(job, Verdict.wait, refusal[0], fair=fair, own=True)
             if first is not None:
                 outcome.reason += _holds(first[1])
             decisions.outcomes.append(outcome)
@@ -226,7 +263,7 @@ def decide(
                 f"{total.get('GPU', 0):g} GPU"
             )
         if admission.decision is Decision.wait and first is not None:
-            hold = first
+            hold, decisions.held = first, True
             admission.reason += _holds(first[1])
         if admission.decision is Decision.admit:
             if first is not None:  # its project's first starving job: the next one holds from now

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -176,7 +176,7 @@ def _queued_query() -> Select[Any]:
         .select_from(Project)
         .join(firsts, true())
         .outerjoin(usage, usage.c.project_id == Project.id)
-        .where(PROJECT_ON_CLUSTER)
+        .where(PROJECT_ON_CLUSTER, Project.id.not_in(bindparam("seen", expanding=True)))
         .order_by(firsts.c.priority.desc(), share, firsts.c.created_at, firsts.c.id)
         .limit(limit)
         .subquery()
@@ -194,16 +194,19 @@ def _queued_query() -> Select[Any]:
 QUEUED = _queued_query()
 
 
-async def lock_queued(session: AsyncSession, limit: int, cluster: uuid.UUID | None = None) -> list[QueuedJob]:
+async def lock_queued(
+    session: AsyncSession, limit: int, cluster: uuid.UUID | None = None, seen: Iterable[uuid.UUID] = ()
+) -> list[QueuedJob]:
     """The cluster's first `limit` queued jobs in admission order (decide.admission_key, here in SQL),
-    locked; rows another dispatcher holds are skipped.
+    locked, of the projects not in `seen` (the round's earlier batches: decide.read_on); rows another
+    dispatcher holds are skipped.
 
     Within one project the fair share is the same for every job, so the project's jobs come in the admission
     order by (priority, age) alone: the first `limit` of all are among the first `limit` of each
     project. Those are read per project on ix_jobs_queued_by_project with their sort keys (an
     index-only scan), only those narrow rows are sorted, and only the first `limit` are fetched and
     locked, so a round reads projects x limit index entries and `limit` rows however long the queue is."""
-    rows = (await session.execute(QUEUED, {"limit": limit, "cluster": cluster})).all()
+    rows = (await session.execute(QUEUED, {"limit": limit, "cluster": cluster, "seen": list(seen)})).all()
     return [QueuedJob(*row) for row in rows]
 
 

@@ -602,8 +602,8 @@ def test_a_round_never_starts_a_job_that_left_queued_after_the_claim(
             kept, cancelled = await world.submit(**one_worker()), await world.submit(**one_worker())
             lock_queued = repository.lock_queued
 
-            async def claim_then_cancel(session: Any, limit: int, cluster: Any = None) -> list[Any]:
-                claimed = await lock_queued(session, limit, cluster)
+            async def claim_then_cancel(session: Any, limit: int, cluster: Any = None, seen: Any = ()) -> list[Any]:
+                claimed = await lock_queued(session, limit, cluster, seen)
                 await session.execute(update(Job).where(Job.id == cancelled).values(status=JobStatus.cancelled))
                 return claimed
 

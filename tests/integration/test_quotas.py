@@ -99,6 +99,35 @@ def test_admission_keeps_each_project_within_its_quota(database_url: str) -> Non
     run(scenario())
 
 
+def test_jobs_that_wait_at_the_head_of_the_queue_do_not_stop_other_projects(database_url: str) -> None:
+    """The first `admit_batch` jobs in admission order all wait for their project's quota (here alpha's,
+    urgent): the round reads on past them, leaving alpha out, and admits the other projects' jobs in
+    the same round. Alpha's later job, which would fit its quota, is not read: it would pass alpha's
+    waiting gangs without being seen to."""
+
+    async def scenario() -> None:
+        async with World(database_url, admit_batch=2) as world:
+            world.ray.cpus = 8
+            await set_quota(world, "alpha", quota={"CPU": 2})
+            busy = await world.submit("alpha", **one_worker())
+            await running(world, busy)  # alpha holds 1 of its 2 CPUs
+            waiting = [await world.submit("alpha", priority=5, **one_worker(cpus=2)) for _ in range(2)]
+            small = await world.submit("alpha", priority=5, **one_worker())
+            others = [await world.submit(project, **one_worker()) for project in ("beta", "gamma")]
+
+            assert await world.dispatcher().admit_round() == 2
+            assert [(await world.job(job_id)).status for job_id in others] == [JobStatus.starting] * 2
+            for job_id in waiting:
+                job = await world.job(job_id)
+                assert job.status is JobStatus.queued
+                assert job.pending_reason == (
+                    "waiting for its project's quota: needs 2 CPU; project alpha holds 1 of its quota of 2 CPU."
+                )
+            assert (await world.job(small)).status is JobStatus.queued
+
+    run(scenario())
+
+
 def test_cohort_lends_unused_quota_and_reclaims_it_by_preempting_the_cheapest_borrower(database_url: str) -> None:
     async def scenario() -> None:
         async with World(database_url, preemption_grace_s=60) as world:

@@ -171,9 +171,10 @@ def test_a_gang_passed_by_later_jobs_of_its_project_is_marked_then_holds_admissi
     starving = gang(A, 4, created_at=big.created_at, bypassed_since=NOW - timedelta(hours=2), id=big.id)
     decisions = decide([starving, small, other], room(2), Book(), {}, now=NOW, preemption=True, starvation_s=3600)
     assert [o.verdict for o in decisions.outcomes] == [Verdict.wait] * 3
+    assert decisions.held  # the round reads no further batch (read_on)
     first, *held = decisions.outcomes
     assert "Later jobs of its project have passed it for 120 min: nothing after it is admitted" in first.reason
-    assert first.preempt
+    assert first.preempt and not first.own  # the cluster's room holds it, not its project
     for outcome in held:
         assert outcome.reason.startswith(f"waiting behind job {big.id}, which later jobs of its project have passed")
         assert not outcome.preempt and not outcome.bypassed
@@ -181,6 +182,7 @@ def test_a_gang_passed_by_later_jobs_of_its_project_is_marked_then_holds_admissi
     for limit in (3 * 3600, 0):
         again = decide([starving, small, other], room(2), Book(), {}, now=NOW, starvation_s=limit)
         assert verdicts(again)[1:] == [(small.id, Verdict.admit), (other.id, Verdict.admit)]
+        assert not again.held
     # Once the room is there, it is admitted first, and then what fits after it.
     roomy = cluster(8)
     roomy.nodes[0].free["GPU"] = 5.0
@@ -199,6 +201,7 @@ def test_a_gang_passed_by_later_jobs_of_its_project_is_marked_then_holds_admissi
     }
     assert outcomes[big.id].reason.startswith("waiting for its project's quota")
     assert outcomes[small.id].reason.startswith(f"waiting behind job {big.id}")
+    assert outcomes[big.id].own and outcomes[small.id].own  # held by their project: the round may read on
 
 
 def test_a_gang_held_behind_another_projects_starving_gang_is_still_marked_when_its_own_later_jobs_pass() -> None:
