@@ -153,7 +153,7 @@ class Decisions(Generic[Job]):
 
 
 # A round reads at most this many batches (each `admit_batch` jobs): see `read_on`.
-ROUND_BATCHES = 4
+ROUND_BATCHES = 3
 
 
 def read_on(batch: Sequence[object], decisions: Decisions[Any], admitted: int, admit_batch: int) -> bool:
