@@ -17,20 +17,20 @@ What is production code and what is not: each round calls `decide` on a fresh `C
 `decide.decayed` (the formulas of project_usage.share and SAMPLE_FAIR_SHARE in SQL) sampled every
 `fair_share_sample_s`, with the production half-life; the batch is the first `admit_batch` queued jobs
 by `decide.admission_key`, as repository.lock_queued picks it in SQL, and a round reads further batches
-of the projects not yet seen while `decide.read_on` says so, as admission.admit_round does. A waiting job that may reclaim
-(or, with `--fair-share-preemption`, preempt for fair share) chooses its victims with the production
-rules (api/dispatcher/victims.py) among its cohort's running gangs, cheapest first (the least work since
-their last checkpoint, every 30 minutes); they stop after the grace period with their work saved (they
-checkpoint when asked) and queue again for the rest, paying `restart_s` to start again. Not simulated:
-the database writes, Ray's launch, and priority preemption (every job has priority 0).
+of the projects not yet seen while `decide.read_on` says so, as admission.admit_round does. A waiting
+job that may reclaim (or, with `--fair-share-preemption`, preempt for fair share) chooses its victims
+with the production rules (api/dispatcher/victims.py) among its cohort's running gangs, cheapest first
+(the least work since their last checkpoint, every 30 minutes); they stop after the grace period with
+their work saved (they checkpoint when asked) and queue again for the rest, paying `restart_s` to start
+again. Not simulated: the database writes, Ray's launch, and priority preemption (every job has priority
+0).
 
 Timed: `decide` alone, per round (its calls for each batch together; and the victim rules, per round
-that asked them). A round runs every
-30 simulated seconds when a job ended since the last, and again at once while a round admits a whole
-batch (as the dispatcher's NOTIFY wakes it). Fairness: each project's GPU-seconds within the day
-against its DRF entitlement: its cohort's delivered GPU-seconds water-filled over the projects' demand,
-each capped at its quota plus borrowing limit. Starvation: how long a job waits after a later job of
-its own project was admitted ahead of it (`bypassed`).
+that asked them). A round runs every 30 simulated seconds when a job ended since the last, and again at
+once while a round admits a whole batch (as the dispatcher's NOTIFY wakes it). Fairness: each project's
+GPU-seconds within the day against its DRF entitlement: its cohort's delivered GPU-seconds water-filled
+over the projects' demand, each capped at its quota plus borrowing limit. Starvation: how long a job
+waits after a later job of its own project was admitted ahead of it (`bypassed`).
 
     .venv/bin/python bench/simulate.py [--jobs 100000] [--nodes 10000] [--projects 2000] [--output sim.json]
 """
