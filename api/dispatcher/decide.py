@@ -28,6 +28,9 @@ job after it in its project's order is admitted is `bypassed` (the round records
 is `starvation_s` old, no later job of its project is admitted until it is (they would take the quota it
 waits for), and while it waits for resources no later job at all (they would take the room it waits
 for); the jobs held say behind which job they wait.
+
+A round may call `decide` on more than one batch of the queue, over the same snapshot: `read_on` says
+when (the batch's jobs wait for their own projects) and `seen` which projects the next batch leaves out.
 """
 
 from __future__ import annotations
