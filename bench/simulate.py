@@ -255,7 +255,7 @@ class Simulation:
             started += admitted
             waiting += decisions.of(Verdict.wait)
             looked |= seen(decisions)
-            if not read_on(batch, decisions, len(started), self.settings.admit_batch):
+            if not read_on(decisions, len(started), self.settings.admit_batch):
                 break
         self.rounds_ms.append(spent * 1000)
         self.cpu_ms.append(spent_cpu * 1000)

@@ -1,9 +1,9 @@
 """One admission round, after Kueue's scheduling cycle: a snapshot (Ray's nodes; under the admission
 lock what active jobs hold, the quota book and the first `admit_batch` queued jobs in admission order),
-the decisions of `decide.decide` (every rule of admission is there; while a whole batch was read and
-too little of it admitted, the next batch of the projects not yet seen: decide.read_on), then the writes: the admitted
-gangs' attempts, the waiting jobs' reasons (after asking preemption for room where the decision
-allows it), the infeasible and failed jobs; then the launches."""
+the decisions of `decide.decide` (every rule of admission is there; while a batch's jobs wait for their
+own projects and too few were admitted, the next batch, of the projects not yet seen: decide.read_on),
+then the writes: the admitted gangs' attempts, the waiting jobs' reasons (after asking preemption for
+room where the decision allows it), the infeasible and failed jobs; then the launches."""
 
 from __future__ import annotations
 
@@ -54,9 +54,8 @@ async def admit_round(context: RoundContext) -> int:
         decisions: Decisions[QueuedJob] = Decisions()
         looked: set[uuid.UUID] = set()  # the projects of the batches read so far
         for _ in range(ROUND_BATCHES):
-            batch = await repo.lock_queued(session, settings.admit_batch, ours, looked)
             more = decide(
-                batch,
+                await repo.lock_queued(session, settings.admit_batch, ours, looked),
                 cluster,
                 book,
                 held,
@@ -73,7 +72,7 @@ async def admit_round(context: RoundContext) -> int:
                 held["CPU"] += outcome.job.gang_cpus
                 held["GPU"] += outcome.job.gang_gpus
             looked |= seen(more)
-            if not read_on(batch, more, len(decisions.of(Verdict.admit)), settings.admit_batch):
+            if not read_on(more, len(decisions.of(Verdict.admit)), settings.admit_batch):
                 break
         launches = await _write(context, session, decisions, cluster, book, now)
     # The attempt rows are committed: only now may Ray hear of them.

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
@@ -144,7 +144,6 @@ class Decisions(Generic[Job]):
     """`decide`'s answer, each job once, in the order the jobs were considered."""
 
     outcomes: list[Outcome[Job]] = field(default_factory=list)
-
     held: bool = False  # a starving gang that waits for resources held the round: nothing after it was placed
 
     def of(self, verdict: Verdict) -> list[Outcome[Job]]:
@@ -159,7 +158,7 @@ class Decisions(Generic[Job]):
 ROUND_BATCHES = 3
 
 
-def read_on(batch: Sequence[object], decisions: Decisions[Any], admitted: int, admit_batch: int) -> bool:
+def read_on(decisions: Decisions[Any], admitted: int, admit_batch: int) -> bool:
     """Whether a round reads another batch of the queue, without the projects it has seen (`seen`).
 
     The first `admit_batch` jobs in admission order can all wait for what their own projects hold them
@@ -169,9 +168,10 @@ def read_on(batch: Sequence[object], decisions: Decisions[Any], admitted: int, a
     next jobs in admission order of the projects not yet seen (up to ROUND_BATCHES batches). A project
     seen once is left out, so that none of its later jobs passes one of its jobs that waits unmarked
     (one whose every job was admitted comes back next round). Jobs that wait for the cluster's room
-    read no further: later ones would wait for it as well."""
+    read no further: later ones would wait for it as well. A batch's `decisions` hold one outcome per
+    job it brought."""
     return (
-        len(batch) >= admit_batch
+        len(decisions.outcomes) >= admit_batch
         and admitted < admit_batch
         and not decisions.held
         and any(outcome.own for outcome in decisions.outcomes)
