@@ -247,13 +247,20 @@ def decide(
                 decisions.outcomes.append(passable[-1])
                 continue
             first = None  # this job comes before its project's starving one
+        if (kept := book.kept_for(job.project_id, need)) is not None:
+            # Another member's starving gang waits for the cohort's lending: this one would borrow it.
+            passable.append(Outcome(job, Verdict.wait, _behind_lending(*kept), own=True))
+            decisions.outcomes.append(passable[-1])
+            continue
         if refusal := book.refusal(job.project_id, need):
             # The project's quota holds it: no placement is taken, and nothing is preempted for it,
             # unless other members borrow what its cohort would lend it and fair share may take it back.
-            fair = fair_share and not refusal[1] and bool(book.lending_short(job.project_id, need))
-            outcome = Outcome(job, Verdict.wait, refusal[0], fair=fair, own=True)
+            short = not refusal[1] and bool(book.lending_short(job.project_id, need))
+            outcome = Outcome(job, Verdict.wait, refusal[0], fair=fair_share and short, own=True)
             if first is not None:
                 outcome.reason += _holds(first[1])
+                if short:  # its cohort's lending is kept for it from now on (Book.keep_lending)
+                    book.keep_lending(job.project_id, job.id, first[1])
             decisions.outcomes.append(outcome)
             if not refusal[1]:
                 passable.append(outcome)
@@ -294,6 +301,14 @@ def _behind(first: Queued, passed: float) -> str:
     return (
         f"waiting behind job {first.id}, which later jobs of its project have passed for {passed / 60:.0f} min: "
         "nothing after it is admitted until it fits (bounded waits)"
+    )
+
+
+def _behind_lending(first: uuid.UUID, project: str, passed: float) -> str:
+    return (
+        f"waiting behind job {first} of project {project}, which waits for what their cohort lends and which "
+        f"later jobs of its project have passed for {passed / 60:.0f} min: no later job of the cohort borrows "
+        "until it fits (bounded waits)"
     )
 
 

@@ -86,6 +86,9 @@ class Book:
     unreclaimable: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     # The same for fair-share preemption, per project (what may be taken depends on its share).
     unfair: dict[uuid.UUID, list[dict[str, float]]] = field(default_factory=dict)
+    # Per cohort, the starving gang (job id, project id, how long later jobs of its project have passed it)
+    # that waits for the cohort's lending: no later borrower of the cohort takes it this round (`keep_lending`).
+    kept: dict[str, tuple[uuid.UUID, uuid.UUID, float]] = field(default_factory=dict)
 
     # Each cohort's members, found on first use (a round's projects are fixed once read): thousands of
     # projects in dozens of cohorts are not scanned whole for every job.
@@ -185,6 +188,25 @@ class Book:
             if (lack := borrow - self.free_to_borrow(project_id, resource)) > EPSILON:
                 short[resource] = lack
         return short
+
+    def keep_lending(self, project_id: uuid.UUID, job_id: uuid.UUID, passed_s: float) -> None:
+        """A starving gang (bounded waits) waits for what its cohort lends: what frees is kept for it, so no
+        later gang of another member that would borrow is admitted this round (`kept_for`). Otherwise
+        smaller borrowers take each piece as it frees, and a large gang may wait all day."""
+        cohort = self.projects[project_id].cohort
+        if cohort is not None:
+            self.kept.setdefault(cohort, (job_id, project_id, passed_s))
+
+    def kept_for(self, project_id: uuid.UUID, need: dict[str, float]) -> tuple[uuid.UUID, str, float] | None:
+        """The starving gang of another member (job id, its project's name, how long it was passed) that
+        the cohort's lending is kept for, when a gang of `need` of this project would borrow; else None."""
+        standing = self.projects.get(project_id)
+        if standing is None or standing.cohort is None or (kept := self.kept.get(standing.cohort)) is None:
+            return None
+        job_id, holder, passed_s = kept
+        if holder == project_id or not self.borrows(project_id, need):
+            return None
+        return job_id, self.projects[holder].name, passed_s
 
     def in_cohort(self, project_id: uuid.UUID) -> bool:
         standing = self.projects.get(project_id)

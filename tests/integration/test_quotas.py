@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 
 from api.auth.repository import get_or_create_project
 from api.db.models import Checkpoint, Job, Project, ProjectUsage
@@ -124,6 +124,55 @@ def test_jobs_that_wait_at_the_head_of_the_queue_do_not_stop_other_projects(data
                     "waiting for its project's quota: needs 2 CPU; project alpha holds 1 of its quota of 2 CPU."
                 )
             assert (await world.job(small)).status is JobStatus.queued
+
+    run(scenario())
+
+
+def test_a_starving_gang_keeps_its_cohorts_lending_from_other_members_later_borrowers(database_url: str) -> None:
+    """Bounded waits across a cohort, through real rounds: alpha's 4-CPU gang waits to borrow and later
+    jobs of alpha have passed it for two hours. Beta's smaller borrower would take what the cohort lends
+    as it frees, as such borrowers do all day: it waits behind alpha's gang instead, while gamma's job
+    within its own quota runs. Once beta's running job ends, what the cohort lends is enough and the
+    gang is admitted."""
+
+    async def scenario() -> None:
+        async with World(database_url, starvation_s=3600) as world:
+            world.ray.cpus = 8
+            await set_quota(world, "alpha", quota={"CPU": 1}, cohort="research")
+            await set_quota(world, "beta", quota={"CPU": 1}, cohort="research")
+            await set_quota(world, "gamma", quota={"CPU": 4}, cohort="research")  # lends what it leaves unused
+            alpha_busy = await world.submit("alpha", **one_worker())
+            beta_busy = await world.submit("beta", **one_worker(cpus=2))  # borrows 1 of gamma's
+            assert await world.dispatcher().admit_round() == 2
+            await running(world, alpha_busy, beta_busy)
+            world.ray.used_cpus = 3
+            big = await world.submit("alpha", priority=1, **one_worker(cpus=4))
+            await world.execute(
+                lambda s: s.execute(
+                    update(Job).where(Job.id == big).values(bypassed_since=func.now() - text("interval '2 hours'"))
+                )
+            )
+            borrower = await world.submit("beta", **one_worker(cpus=2))  # borrows, even with beta idle
+            owed = await world.submit("gamma", **one_worker())
+
+            assert await world.dispatcher().admit_round() == 1
+            assert (await world.job(owed)).status is JobStatus.starting
+            starving = await world.job(big)
+            assert starving.status is JobStatus.queued
+            assert "borrows 0 from cohort research, which has 2 CPU left to lend" in (starving.pending_reason or "")
+            held = await world.job(borrower)
+            assert held.status is JobStatus.queued
+            assert (held.pending_reason or "").startswith(
+                f"waiting behind job {big} of project alpha, which waits for what their cohort lends"
+            ), held.pending_reason
+
+            # Beta's running job ends: beta lends its quota too, and the cohort has the 3 CPUs alpha borrows.
+            await world.execute(lambda s: s.execute(update(Job).where(Job.id == beta_busy).values(status="succeeded")))
+            await running(world, owed)
+            world.ray.used_cpus = 2
+            assert await world.dispatcher().admit_round() == 1
+            assert (await world.job(big)).status is JobStatus.starting
+            assert (await world.job(borrower)).status is JobStatus.queued
 
     run(scenario())
 

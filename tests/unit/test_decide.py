@@ -223,6 +223,46 @@ def test_a_gang_held_behind_another_projects_starving_gang_is_still_marked_when_
     assert outcomes[first.id].bypassed
 
 
+def test_a_starving_gang_that_waits_for_its_cohorts_lending_keeps_it_from_other_members_later_borrowers() -> None:
+    # a holds its quota and waits to borrow 4 GPUs; c lends 4 (b borrows 2 of them), so 2 are left: b's
+    # later 2-GPU borrower would take them, as every smaller borrower takes each piece as it frees, and
+    # a's gang would wait all day. Once later jobs of a have passed it for starvation_s, what c lends is
+    # kept for it: b's borrower waits behind it, while jobs within their own quota still run.
+    def book() -> Book:
+        return Book(
+            {
+                A: Standing("a", {"GPU": 4}, "c", usage={"GPU": 4}),
+                B: Standing("b", {"GPU": 4}, "c", usage={"GPU": 6}),
+                C: Standing("c", {"GPU": 8}, "c", usage={"GPU": 2}),
+            }
+        )
+
+    big = gang(A, 4, share=0.1, created_at=NOW - timedelta(hours=3), bypassed_since=NOW - timedelta(hours=2))
+    borrower, owed = gang(B, 2, share=0.2), gang(C, 2, share=0.3)
+    decisions = decide([big, borrower, owed], cluster(16), book(), {}, now=NOW, starvation_s=3600)
+    outcomes = {o.job.id: o for o in decisions.outcomes}
+    assert {job_id: o.verdict for job_id, o in outcomes.items()} == {
+        big.id: Verdict.wait,
+        borrower.id: Verdict.wait,
+        owed.id: Verdict.admit,
+    }
+    assert "which has 2 GPU left to lend" in outcomes[big.id].reason
+    assert outcomes[borrower.id].reason.startswith(
+        f"waiting behind job {big.id} of project a, which waits for what their cohort lends"
+    )
+    assert outcomes[borrower.id].own and not decisions.held  # the cohort holds it: the round may read on
+    # Not starving yet (passed for less than starvation_s): b's borrower takes what is left, as before.
+    passed = gang(A, 4, share=0.1, created_at=big.created_at, bypassed_since=NOW - timedelta(minutes=30), id=big.id)
+    again = decide([passed, borrower, owed], cluster(16), book(), {}, now=NOW, starvation_s=3600)
+    assert {o.job.id for o in again.of(Verdict.admit)} == {borrower.id, owed.id}
+    # Across the round's batches: the book keeps the hold for the next batch's borrowers of the cohort.
+    held = book()
+    first = decide([big, owed], cluster(16), held, {}, now=NOW, starvation_s=3600)
+    assert [o.job.id for o in first.of(Verdict.admit)] == [owed.id]
+    [later] = decide([borrower], cluster(16), held, {}, now=NOW, starvation_s=3600).outcomes
+    assert later.verdict is Verdict.wait and later.reason.startswith(f"waiting behind job {big.id}")
+
+
 def test_infeasible_waits_its_timeout_then_fails() -> None:
     job = gang(A, 16)
     [first] = decide([job], cluster(8), Book(), {}, now=NOW, infeasible_timeout_s=600).outcomes
