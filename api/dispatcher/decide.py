@@ -27,7 +27,8 @@ Bounded waits: a job that waits (for resources, its project's quota, or behind a
 job after it in its project's order is admitted is `bypassed` (the round records since when). Once that
 is `starvation_s` old, no later job of its project is admitted until it is (they would take the quota it
 waits for), and while it waits for resources no later job at all (they would take the room it waits
-for); the jobs held say behind which job they wait.
+for); the jobs held say behind which job they wait. A starving job that waits for its cohort's lending
+keeps it from the later borrowers of the cohort's other projects (quotas.Book.keep_lending).
 
 A round may call `decide` on more than one batch of the queue, over the same snapshot: `read_on` says
 when (the batch's jobs wait for their own projects) and `seen` which projects the next batch leaves out.
