@@ -336,6 +336,8 @@ class ProjectUsage(Base):
     # capacities then; `share`, its dominant share (history plus what it holds now), orders admission.
     history_cpus: Mapped[float] = mapped_column(Double, server_default=text("0"))
     history_gpus: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    # How much of a full history the samples cover (0025): the histories average over that time alone.
+    history_weight: Mapped[float] = mapped_column(Double, server_default=text("0"))
     cpu_capacity: Mapped[float | None] = mapped_column(Numeric(asdecimal=False))
     gpu_capacity: Mapped[float | None] = mapped_column(Numeric(asdecimal=False))
     sampled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -98,11 +98,20 @@ def dominant_share(history: Mapping[str, float], held: Mapping[str, float], capa
     )
 
 
-def decayed(history: float, held_fraction: float, elapsed_s: float, half_life_s: float) -> float:
-    """One fair-share sample: the history kept by half-life weighting over `elapsed_s`, the rest taken
-    from what the project holds now (the formula of repository.SAMPLE_FAIR_SHARE)."""
+def decayed(
+    history: float, weight: float, held_fraction: float, elapsed_s: float, half_life_s: float
+) -> tuple[float, float]:
+    """One fair-share sample (the formula of repository.SAMPLE_FAIR_SHARE). `history` is the half-life
+    average of the fraction the project held over the time its samples cover, `weight` how much of a full
+    history that is (0 before its first sample): the time before the project's first job does not count
+    as time it held nothing. Over `elapsed_s` the old part keeps its half-life weight and what the project
+    holds now takes the rest. Returns the new history and weight."""
     keep = 0.5 ** (elapsed_s / half_life_s)
-    return history * keep + (1 - keep) * held_fraction
+    kept = weight * keep
+    covered = kept + (1 - keep)
+    if covered <= 0:  # no time behind it yet
+        return history, weight
+    return (history * kept + (1 - keep) * held_fraction) / covered, covered
 
 
 class Verdict(str, enum.Enum):

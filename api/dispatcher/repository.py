@@ -69,24 +69,37 @@ async def held_resources(session: AsyncSession, cluster: uuid.UUID | None = None
     return row[0], float(row[1]), float(row[2])
 
 
-# Fair sharing's history (migration 0020), sampled when due: each project's share of the cluster's CPUs
-# and GPUs (what its active jobs hold over the capacities) enters an exponential moving average with
-# the given half-life, weighted by the time since that project's last sample (the first sample only
-# records the capacities). Run by admission rounds under `lock_admission`, so dispatchers take turns,
-# and only where `sampled_at` is `interval` old, so a round between samples changes nothing.
+# Fair sharing's history (migrations 0020, 0025), sampled when due: each project's share of the cluster's
+# CPUs and GPUs (what its active jobs hold over the capacities) enters an exponential moving average with
+# the given half-life, weighted by the time since that project's last sample. `history_weight` is how much
+# of a full history its samples cover (0 for a new row): the average is over that time alone, not diluted
+# by the time before the project's first job (decide.decayed is the same formula). A first sample of a
+# row with no time behind it only records the capacities. Run by admission rounds under
+# `lock_admission`, so dispatchers take turns, and only where `sampled_at` is `interval` old, so a round
+# between samples changes nothing.
 SAMPLE_FAIR_SHARE = text(
     """
     UPDATE project_usage u SET
-        history_cpus = u.history_cpus * keep.w + (1 - keep.w) * CASE WHEN :cpus > 0 THEN u.cpus / :cpus ELSE 0 END,
-        history_gpus = u.history_gpus * keep.w + (1 - keep.w) * CASE WHEN :gpus > 0 THEN u.gpus / :gpus ELSE 0 END,
+        history_cpus = coalesce(
+            (u.history_cpus * keep.kept + (1 - keep.w) * CASE WHEN :cpus > 0 THEN u.cpus / :cpus ELSE 0 END)
+            / nullif(keep.kept + 1 - keep.w, 0),
+            u.history_cpus),
+        history_gpus = coalesce(
+            (u.history_gpus * keep.kept + (1 - keep.w) * CASE WHEN :gpus > 0 THEN u.gpus / :gpus ELSE 0 END)
+            / nullif(keep.kept + 1 - keep.w, 0),
+            u.history_gpus),
+        history_weight = keep.kept + 1 - keep.w,
         cpu_capacity = :cpus, gpu_capacity = :gpus, sampled_at = now()
     FROM (
-        SELECT project_id,
-               power(0.5, extract(epoch FROM now() - coalesce(sampled_at, now())) / :half_life) AS w
-        FROM project_usage
-        WHERE (sampled_at IS NULL OR sampled_at <= now() - make_interval(secs => :interval))
-          AND (CAST(:cluster AS uuid) IS NULL
-               OR project_id IN (SELECT id FROM projects WHERE cluster_id = CAST(:cluster AS uuid)))
+        SELECT project_id, w, history_weight * w AS kept
+        FROM (
+            SELECT project_id, history_weight,
+                   power(0.5, extract(epoch FROM now() - coalesce(sampled_at, now())) / :half_life) AS w
+            FROM project_usage
+            WHERE (sampled_at IS NULL OR sampled_at <= now() - make_interval(secs => :interval))
+              AND (CAST(:cluster AS uuid) IS NULL
+                   OR project_id IN (SELECT id FROM projects WHERE cluster_id = CAST(:cluster AS uuid)))
+        ) due
     ) keep
     WHERE u.project_id = keep.project_id
     """

@@ -58,9 +58,11 @@ def test_a_project_that_used_the_cluster_yesterday_yields_until_its_history_fade
             assert await world.dispatcher().admit_round() == 4
             await world.dispatcher().admit_round()  # the first sample: the capacities only
             await days_pass(world, 1)
-            await world.dispatcher().admit_round()  # alpha held all of it for a half-life: history 0.5
+            # alpha held all of it for the whole time its history covers, a half-life: history 1.0 (not 0.5:
+            # the time before its first job is not time it held nothing).
+            await world.dispatcher().admit_round()
             await world.execute(lambda s: s.execute(update(Job).where(Job.id.in_(ran)).values(status="succeeded")))
-            assert abs((await shares(world))["alpha"] - 0.5) < 1e-6  # holds nothing now
+            assert abs((await shares(world))["alpha"] - 1.0) < 1e-6  # holds nothing now
             return {
                 "alpha": ("alpha", await world.submit("alpha", **one_worker())),
                 "beta": ("beta", await world.submit("beta", **one_worker())),
@@ -70,7 +72,7 @@ def test_a_project_that_used_the_cluster_yesterday_yields_until_its_history_fade
     assert positions(http, tokens, jobs) == {"beta": 1, "alpha": 2}  # beta used nothing: ahead of the older job
     queues = http.get("/v1/queues", headers={"Authorization": f"Bearer {tokens['beta']}"})
     shown = {item["project"]: item["fair_share"] for item in queues.json()["items"]}
-    assert abs(shown["alpha"] - 0.5) < 1e-6 and shown["beta"] == 0, shown  # what `trainmaster queue` shows
+    assert abs(shown["alpha"] - 1.0) < 1e-6 and shown["beta"] == 0, shown  # what `trainmaster queue` shows
 
     async def room_for_one() -> None:
         async with World(database_url) as world:
@@ -82,13 +84,14 @@ def test_a_project_that_used_the_cluster_yesterday_yields_until_its_history_fade
     run(room_for_one())
 
     async def ten_days_later() -> uuid.UUID:
-        """alpha's history is a thousandth of what it was; beta has held a quarter of the cluster."""
+        """alpha's history is a two-thousandth of what it was; beta has held a quarter of the cluster for
+        all the ten days its history covers."""
         async with World(database_url) as world:
             world.ray.cpus, world.ray.used_cpus = 4, 4
             await days_pass(world, 10)
             await world.dispatcher().admit_round()  # samples; no room
             now = await shares(world)
-            assert now["alpha"] < 0.001 and abs(now["beta"] - (0.25 + 0.25 * (1 - 2**-10))) < 1e-6, now
+            assert now["alpha"] < 0.001 and abs(now["beta"] - (0.25 + 0.25)) < 1e-6, now
             return await world.submit("beta", **one_worker())
 
     later = run(ten_days_later())

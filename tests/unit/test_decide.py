@@ -308,5 +308,12 @@ def test_the_fair_share_formulas() -> None:
     capacity = {"CPU": 100.0, "GPU": 10.0}
     assert dominant_share({"CPU": 0.1, "GPU": 0.0}, {"CPU": 10.0, "GPU": 5.0}, capacity) == 0.5
     assert dominant_share({}, {"CPU": 5.0}, {"CPU": 0.0, "GPU": 0.0}) == 0.0
-    assert decayed(1.0, 0.0, 3600.0, 3600.0) == 0.5
-    assert decayed(0.0, 1.0, 7200.0, 3600.0) == 0.75
+    # A full history (weight 1) keeps half of itself over a half-life; nothing held takes the rest.
+    assert decayed(1.0, 1.0, 0.0, 3600.0, 3600.0) == (0.5, 1.0)
+    # A new project (weight 0) that held everything for its two half-lives has held everything on average,
+    # not three quarters: the time before its first job is not time it held nothing.
+    assert decayed(0.0, 0.0, 1.0, 7200.0, 3600.0) == (1.0, 0.75)
+    # Half a history of 1.0, then a half-life of nothing: 0.25 of 0.75 covered.
+    history, weight = decayed(1.0, 0.5, 0.0, 3600.0, 3600.0)
+    assert abs(history - 1 / 3) < 1e-12 and weight == 0.75
+    assert decayed(0.3, 0.0, 0.9, 0.0, 3600.0) == (0.3, 0.0)  # no time behind it: unchanged

@@ -44,6 +44,8 @@ def test_a_small_day_keeps_every_project_within_quota_and_borrowing_and_preempts
     result = simulate.report(args, simulation)
     assert over == []
     assert result["preempted"]["fair_share"] > 0
+    fairness = result["fairness"]
+    assert sum(fairness["outside_5pct"].values()) == fairness["projects"] - fairness["projects_within_5pct"]
     # Each job admitted is counted once however often it was preempted and resumed.
     assert len(simulation.waits) == len(simulation.admitted) == result["admitted"] > 0
     # Every gang still running holds its nodes: what the nodes lack is exactly what the running hold.
