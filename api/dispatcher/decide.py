@@ -265,11 +265,14 @@ def decide(
         if refusal := book.refusal(job.project_id, need):
             # The project's quota holds it: no placement is taken, and nothing is preempted for it,
             # unless other members borrow what its cohort would lend it and fair share may take it back.
-            short = not refusal[1] and bool(book.lending_short(job.project_id, need))
-            outcome = Outcome(job, Verdict.wait, refusal[0], fair=fair_share and short, own=True)
+            # Whether its cohort's lending holds it: asked only where it is used (it sums over the cohort).
+            lending = (
+                not refusal[1] and (fair_share or first is not None) and bool(book.lending_short(job.project_id, need))
+            )
+            outcome = Outcome(job, Verdict.wait, refusal[0], fair=fair_share and lending, own=True)
             if first is not None:
                 outcome.reason += _holds(first[1])
-                if short:  # its cohort's lending is kept for it from now on (Book.keep_lending)
+                if lending:  # its cohort's lending is kept for it from now on (Book.keep_lending)
                     book.keep_lending(job.project_id, job.id, first[1])
             decisions.outcomes.append(outcome)
             if not refusal[1]:
