@@ -225,10 +225,9 @@ class Simulation:
             history, weight = self.history[pid], self.covered.get(pid, 0.0)
             if weight == 0 and not any(standing.used(r) for r in ("CPU", "GPU")):
                 continue  # as project_usage has no row for it until its first job starts
-            for r in ("CPU", "GPU"):
+            for r in ("CPU", "GPU"):  # the same weight for both: it depends on time alone
                 held = standing.used(r) / self.capacity[r]
-                history[r], covered = decayed(history[r], weight, held, elapsed_s, half_life)
-            self.covered[pid] = covered
+                history[r], self.covered[pid] = decayed(history[r], weight, held, elapsed_s, half_life)
 
     def round(self, now_s: int) -> int:
         """One admission round: `decide` (timed) on a fresh Cluster and Book over the simulation's

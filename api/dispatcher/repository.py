@@ -82,16 +82,17 @@ SAMPLE_FAIR_SHARE = text(
     UPDATE project_usage u SET
         history_cpus = coalesce(
             (u.history_cpus * keep.kept + (1 - keep.w) * CASE WHEN :cpus > 0 THEN u.cpus / :cpus ELSE 0 END)
-            / nullif(keep.kept + 1 - keep.w, 0),
+            / nullif(keep.covered, 0),
             u.history_cpus),
         history_gpus = coalesce(
             (u.history_gpus * keep.kept + (1 - keep.w) * CASE WHEN :gpus > 0 THEN u.gpus / :gpus ELSE 0 END)
-            / nullif(keep.kept + 1 - keep.w, 0),
+            / nullif(keep.covered, 0),
             u.history_gpus),
-        history_weight = keep.kept + 1 - keep.w,
+        history_weight = keep.covered,
         cpu_capacity = :cpus, gpu_capacity = :gpus, sampled_at = now()
     FROM (
-        SELECT project_id, w, history_weight * w AS kept
+        -- w: the half-life weight the old samples keep; kept: the old weight that remains; covered: the new
+        SELECT project_id, w, history_weight * w AS kept, history_weight * w + 1 - w AS covered
         FROM (
             SELECT project_id, history_weight,
                    power(0.5, extract(epoch FROM now() - coalesce(sampled_at, now())) / :half_life) AS w
