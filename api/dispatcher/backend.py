@@ -28,6 +28,7 @@ class RayJobInfo:
     message: str = ""
     end_time: datetime | None = None  # when Ray saw the job end (terminal states only)
     driver_job_id: str | None = None  # the Ray job id of its driver (what its placement groups name)
+    exit_code: int | None = None  # the entrypoint's, once it ended (negative: the signal that killed it)
 
 
 @dataclass

@@ -170,6 +170,7 @@ class RayJobsBackend:
             message=details.message or "",
             end_time=datetime.fromtimestamp(ended / 1000, UTC) if ended else None,
             driver_job_id=getattr(details, "job_id", None),
+            exit_code=getattr(details, "driver_exit_code", None),
         )
 
     def gang_state(self, driver_job_id: str) -> GangState:

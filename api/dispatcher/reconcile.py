@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import re
+import signal
 import time
 import uuid
 from dataclasses import dataclass
@@ -309,8 +310,12 @@ async def _apply(
         attempt.status = AttemptStatus.succeeded
         await finish(session, job, JobStatus.succeeded, None, f"attempt {attempt.n} succeeded")
     else:
+        logs = "\n".join(await repo.last_log_lines(session, job.id, attempt.n))
+        if (crash := driver_crash(info, logs)) is not None:
+            await _driver_crashed(session, job, attempt, crash, error_text(info, logs))
+            return
         attempt.status = AttemptStatus.failed
-        attempt.error = error_text(info, "\n".join(await repo.last_log_lines(session, job.id, attempt.n)))
+        attempt.error = error_text(info, logs)
         lost = await repo.last_event(session, job.id, attempt.n, "workers_lost")
         if lost is not None and lost.message and not lost.data.get("restarts", True):
             attempt.error = f"{attempt.error} ({lost.message})"
@@ -323,8 +328,9 @@ async def _after_failure(session: AsyncSession, job: Job, error: str) -> None:
     if job.status is JobStatus.cancelling:
         await finish(session, job, JobStatus.cancelled, None, "cancelled")
         return
-    # Preempted attempts end `stopped` and are not retries: only failures and losses count.
-    retries_used = sum(a.status in (AttemptStatus.failed, AttemptStatus.lost) for a in job.attempts) - 1
+    # Preempted attempts end `stopped` and are not retries, nor are drivers' crashes queued again:
+    # only failures and losses count.
+    retries_used = sum(_a_retry(a) for a in job.attempts) - 1
     if retries_used < spec.max_retries:
         await release(session, job)
         await transition(
@@ -361,6 +367,70 @@ async def _unplaced(session: AsyncSession, job: Job, attempt: JobAttempt, gang: 
         "stopped and queued again (not a retry)",
         {"requeued": "unplaced", "ray": gang.requeue},
         f"Ray left its gang pending ({gang.requeue}); queued again, waiting for room",
+    )
+
+
+def _a_retry(attempt: JobAttempt) -> bool:
+    crashed = attempt.status is AttemptStatus.lost and (attempt.error or "").startswith(DRIVER_CRASHED)
+    return attempt.status in (AttemptStatus.failed, AttemptStatus.lost) and not crashed
+
+
+# A driver that crashed (below) is queued again this many times; the next time, its attempt fails (and
+# the job retries or fails as for any failure): what crashes it then is the job's, or the node's for good.
+DRIVER_CRASH_REQUEUES = 2
+DRIVER_CRASHED = "the job's driver crashed"
+# What a native crash leaves in a process's output: Ray's fatal-error report (a failed check), absl's
+# and Ray's signal handlers, Python's fatal error (faulthandler).
+CRASH_MARKERS = (
+    "*** StackTrace Information ***",
+    "*** Check failure stack trace: ***",
+    " received at time=",
+    "Fatal Python error: ",
+)
+
+
+def driver_crash(info: RayJobInfo, logs: str) -> str | None:
+    """How the attempt's driver crashed, when it did: it ended without saying why (no `[trainmaster]
+    error:` line, which the driver prints for every failure of the job's: workers/driver.py), killed by
+    a signal nobody asked for (stops are handled before this) or with a native crash in its own output.
+    That is Ray's or the node's fault, not the job's: it is queued again, not retried. None otherwise."""
+    lines = [line for line in logs.splitlines() if line.strip()]
+    if any("[trainmaster] error: " in line for line in lines):
+        return None
+    if (signum := _killed_by(info.exit_code)) is not None:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(signum).name}, exit code {info.exit_code}"
+        return f"killed by signal {signum}, exit code {info.exit_code}"
+    own = [line for line in lines if not line.startswith("(")]  # Ray forwards workers' lines as "(name pid=...) ..."
+    found = next((marker for marker in CRASH_MARKERS if any(marker in line for line in own)), None)
+    return None if found is None else f"a native crash: {found.strip()!r} in its output"
+
+
+def _killed_by(exit_code: int | None) -> int | None:
+    """The signal an exit code says killed the process: Python's negative code, or a shell's 128 + n
+    (Ray runs the entrypoint through `sh -c`)."""
+    if exit_code is None:
+        return None
+    if exit_code < 0:
+        return -exit_code
+    return exit_code - 128 if 128 < exit_code < 160 else None
+
+
+async def _driver_crashed(session: AsyncSession, job: Job, attempt: JobAttempt, crash: str, tail: str) -> None:
+    """The driver (platform code and Ray's) crashed: the attempt is lost and the job goes back to
+    `queued`, not as a retry, and resumes from its latest checkpoint, at most DRIVER_CRASH_REQUEUES times."""
+    attempt.status = AttemptStatus.lost
+    attempt.error = f"{DRIVER_CRASHED} ({crash}), not an error of the job's code; its output ends: {tail}"[:2000]
+    if sum(1 for a in job.attempts if (a.error or "").startswith(DRIVER_CRASHED)) > DRIVER_CRASH_REQUEUES:
+        attempt.status = AttemptStatus.failed
+        await _after_failure(session, job, f"{attempt.error}; queued again {DRIVER_CRASH_REQUEUES} times already")
+        return
+    await _requeue(
+        session,
+        job,
+        f"attempt {attempt.n}: {DRIVER_CRASHED} ({crash}); queued again (not a retry)",
+        {"requeued": "driver_crashed", "crash": crash},
+        f"its driver crashed ({crash}); queued again, waiting to be admitted",
     )
 
 

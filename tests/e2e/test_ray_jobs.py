@@ -207,6 +207,35 @@ def test_failure_with_a_retry_resumes_from_the_checkpoint(stack: Stack, tmp_path
     assert [(line[1], line[3]) for line in lines] == [("1", "start_epoch=0"), ("2", "start_epoch=2")]
 
 
+def test_a_driver_that_crashes_is_queued_again_without_spending_a_retry(stack: Stack, tmp_path: Path) -> None:
+    """A driver that dies of a native crash before its workers start (os.abort here: SIGABRT, as a
+    failed check in Ray's core worker ends) is not the job's failure: its attempt is lost, the job is
+    queued again without spending a retry (max_retries=0), and the next attempt runs."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "abort_once.py").write_text(
+        "import os\n\n"
+        "if os.environ.get('TRAINMASTER_ATTEMPT') == '1':\n"
+        "    os.abort()  # the driver imports this module (it resolves the entrypoint) before any worker starts\n\n\n"
+        "def train(config):\n"
+        "    return None\n"
+    )
+    with stack.client() as client:
+        job = client.submit(
+            name="abort-once",
+            entrypoint="abort_once:train",
+            scaling=tm.Scaling(num_workers=1),
+            working_dir=code,
+            max_retries=0,
+        )
+        done = wait_for(client, job.id, TERMINAL)
+        assert done.status is tm.JobStatus.succeeded, done.error
+        assert [a.status for a in done.attempts] == ["lost", "succeeded"]
+        assert (done.attempts[0].error or "").startswith("the job's driver crashed ("), done.attempts[0].error
+        requeued = [e for e in client.events(job.id) if e.data.get("requeued") == "driver_crashed"]
+        assert len(requeued) == 1 and "not a retry" in requeued[0].message
+
+
 def test_two_dispatchers_launch_each_job_exactly_once(stack: Stack, tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.txt"
     stack.dispatchers.start("d2")

@@ -29,6 +29,7 @@ class FakeRay:
     placed: set[str] = field(default_factory=set)  # submission ids whose placement group is CREATED
     pending: dict[str, str] = field(default_factory=dict)  # submission id -> Ray's reason its group waits
     final_logs_down: bool = False  # reading a finished job's whole log fails
+    exit_codes: dict[str, int] = field(default_factory=dict)  # submission id -> its entrypoint's exit code
 
     def _check(self) -> None:
         if self.down:
@@ -58,7 +59,11 @@ class FakeRay:
         if state is None:
             return None
         return RayJobInfo(
-            state, f"job is {state.value}", end_time=self.end_times.get(submission_id), driver_job_id=submission_id
+            state,
+            f"job is {state.value}",
+            end_time=self.end_times.get(submission_id),
+            driver_job_id=submission_id,
+            exit_code=self.exit_codes.get(submission_id),
         )
 
     def gang_state(self, driver_job_id: str) -> GangState:

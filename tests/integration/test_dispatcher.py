@@ -202,6 +202,47 @@ def test_failure_error_comes_from_the_driver_log(database_url: str) -> None:
     run(scenario())
 
 
+def test_a_driver_that_crashes_is_queued_again_not_retried_and_fails_after_the_bound(database_url: str) -> None:
+    """A driver killed by a signal nobody asked for (here SIGABRT, as a failed check in Ray's core
+    worker ends) is Ray's or the node's fault: queued again without spending the job's retries, at most
+    DRIVER_CRASH_REQUEUES times; a driver's own error is a failure as before."""
+    crash = "[trainmaster] job j attempt 1: builtin:mlp\n/lib/libpython3.11.so.1.0(+0x1c1461) [0x7f] type_call\n"
+
+    async def scenario() -> None:
+        async with World(database_url) as world:
+            job_id = await world.submit(**one_worker(), max_retries=0)
+            dispatcher = world.dispatcher()
+            for n in (1, 2, 3):
+                await dispatcher.admit_round()
+                sub_id = f"tm-{job_id}-{n}"
+                world.ray.jobs[sub_id] = RayJobState.FAILED
+                world.ray.exit_codes[sub_id] = -6
+                world.ray.outputs[sub_id] = crash
+                await dispatcher.reconcile_round()
+                job = await world.job(job_id)
+                if n < 3:
+                    assert job.status is JobStatus.queued, job.error
+                    assert "its driver crashed (killed by SIGABRT, exit code -6)" in (job.pending_reason or "")
+            assert job.status is JobStatus.failed
+            assert (job.error or "").startswith("the job's driver crashed (killed by SIGABRT, exit code -6)")
+            assert "queued again 2 times already" in (job.error or "")
+            assert [a.status for a in await world.attempts(job_id)] == ["lost", "lost", "failed"]
+            requeued = [e.data.get("crash") for e in await world.events(job_id) if e.data.get("requeued")]
+            assert requeued == ["killed by SIGABRT, exit code -6"] * 2
+
+            # the same exit, but the driver said why (its own error): a failure, no requeue
+            other = await world.submit(**one_worker(), max_retries=0)
+            await dispatcher.admit_round()
+            sub_id = f"tm-{other}-1"
+            world.ray.jobs[sub_id] = RayJobState.FAILED
+            world.ray.exit_codes[sub_id] = 1
+            world.ray.outputs[sub_id] = "[trainmaster] error: training failed: ValueError: bad lr -1\n"
+            await dispatcher.reconcile_round()
+            assert (await world.job(other)).status is JobStatus.failed
+
+    run(scenario())
+
+
 def test_cancel_stops_the_ray_job_then_ends_cancelled(database_url: str) -> None:
     async def scenario() -> None:
         async with World(database_url) as world:
