@@ -356,18 +356,36 @@ async def _unplaced(session: AsyncSession, job: Job, attempt: JobAttempt, gang: 
     reason instead of holding its place in `starting` (not a retry)."""
     attempt.status, attempt.finished_at = AttemptStatus.stopped, now
     attempt.error = f"{UNPLACED} within {gang.starting_for:.0f} s ({gang.requeue}); {gang.pending_reason}"
-    if sum(1 for a in job.attempts if (a.error or "").startswith(UNPLACED)) > PLACEMENT_REQUEUES:
-        attempt.status = AttemptStatus.failed
-        await _after_failure(session, job, f"{attempt.error}; back in the queue {PLACEMENT_REQUEUES} times already")
-        return
-    await _requeue(
+    await _requeue_at_most(
         session,
         job,
+        attempt,
+        (UNPLACED, PLACEMENT_REQUEUES),
         f"attempt {attempt.n}: {UNPLACED} within {gang.starting_for:.0f} s ({gang.requeue}); "
         "stopped and queued again (not a retry)",
         {"requeued": "unplaced", "ray": gang.requeue},
         f"Ray left its gang pending ({gang.requeue}); queued again, waiting for room",
     )
+
+
+async def _requeue_at_most(
+    session: AsyncSession,
+    job: Job,
+    attempt: JobAttempt,
+    ended: tuple[str, int],
+    message: str,
+    data: dict[str, Any],
+    reason: str,
+) -> None:
+    """`_requeue`, while fewer than `times` attempts before this one ended the same way (`ended`: the
+    start of their error, UNPLACED or DRIVER_CRASHED, and `times`); after that the attempt fails, and
+    the job retries or fails as for any failure."""
+    marker, times = ended
+    if sum(1 for a in job.attempts if (a.error or "").startswith(marker)) > times:
+        attempt.status = AttemptStatus.failed
+        await _after_failure(session, job, f"{attempt.error}; back in the queue {times} times already")
+        return
+    await _requeue(session, job, message, data, reason)
 
 
 def _a_retry(attempt: JobAttempt) -> bool:
@@ -421,13 +439,11 @@ async def _driver_crashed(session: AsyncSession, job: Job, attempt: JobAttempt, 
     `queued`, not as a retry, and resumes from its latest checkpoint, at most DRIVER_CRASH_REQUEUES times."""
     attempt.status = AttemptStatus.lost
     attempt.error = f"{DRIVER_CRASHED} ({crash}), not an error of the job's code; its output ends: {tail}"[:2000]
-    if sum(1 for a in job.attempts if (a.error or "").startswith(DRIVER_CRASHED)) > DRIVER_CRASH_REQUEUES:
-        attempt.status = AttemptStatus.failed
-        await _after_failure(session, job, f"{attempt.error}; queued again {DRIVER_CRASH_REQUEUES} times already")
-        return
-    await _requeue(
+    await _requeue_at_most(
         session,
         job,
+        attempt,
+        (DRIVER_CRASHED, DRIVER_CRASH_REQUEUES),
         f"attempt {attempt.n}: {DRIVER_CRASHED} ({crash}); queued again (not a retry)",
         {"requeued": "driver_crashed", "crash": crash},
         f"its driver crashed ({crash}); queued again, waiting to be admitted",

@@ -225,7 +225,7 @@ def test_a_driver_that_crashes_is_queued_again_not_retried_and_fails_after_the_b
                     assert "its driver crashed (killed by SIGABRT, exit code -6)" in (job.pending_reason or "")
             assert job.status is JobStatus.failed
             assert (job.error or "").startswith("the job's driver crashed (killed by SIGABRT, exit code -6)")
-            assert "queued again 2 times already" in (job.error or "")
+            assert "back in the queue 2 times already" in (job.error or "")
             assert [a.status for a in await world.attempts(job_id)] == ["lost", "lost", "failed"]
             requeued = [e.data.get("crash") for e in await world.events(job_id) if e.data.get("requeued")]
             assert requeued == ["killed by SIGABRT, exit code -6"] * 2
