@@ -360,7 +360,8 @@ async def _unplaced(session: AsyncSession, job: Job, attempt: JobAttempt, gang: 
         session,
         job,
         attempt,
-        (UNPLACED, PLACEMENT_REQUEUES),
+        UNPLACED,
+        PLACEMENT_REQUEUES,
         f"attempt {attempt.n}: {UNPLACED} within {gang.starting_for:.0f} s ({gang.requeue}); "
         "stopped and queued again (not a retry)",
         {"requeued": "unplaced", "ray": gang.requeue},
@@ -372,15 +373,15 @@ async def _requeue_at_most(
     session: AsyncSession,
     job: Job,
     attempt: JobAttempt,
-    ended: tuple[str, int],
+    marker: str,
+    times: int,
     message: str,
     data: dict[str, Any],
     reason: str,
 ) -> None:
-    """`_requeue`, while fewer than `times` attempts before this one ended the same way (`ended`: the
-    start of their error, UNPLACED or DRIVER_CRASHED, and `times`); after that the attempt fails, and
-    the job retries or fails as for any failure."""
-    marker, times = ended
+    """`_requeue`, while fewer than `times` attempts before this one ended the same way (their error
+    starts with `marker`: UNPLACED, DRIVER_CRASHED); after that the attempt fails, and the job retries
+    or fails as for any failure."""
     if sum(1 for a in job.attempts if (a.error or "").startswith(marker)) > times:
         attempt.status = AttemptStatus.failed
         await _after_failure(session, job, f"{attempt.error}; back in the queue {times} times already")
@@ -412,14 +413,13 @@ def driver_crash(info: RayJobInfo, logs: str) -> str | None:
     error:` line, which the driver prints for every failure of the job's: workers/driver.py), killed by
     a signal nobody asked for (stops are handled before this) or with a native crash in its own output.
     That is Ray's or the node's fault, not the job's: it is queued again, not retried. None otherwise."""
-    lines = [line for line in logs.splitlines() if line.strip()]
-    if any("[trainmaster] error: " in line for line in lines):
+    if driver_error(logs) is not None:
         return None
     if (signum := _killed_by(info.exit_code)) is not None:
         with contextlib.suppress(ValueError):
             return f"killed by {signal.Signals(signum).name}, exit code {info.exit_code}"
         return f"killed by signal {signum}, exit code {info.exit_code}"
-    own = [line for line in lines if not line.startswith("(")]  # Ray forwards workers' lines as "(name pid=...) ..."
+    own = [line for line in logs.splitlines() if not line.startswith("(")]  # workers' lines: "(name pid=...) ..."
     found = next((marker for marker in CRASH_MARKERS if any(marker in line for line in own)), None)
     return None if found is None else f"a native crash: {found.strip()!r} in its output"
 
@@ -443,7 +443,8 @@ async def _driver_crashed(session: AsyncSession, job: Job, attempt: JobAttempt, 
         session,
         job,
         attempt,
-        (DRIVER_CRASHED, DRIVER_CRASH_REQUEUES),
+        DRIVER_CRASHED,
+        DRIVER_CRASH_REQUEUES,
         f"attempt {attempt.n}: {DRIVER_CRASHED} ({crash}); queued again (not a retry)",
         {"requeued": "driver_crashed", "crash": crash},
         f"its driver crashed ({crash}); queued again, waiting to be admitted",
@@ -498,11 +499,20 @@ def _clean(line: str) -> str:
     return ANSI_ESCAPE.sub("", line).replace("\x00", "")[:8192]
 
 
+# What the driver prints before every failure of the job's (workers/driver.py): the error a person reads.
+DRIVER_ERROR = "[trainmaster] error: "
+
+
+def driver_error(logs: str) -> str | None:
+    """The last error the driver itself printed (its `DRIVER_ERROR` line), if any."""
+    marked = [line.split(DRIVER_ERROR, 1)[1] for line in logs.splitlines() if DRIVER_ERROR in line]
+    return marked[-1] if marked else None
+
+
 def error_text(info: RayJobInfo, logs: str) -> str:
     """The end of the driver's log, where the actionable error is; Ray's message otherwise."""
+    if (said := driver_error(logs)) is not None:
+        return said[:2000]
     lines = [line for line in logs.splitlines() if line.strip()]
-    marked = [line.split("[trainmaster] error: ", 1)[1] for line in lines if "[trainmaster] error: " in line]
-    if marked:
-        return marked[-1][:2000]
     tail = "\n".join(lines[-15:])
     return (tail or info.message or "the Ray job failed without output")[-2000:]
