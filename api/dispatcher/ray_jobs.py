@@ -185,15 +185,7 @@ class RayJobsBackend:
             groups = self._get("/api/v0/placement_groups", params=params)["data"]["result"]["result"]
         except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
             raise RayUnavailable(f"placement groups from {self.address}: {_short(exc)}") from exc
-        if any(group.get("state") == "CREATED" for group in groups):
-            return GangState(placed=True)
-        for group in groups:
-            if group.get("state") == "PENDING":
-                stats = group.get("stats") or {}
-                why = stats.get("scheduling_state") or "pending"
-                tries = stats.get("scheduling_attempt")
-                return GangState(pending=f"Ray: {why}" + (f", {tries} scheduling attempt(s)" if tries else ""))
-        return GangState()
+        return gang_of(groups)
 
     def stop(self, submission_id: str) -> None:
         try:
@@ -226,6 +218,34 @@ class RayJobsBackend:
                 if attempt + 1 < FINAL_LOG_TRIES:
                     time.sleep(0.2 * 2**attempt)
         raise RayUnavailable(f"the final logs of {submission_id}: {_short(error or Exception())}")
+
+
+def gang_of(groups: list[dict[str, Any]]) -> GangState:
+    """A driver's gang as its newest placement group stands. Ray Train makes a new group for each
+    worker group it starts and removes the one before, so an older group still CREATED is one that
+    was not removed (seen after a node died while a worker group started: the old group moved to the
+    replacement node and held what the new one waits for). It does not make the gang placed."""
+    live = [group for group in groups if group.get("state") not in ("REMOVED", None)]
+    if not live:
+        return GangState()
+    newest = max(live, key=lambda group: (_created_ns(group), group.get("state") == "CREATED"))
+    if newest.get("state") == "CREATED":
+        return GangState(placed=True)
+    stats = newest.get("stats") or {}
+    why = stats.get("scheduling_state") or str(newest.get("state")).lower()
+    tries = stats.get("scheduling_attempt")
+    pending = f"Ray: {why}" + (f", {tries} scheduling attempt(s)" if tries else "")
+    stale = sum(1 for group in live if group is not newest and group.get("state") == "CREATED")
+    if stale:
+        pending += f"; {stale} earlier placement group(s) of this job still hold their bundles"
+    return GangState(pending=pending)
+
+
+def _created_ns(group: dict[str, Any]) -> int:
+    try:  # protobuf's JSON writes int64 as a string
+        return int((group.get("stats") or {}).get("creation_request_received_ns") or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _short(exc: BaseException) -> str:
