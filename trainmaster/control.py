@@ -7,6 +7,11 @@ by its scaling policy in the Ray Train controller (workers/elastic.py).
 
 Both only read the last answer that one daemon thread per process refreshes every second, so they are
 free to call every step. Outside a trainmaster job nothing is asked: False and None.
+
+A process that asks `should_checkpoint()` tells the platform once (event `checkpoint_reader`), and the
+first time it answers True for a request it says so first (event `preempt_seen`, one POST, before it
+returns). The dispatcher then stops the job at a checkpoint registered after that, never at one the
+job reported on its own just before it looked (api/dispatcher/reconcile.py, `answered_after`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from trainmaster.context import JobContext
+from trainmaster.context import JobContext, post_event
 
 POLL_S = 1.0
 
@@ -26,11 +31,23 @@ _answer: dict[str, Any] = {}  # the last control answer (replaced whole by the p
 _poller: threading.Thread | None = None
 _poller_pid: int | None = None
 _lock = threading.Lock()
+_reads_checkpoint = False  # this process asked should_checkpoint(): the poller says so once
+_seen: set[str] = set()  # the requests should_checkpoint() answered True for in this process
+CHECKPOINT_READER, PREEMPT_SEEN = "checkpoint_reader", "preempt_seen"  # as api/dispatcher/reconcile.py reads them
 
 
 def should_checkpoint() -> bool:
     """Whether the platform asks this job to checkpoint now (it is about to be stopped)."""
-    return bool(_latest().get("checkpoint"))
+    global _reads_checkpoint
+    _reads_checkpoint = True
+    answer = _latest()
+    if not answer.get("checkpoint"):
+        return False
+    request = str(answer.get("reason") or "preempted")
+    if request not in _seen:
+        _seen.add(request)
+        post_event(PREEMPT_SEEN, f"the training code saw the request to checkpoint ({request})")
+    return True
 
 
 def max_workers() -> int | None:
@@ -59,6 +76,12 @@ def _latest() -> dict[str, Any]:
 def _poll(context: JobContext) -> None:
     global _answer
     api = context.api()
+    if _reads_checkpoint:
+        post_event(
+            CHECKPOINT_READER,
+            "the training code asks trainmaster.should_checkpoint(): a preemption stops it at the checkpoint "
+            "it saves when asked",
+        )
     while True:
         try:
             response = api.control()

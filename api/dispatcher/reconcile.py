@@ -229,12 +229,31 @@ async def _stop_if_asked(context: RoundContext, job_id: uuid.UUID, sub_id: str, 
                 await record_event(held.session, job, "timeout", f"timeout_s={job.spec.get('timeout_s')} reached")
         elif job.preempt_requested_at is not None:
             waited = (held.now - job.preempt_requested_at).total_seconds()
-            checkpointed = await repo.checkpoint_since(held.session, job.id, job.preempt_requested_at)
+            since = await answered_after(held.session, job, attempt.n, job.preempt_requested_at)
+            checkpointed = since is not None and await repo.checkpoint_since(held.session, job.id, since)
             if checkpointed or waited > context.settings.preemption_grace_s:
                 reason = "preempt"
     if reason is not None and info is not None and not info.state.terminal:
         await asyncio.to_thread(context.ray.stop, sub_id)
     return reason
+
+
+# Events the SDK posts (trainmaster/control.py): the training code reads `should_checkpoint()`; it saw a
+# preemption request (posted before `should_checkpoint()` first returns True for it).
+CHECKPOINT_READER, PREEMPT_SEEN = "checkpoint_reader", "preempt_seen"
+
+
+async def answered_after(session: AsyncSession, job: Job, attempt: int, requested: datetime) -> datetime | None:
+    """After when a checkpoint answers a preemption request: one registered after the training code
+    saw the request, when it reads `should_checkpoint()`; before it has seen it (None), none does. A
+    checkpoint it reported on its own just before (an epoch's end) would stop it after steps it trains
+    before its next look, and the resumed run would train them again. Training code that never asks
+    is stopped at its first checkpoint after the request."""
+    if (seen := await repo.first_event_since(session, job.id, attempt, PREEMPT_SEEN, requested)) is not None:
+        return seen
+    if await repo.first_event_since(session, job.id, attempt, CHECKPOINT_READER) is not None:
+        return None
+    return requested
 
 
 async def _copy_logs(session: AsyncSession, job: Job, attempt: JobAttempt, new: str, final: bool) -> None:

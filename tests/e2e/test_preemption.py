@@ -67,6 +67,7 @@ def test_high_priority_gang_preempts_and_the_low_job_resumes_without_losing_a_st
 
         kinds = [e.kind for e in client.events(low.id)]
         assert "preempt_requested" in kinds and "resumed" in kinds
+        assert "checkpoint_reader" in kinds and "preempt_seen" in kinds  # stopped at the checkpoint it saved when asked
         steps = [p.step for p in client.metrics(low.id, names=["loss"]) if p.rank == 0]
         assert sorted(steps) == list(range(1, STEPS + 1)), steps  # every step once: none lost, none redone
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import update
 
-from api.db.models import Checkpoint, Job
+from api.db.models import Checkpoint, Job, JobEvent
 from api.dispatcher.backend import RayJobState
 from tests.integration.test_dispatcher import World, one_worker, run
 from trainmaster.models import JobStatus
@@ -78,6 +78,47 @@ def test_a_higher_priority_gang_preempts_checkpoints_then_runs_and_the_low_one_r
             assert await dispatcher.admit_round() == 1  # max_retries is 0, yet the low job runs again
             assert [a.n for a in await world.attempts(low)] == [1, 2]
             assert (await world.job(low)).status is JobStatus.starting
+
+    run(scenario())
+
+
+def test_a_job_that_reads_the_flag_is_stopped_only_at_a_checkpoint_saved_after_it_saw_the_request(
+    database_url: str,
+) -> None:
+    """An epoch's checkpoint registered after the request but before the training code looked is not
+    the answer: stopped there, the job would have trained on until the stop and redone those steps
+    (seen in the e2e preemption test under load). The one saved after `preempt_seen` is."""
+
+    async def scenario() -> None:
+        async with World(database_url, preemption=True, preemption_grace_s=600) as world:
+            low = await running_low(world)
+
+            def event(kind: str) -> Any:
+                async def add(session: Any) -> None:
+                    session.add(JobEvent(job_id=low, kind=kind, message=kind, data={"attempt": 1}))
+
+                return add
+
+            def checkpoint(step: int) -> Any:
+                async def add(session: Any) -> None:
+                    session.add(Checkpoint(job_id=low, attempt=1, path=f"/ckpt/low-{step}", step=step))
+
+                return add
+
+            await world.execute(event("checkpoint_reader"))  # its training code asks should_checkpoint()
+            high = await world.submit("beta", **whole_cluster(10))
+            dispatcher = world.dispatcher()
+            await dispatcher.admit_round()
+            assert (await world.job(low)).preempted_by == high
+            await world.execute(checkpoint(32))  # the epoch's end, reported before it looked
+            await dispatcher.reconcile_round()
+            assert world.ray.stopped == []
+            await world.execute(event("preempt_seen"))
+            await dispatcher.reconcile_round()
+            assert world.ray.stopped == []  # seen, not yet saved
+            await world.execute(checkpoint(33))  # saved when asked
+            await dispatcher.reconcile_round()
+            assert world.ray.stopped == [f"tm-{low}-1"]
 
     run(scenario())
 
