@@ -33,7 +33,8 @@ _poller_pid: int | None = None
 _lock = threading.Lock()
 _reads_checkpoint = False  # this process asked should_checkpoint(): the poller says so once
 _seen: set[str] = set()  # the requests should_checkpoint() answered True for in this process
-CHECKPOINT_READER, PREEMPT_SEEN = "checkpoint_reader", "preempt_seen"  # as api/dispatcher/reconcile.py reads them
+# The events this module posts, which the dispatcher reads (api/dispatcher/reconcile.py, `answered_after`).
+CHECKPOINT_READER, PREEMPT_SEEN = "checkpoint_reader", "preempt_seen"
 
 
 def should_checkpoint() -> bool:

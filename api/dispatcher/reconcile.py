@@ -33,6 +33,7 @@ from api.dispatcher.ending import finish, release
 from api.dispatcher.placement import describe, nodes_free
 from api.jobs.status import record_event, transition
 from api.logs import repository as logs_repository
+from trainmaster.control import CHECKPOINT_READER, PREEMPT_SEEN
 from trainmaster.models import AttemptStatus, JobSpec, JobStatus
 
 log = logging.getLogger("trainmaster.dispatcher")
@@ -238,14 +239,10 @@ async def _stop_if_asked(context: RoundContext, job_id: uuid.UUID, sub_id: str, 
     return reason
 
 
-# Events the SDK posts (trainmaster/control.py): the training code reads `should_checkpoint()`; it saw a
-# preemption request (posted before `should_checkpoint()` first returns True for it).
-CHECKPOINT_READER, PREEMPT_SEEN = "checkpoint_reader", "preempt_seen"
-
-
 async def answered_after(session: AsyncSession, job: Job, attempt: int, requested: datetime) -> datetime | None:
     """After when a checkpoint answers a preemption request: one registered after the training code
-    saw the request, when it reads `should_checkpoint()`; before it has seen it (None), none does. A
+    saw the request (event PREEMPT_SEEN), when it reads `should_checkpoint()` (CHECKPOINT_READER: both
+    posted by trainmaster/control.py); before it has seen it (None), none does. A
     checkpoint it reported on its own just before (an epoch's end) would stop it after steps it trains
     before its next look, and the resumed run would train them again. Training code that never asks
     is stopped at its first checkpoint after the request."""

@@ -49,7 +49,14 @@ def test_a_pending_group_says_why_and_a_placed_one_is_placed(ray_head: Any) -> N
         ), stuck.pending
         placed = wait_until(lambda: state(1), 120, interval=0.5, what="the 1-CPU group to be placed")
         assert placed.placed and placed.pending is None
-        behind = wait_until(lambda: state(0), 120, interval=0.5, what="the stale group's job to be reported")
+
+        def pending_behind() -> GangState | None:
+            # Ray's list may show the new group a moment after the driver saw it PENDING: until then
+            # the older group is all there is, and the gang reads placed. Pending it must become.
+            found = state(0)
+            return found if found is not None and found.pending is not None else None
+
+        behind = wait_until(pending_behind, 120, interval=0.5, what="the stale group's job to read pending")
         assert not behind.placed and behind.pending is not None
         assert "1 earlier placement group(s) of this job still hold their bundles" in behind.pending, behind.pending
     finally:
