@@ -33,8 +33,10 @@ start-up (api/dispatcher/service.py, `freeze_heap`) plus what a round allocates.
 untimed, the simulation puts what it holds beyond the collector's reach (`gc.freeze`); a round's own
 objects are collected as in the dispatcher. Measured at stop 45: left in reach, the collector's full
 walks of that world (about 76 ms each) were most of the slowest 1% of rounds. `--world-in-reach` keeps
-it in reach, to see that. A round runs every 30 simulated seconds when a job ended since the last, and again at
-once while a round admits a whole batch (as the dispatcher's NOTIFY wakes it). Fairness: each project's
+it in reach, to see that.
+
+A round runs every 30 simulated seconds when a job ended since the last, and again at once while a
+round admits a whole batch (as the dispatcher's NOTIFY wakes it). Fairness: each project's
 GPU-seconds within the day against its DRF entitlement: its cohort's delivered GPU-seconds water-filled
 over the projects' demand, each capped at its quota plus borrowing limit. Starvation: how long a job
 waits after a later job of its own project was admitted ahead of it (`bypassed`).
@@ -68,6 +70,7 @@ from api.dispatcher import victims
 from api.dispatcher.decide import ROUND_BATCHES, Verdict, admission_key, decayed, decide, dominant_share, read_on, seen
 from api.dispatcher.placement import Cluster, Node
 from api.dispatcher.quotas import Book, Standing
+from api.dispatcher.service import freeze_heap
 from api.settings import Settings
 
 DAY_S, TICK_S, GPUS, CPUS, RACK = 86_400, 30, 8, 64, 100
@@ -524,8 +527,7 @@ def main() -> None:
     settings = Settings.model_validate(chosen)
     simulation = Simulation(nodes, projects, jobs, settings, freeze_world=not args.world_in_reach)
     if not args.world_in_reach:
-        gc.collect()
-        gc.freeze()
+        freeze_heap()  # as the dispatcher does once it is up
     simulation.run()
     result = report(args, simulation)
     text = json.dumps(result, indent=2)

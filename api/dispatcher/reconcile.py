@@ -246,11 +246,10 @@ async def answered_after(session: AsyncSession, job: Job, attempt: int, requeste
     checkpoint it reported on its own just before (an epoch's end) would stop it after steps it trains
     before its next look, and the resumed run would train them again. Training code that never asks
     is stopped at its first checkpoint after the request."""
-    if (seen := await repo.first_event_since(session, job.id, attempt, PREEMPT_SEEN, requested)) is not None:
+    events = await repo.first_events(session, job.id, attempt, (CHECKPOINT_READER, PREEMPT_SEEN))
+    if (seen := next((at for kind, at in events if kind == PREEMPT_SEEN and at > requested), None)) is not None:
         return seen
-    if await repo.first_event_since(session, job.id, attempt, CHECKPOINT_READER) is not None:
-        return None
-    return requested
+    return None if any(kind == CHECKPOINT_READER for kind, _ in events) else requested
 
 
 async def _copy_logs(session: AsyncSession, job: Job, attempt: JobAttempt, new: str, final: bool) -> None:

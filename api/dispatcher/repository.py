@@ -546,16 +546,16 @@ async def last_event(session: AsyncSession, job_id: uuid.UUID, attempt: int, kin
     return (await session.execute(query)).scalar_one_or_none()
 
 
-async def first_event_since(
-    session: AsyncSession, job_id: uuid.UUID, attempt: int, kind: str, since: datetime | None = None
-) -> datetime | None:
-    """When the attempt first reported an event of `kind` (after `since`, when given), or None."""
-    query = select(JobEvent.created_at).where(
-        JobEvent.job_id == job_id, JobEvent.kind == kind, JobEvent.data["attempt"].as_integer() == attempt
+async def first_events(
+    session: AsyncSession, job_id: uuid.UUID, attempt: int, kinds: tuple[str, ...]
+) -> list[tuple[str, datetime]]:
+    """The attempt's events of `kinds` (kind, when first reported), oldest first: one query."""
+    query = (
+        select(JobEvent.kind, JobEvent.created_at)
+        .where(JobEvent.job_id == job_id, JobEvent.kind.in_(kinds), JobEvent.data["attempt"].as_integer() == attempt)
+        .order_by(JobEvent.id)
     )
-    if since is not None:
-        query = query.where(JobEvent.created_at > since)
-    return (await session.execute(query.order_by(JobEvent.id).limit(1))).scalar_one_or_none()
+    return [(kind, at) for kind, at in (await session.execute(query)).all()]
 
 
 async def last_log_lines(session: AsyncSession, job_id: uuid.UUID, attempt: int, limit: int = 200) -> list[str]:
