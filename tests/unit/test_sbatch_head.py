@@ -1,0 +1,143 @@
+"""platform/slurm/trainmaster.sbatch starts its Ray head again when Ray's start timed out waiting for the
+node to register ("timed out during startup", a loaded head node), after stopping what that start left
+running; any other failure, or the last try, ends the allocation. Run with `srun`, `scontrol` and `ray`
+replaced by small scripts on PATH (tests/ops/test_slurm.py runs it under a real Slurm)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SBATCH = Path(__file__).resolve().parents[2] / "platform" / "slurm" / "trainmaster.sbatch"
+
+SRUN = """#!/usr/bin/env bash
+while [[ "$1" == --* ]]; do shift; done
+exec "$@"
+"""
+SCONTROL = """#!/usr/bin/env bash
+echo node1
+"""
+# `ray start --head` fails its first $FAIL_TIMES starts, as Ray does when the node did not register in
+# 30 s, leaving a process behind whose command line names the temp dir (as the GCS's does); later
+# starts succeed and block. `ray health-check` answers once a start succeeded.
+RAY = """#!/usr/bin/env bash
+state=$FAKE_RAY_STATE
+case "$1" in
+start)
+    echo start >>"$state/starts"
+    temp_dir=""
+    for arg in "$@"; do [[ "$arg" == --temp-dir=* ]] && temp_dir=${arg#--temp-dir=}; done
+    if (($(wc -l <"$state/starts") <= ${FAIL_TIMES:-0})); then
+        (
+            # with no descriptor of this script's open (as Python's subprocess, which starts Ray's, closes them)
+            for fd in /proc/$BASHPID/fd/*; do
+                fd=${fd##*/}
+                ((fd > 2)) && eval "exec $fd>&-"
+            done
+            exec -a "gcs_server --session-dir=$temp_dir/session_1" sleep 300 </dev/null >/dev/null 2>&1
+        ) &
+        echo "$!" >>"$state/left"
+        echo "${FAIL_WITH:-Exception: The current node timed out during startup. This could happen because some of the raylet failed to startup or the GCS has become overloaded.}"
+        exit 1
+    fi
+    touch "$state/ready"
+    exec sleep 300
+    ;;
+health-check) [[ -e "$state/ready" ]] ;;
+*) exit 0 ;;
+esac
+"""
+
+
+@pytest.fixture
+def fakes(tmp_path: Path) -> Iterator[Path]:
+    bin_dir, state = tmp_path / "bin", tmp_path / "state"
+    bin_dir.mkdir()
+    state.mkdir()
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("ray", RAY)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    yield tmp_path
+    for line in (state / "left").read_text().split() if (state / "left").exists() else []:
+        try:
+            os.kill(int(line), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def start(root: Path, **env: str) -> subprocess.Popen[str]:
+    environment = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RAY", "TRAINMASTER"))},
+        "PATH": f"{root / 'bin'}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURMD_NODENAME": "node1",
+        "RAY_HEAD_IP": "127.0.0.1",
+        "RAY_TMPDIR": str(root / "ray-4242"),
+        "TRAINMASTER_SLURM_DIR": str(root / "run"),
+        "TMPDIR": str(root),
+        "FAKE_RAY_STATE": str(root / "state"),
+        **env,
+    }
+    return subprocess.Popen(
+        ["bash", str(SBATCH)], env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state != "Z"
+
+
+def wait_for(predicate: object, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_a_head_that_timed_out_during_startup_is_stopped_and_started_again(fakes: Path) -> None:
+    script = start(fakes, FAIL_TIMES="2")
+    try:
+        wait_for(lambda: (fakes / "state" / "ready").exists(), "the third start")
+        wait_for(lambda: (fakes / "run" / "ray.env").exists(), "the script to write the cluster's address")
+        assert script.poll() is None
+        left = [int(pid) for pid in (fakes / "state" / "left").read_text().split()]
+        assert len(left) == 2
+        wait_for(lambda: not any(alive(pid) for pid in left), "what the timed-out starts left to be stopped", 10)
+    finally:
+        script.send_signal(signal.SIGTERM)
+        output, _ = script.communicate(timeout=60)
+    assert (fakes / "state" / "starts").read_text().count("start") == 3
+    assert output.count("timed out during startup (try") == 2
+    assert "Ray head is up" in output
+    assert not (fakes / "run" / "ray-head.out").exists()  # removed with the token on the way out
+
+
+@pytest.mark.parametrize(
+    ("fail_times", "fail_with", "starts"),
+    [
+        ("9", "", 3),  # every try timed out: RAY_HEAD_TRIES (3) starts, then the allocation ends
+        ("1", "ValueError: port 6379 is already in use", 1),  # not a start-up timeout: no second try
+    ],
+)
+def test_the_head_is_not_started_again_past_its_tries_or_for_another_failure(
+    fakes: Path, fail_times: str, fail_with: str, starts: int
+) -> None:
+    env = {"FAIL_TIMES": fail_times, **({"FAIL_WITH": fail_with} if fail_with else {})}
+    script = start(fakes, **env)
+    output, _ = script.communicate(timeout=120)
+    assert script.returncode == 1
+    assert "the Ray head exited while starting" in output
+    assert (fakes / "state" / "starts").read_text().count("start") == starts
+    assert "Ray head is up" not in output
