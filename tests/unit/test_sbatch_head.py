@@ -141,3 +141,4 @@ def test_the_head_is_not_started_again_past_its_tries_or_for_another_failure(
     assert "the Ray head exited while starting" in output
     assert (fakes / "state" / "starts").read_text().count("start") == starts
     assert "Ray head is up" not in output
+    assert (fail_with or "The current node timed out during startup") in output  # the head's own words, in the log
