@@ -5,6 +5,7 @@ replaced by small scripts on PATH (tests/ops/test_slurm.py runs it under a real 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -43,7 +44,7 @@ start)
             exec -a "gcs_server --session-dir=$temp_dir/session_1" sleep 300 </dev/null >/dev/null 2>&1
         ) &
         echo "$!" >>"$state/left"
-        echo "${FAIL_WITH:-Exception: The current node timed out during startup. This could happen because some of the raylet failed to startup or the GCS has become overloaded.}"
+        echo "${FAIL_WITH:-Exception: The current node timed out during startup. This could happen because ...}"
         exit 1
     fi
     touch "$state/ready"
@@ -65,10 +66,8 @@ def fakes(tmp_path: Path) -> Iterator[Path]:
         (bin_dir / name).chmod(0o755)
     yield tmp_path
     for line in (state / "left").read_text().split() if (state / "left").exists() else []:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(int(line), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def start(root: Path, **env: str) -> subprocess.Popen[str]:
