@@ -39,10 +39,14 @@ A round runs every 30 simulated seconds when a job ended since the last, and aga
 round admits a whole batch (as the dispatcher's NOTIFY wakes it). Fairness: each project's
 GPU-seconds within the day against its DRF entitlement: its cohort's delivered GPU-seconds water-filled
 over the projects' demand, each capped at its quota plus borrowing limit. Starvation: how long a job
-waits after a later job of its own project was admitted ahead of it (`bypassed`).
+waits after a later job of its own project was admitted ahead of it (`bypassed`). Each project outside
+5% is listed (`fairness.outside_5pct_projects`) with the GPU-hours of its runs still going at the day's
+end, which its demand counts and the day does not. `--split-runs K` makes each job's run K jobs of the
+same gang, each a K-th as long: the same demand and gangs in shorter runs, to see how much of what is
+left of fairness is the day's end cutting runs (bench/README.md, stop 46).
 
     .venv/bin/python bench/simulate.py [--jobs 100000] [--nodes 10000] [--projects 2000] [--output sim.json]
-        [--world-in-reach]
+        [--world-in-reach] [--split-runs K]
 """
 
 from __future__ import annotations
@@ -117,10 +121,13 @@ def build(args: argparse.Namespace, rng: random.Random) -> tuple[list[Node], dic
         created = START - timedelta(seconds=rng.uniform(0, 3600))
         duration = min(8 * 3600, rng.lognormvariate(8.9, 0.9))
         job_id = uuid.UUID(int=rng.getrandbits(128))
-        jobs.append(
-            SimJob(
-                job_id, project_id, {"scaling": scaling}, 0, 4.0 * workers, workers, created, 0.0, None, None, duration
-            )
+        job = SimJob(job_id, project_id, {"scaling": scaling}, 0, 4.0 * workers, workers, created, 0.0, None, None, 0.0)
+        # --split-runs K: the run is K jobs of the same gang, each a K-th of it (the same demand in shorter runs;
+        # the same draws, so the same day otherwise).
+        jobs.append(job._replace(duration_s=duration / args.split_runs))
+        jobs.extend(
+            job._replace(id=uuid.UUID(int=(job_id.int + part) % (1 << 128)), duration_s=duration / args.split_runs)
+            for part in range(1, args.split_runs)
         )
     return nodes, projects, jobs
 
@@ -427,6 +434,11 @@ def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
     deviations, worst, short = [], (0.0, ""), set()
     waiting = {j.project_id for j in jobs if j.id not in admitted}
     outside = {"above": 0, "below_with_jobs_waiting": 0, "below_every_job_admitted": 0}
+    past_midnight = dict.fromkeys(projects, 0.0)  # GPU-seconds of runs still going at the day's end
+    for live in sim.live.values():
+        if live.asked_for is None:
+            past_midnight[live.job.project_id] += live.job.gang_gpus * min(live.job.duration_s, live.end_s - DAY_S)
+    listed: list[dict[str, Any]] = []
     for cohort in sorted({s.cohort for s in projects.values()}, key=str):
         members = [pid for pid, s in projects.items() if s.cohort == cohort]
         caps = [
@@ -438,11 +450,24 @@ def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
             off = abs(gpu_seconds[pid] - fair) / fair if fair > 0 else 0.0
             deviations.append(off)
             worst = max(worst, (off, projects[pid].name))
+            kind = None
             if gpu_seconds[pid] < 0.95 * fair:
                 short.add(pid)
-                outside["below_with_jobs_waiting" if pid in waiting else "below_every_job_admitted"] += 1
+                kind = "below_with_jobs_waiting" if pid in waiting else "below_every_job_admitted"
             elif off > 0.05:
-                outside["above"] += 1
+                kind = "above"
+            if kind is not None:
+                outside[kind] += 1
+                listed.append(
+                    {
+                        "project": projects[pid].name,
+                        "kind": kind,
+                        "deviation": round((gpu_seconds[pid] - fair) / fair, 4),
+                        "entitled_gpu_h": round(fair / 3600),
+                        "got_gpu_h": round(gpu_seconds[pid] / 3600),
+                        "running_past_day_end_gpu_h": round(past_midnight[pid] / 3600),
+                    }
+                )
     rounds_ms, cpu_ms, admits, waits = sim.rounds_ms, sim.cpu_ms, sim.admits, sim.waits
     filling = [n for n in admits if n > 0]
     busy_rounds = [ms for ms, n in zip(rounds_ms, admits, strict=True) if n > 0]
@@ -474,6 +499,7 @@ def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
             # Below with every job admitted: the project's last runs went on past the day's end, which its
             # demand (each job's whole run) counts and the day does not.
             "outside_5pct": outside,
+            "outside_5pct_projects": sorted(listed, key=lambda row: row["deviation"]),
         },
         "wait_s_of_admitted": spread(waits),
         "fair_share_preemption": sim.settings.fair_share_preemption,
@@ -507,6 +533,9 @@ def main() -> None:
     parser.add_argument("--cohorts", type=int, default=50)
     parser.add_argument("--seed", type=int, default=28)
     parser.add_argument("--output", type=Path)
+    parser.add_argument(
+        "--split-runs", type=int, default=1, help="each job's run as K jobs of the same gang, each a K-th of it"
+    )
     parser.add_argument("--fair-share-preemption", action="store_true", help="the setting on (it is off by default)")
     parser.add_argument("--half-life", type=float, help="fair_share_half_life_s (the setting's default otherwise)")
     parser.add_argument("--starvation-s", type=float, help="starvation_s (the setting's default otherwise; 0: off)")

@@ -26,7 +26,7 @@ def load() -> Any:
 
 def test_a_small_day_keeps_every_project_within_quota_and_borrowing_and_preempts_for_fair_share() -> None:
     simulate = load()
-    args = argparse.Namespace(jobs=600, nodes=20, projects=20, cohorts=2, seed=28)
+    args = argparse.Namespace(jobs=600, nodes=20, projects=20, cohorts=2, seed=28, split_runs=1)
     nodes, projects, jobs = simulate.build(args, random.Random(args.seed))
     over: list[str] = []
 
@@ -46,9 +46,32 @@ def test_a_small_day_keeps_every_project_within_quota_and_borrowing_and_preempts
     assert result["preempted"]["fair_share"] > 0
     fairness = result["fairness"]
     assert sum(fairness["outside_5pct"].values()) == fairness["projects"] - fairness["projects_within_5pct"]
+    listed = fairness["outside_5pct_projects"]
+    assert len(listed) == sum(fairness["outside_5pct"].values())
+    assert all(abs(row["deviation"]) > 0.05 and row["kind"] in fairness["outside_5pct"] for row in listed)
     # Each job admitted is counted once however often it was preempted and resumed.
     assert len(simulation.waits) == len(simulation.admitted) == result["admitted"] > 0
     # Every gang still running holds its nodes: what the nodes lack is exactly what the running hold.
     taken = sum(node.total["GPU"] - node.free["GPU"] for node in simulation.nodes)
     assert abs(taken - sum(live.job.gang_gpus for live in simulation.live.values())) < 1e-6
     assert abs(simulation.held["GPU"] - taken) < 1e-6
+
+
+def test_split_runs_keeps_the_demand_and_the_gangs_in_shorter_runs() -> None:
+    simulate = load()
+    whole_args = argparse.Namespace(jobs=300, nodes=20, projects=20, cohorts=2, seed=7, split_runs=1)
+    split_args = argparse.Namespace(**{**vars(whole_args), "split_runs": 3})
+    _, _, whole = simulate.build(whole_args, random.Random(7))
+    _, _, split = simulate.build(split_args, random.Random(7))
+    assert len(split) == 3 * len(whole)
+    assert len({job.id for job in split}) == len(split)
+
+    def demand(jobs: list[Any]) -> dict[Any, float]:
+        out: dict[Any, float] = {}
+        for job in jobs:
+            out[job.project_id] = out.get(job.project_id, 0.0) + job.gang_gpus * job.duration_s
+        return out
+
+    assert demand(split).keys() == demand(whole).keys()
+    assert all(abs(demand(split)[p] - demand(whole)[p]) < 1e-6 * demand(whole)[p] for p in demand(whole))
+    assert max(job.duration_s for job in split) <= max(job.duration_s for job in whole) / 3 + 1e-6
