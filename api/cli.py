@@ -94,11 +94,19 @@ def api(
         access_log=access_log,
         log_level="info",
         timeout_graceful_shutdown=5,
+        # uvicorn kills a worker that does not answer its supervisor's ping within this (5 s by default) and
+        # starts another. A worker answers from a thread it starts only once its interpreter is up: on a
+        # loaded machine that took longer, so each new worker was killed in turn and the API never became
+        # ready (a CI rehearsal's `trainmaster up`: "Child process died", then 60 s without an answer).
+        timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
     )
     if slots is not None:
         import shutil
 
         shutil.rmtree(slots, ignore_errors=True)
+
+
+WORKER_HEALTHCHECK_S = 30  # how long an API worker may take to answer uvicorn's supervisor (see `api`)
 
 
 def dispatcher() -> None:

@@ -45,8 +45,15 @@ end, which its demand counts and the day does not. `--split-runs K` makes each j
 same gang, each a K-th as long: the same demand and gangs in shorter runs, to see how much of what is
 left of fairness is the day's end cutting runs (bench/README.md, stop 46).
 
+What-if, not production: `--progressive-batch` orders the batch by DRF's progressive filling, each job
+by its project's share with the gangs of its project before it in the batch, where production (and the
+default here) gives every job of a project the project's share now, so the project lowest in fair share
+has its whole batch considered before any other project's. `decide` is unchanged; only the batch it is
+given differs. Production does not do this: `queue_position` would no longer be the admission order
+(bench/README.md, stop 46).
+
     .venv/bin/python bench/simulate.py [--jobs 100000] [--nodes 10000] [--projects 2000] [--output sim.json]
-        [--world-in-reach] [--split-runs K]
+        [--world-in-reach] [--split-runs K] [--progressive-batch]
 """
 
 from __future__ import annotations
@@ -191,12 +198,13 @@ class Simulation:
     room_ms: list[float] = field(default_factory=list)  # make_room: the victim rules, per round that asked
     gc_ms: list[float] = field(default_factory=list)  # the collector's time inside each round's `decide`
     freeze_world: bool = False  # freeze the simulated world between rounds (main's default; the docstring)
+    progressive_batch: bool = False  # what-if, not production: the docstring's last paragraph
     seq: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
         self.capacity = {r: float(sum(n.total[r] for n in self.nodes)) for r in ("CPU", "GPU")}
         self.queues = {pid: [] for pid in self.projects}
-        for job in sorted(self.jobs, key=admission_key):
+        for job in sorted(self.jobs, key=in_project_order):
             self.queues[job.project_id].append(job)
         self.heads = dict.fromkeys(self.projects, 0)
         self.position = {job.id: at for queue in self.queues.values() for at, job in enumerate(queue)}
@@ -378,11 +386,20 @@ class Simulation:
                 frontier.append((admission_key(job), job, pending))
         heapq.heapify(frontier)
         batch: list[SimJob] = []
+        ahead: dict[uuid.UUID, dict[str, float]] = {}  # --progressive-batch: the gangs before each in the batch
         while frontier and len(batch) < self.settings.admit_batch:
             _, job, pending = heapq.heappop(frontier)
             batch.append(job)
             if (following := next(pending, None)) is not None:
-                following = following._replace(share=job.share, bypassed_since=self.since.get(following.id))
+                share = job.share  # production: every job of a project carries the project's share
+                if self.progressive_batch:
+                    pid, before = job.project_id, ahead.setdefault(job.project_id, {"CPU": 0.0, "GPU": 0.0})
+                    before["CPU"] += job.gang_cpus
+                    before["GPU"] += job.gang_gpus
+                    usage = self.projects[pid].usage
+                    held = {r: usage.get(r, 0.0) + before[r] for r in ("CPU", "GPU")}
+                    share = dominant_share(self.history[pid], held, self.capacity)
+                following = following._replace(share=share, bypassed_since=self.since.get(following.id))
                 heapq.heappush(frontier, (admission_key(following), following, pending))
         return batch
 
@@ -392,12 +409,20 @@ class Simulation:
         queue, admitted = self.queues[pid], self.admitted
         listed = (job for job in itertools.islice(queue, self.heads[pid], None) if job.id not in admitted)
         again = self.returned[pid]
-        return heapq.merge(sorted(again.values(), key=admission_key), listed, key=admission_key) if again else listed
+        if not again:
+            return listed
+        return heapq.merge(sorted(again.values(), key=in_project_order), listed, key=in_project_order)
 
     def next_queued(self, queue: list[SimJob], at: int) -> int:
         while at < len(queue) and queue[at].id in self.admitted:
             at += 1
         return at
+
+
+def in_project_order(job: SimJob) -> tuple[int, datetime, uuid.UUID]:
+    """A project's queue order, as ix_jobs_queued_by_project holds it: priority, then age. A preempted job
+    queued again keeps its age, so it goes before the project's later jobs."""
+    return (-job.priority, job.created_at, job.id)
 
 
 class Collector:
@@ -501,6 +526,7 @@ def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
             "outside_5pct": outside,
             "outside_5pct_projects": sorted(listed, key=lambda row: row["deviation"]),
         },
+        "progressive_batch": sim.progressive_batch,
         "wait_s_of_admitted": spread(waits),
         "fair_share_preemption": sim.settings.fair_share_preemption,
         "fair_share_half_life_s": sim.settings.fair_share_half_life_s,
@@ -543,6 +569,11 @@ def main() -> None:
     parser.add_argument(
         "--world-in-reach", action="store_true", help="leave the simulated world in the collector's reach (docstring)"
     )
+    parser.add_argument(
+        "--progressive-batch",
+        action="store_true",
+        help="what-if, not production: a batch orders each job by its project's share with the gangs before it",
+    )
     args = parser.parse_args()
     nodes, projects, jobs = build(args, random.Random(args.seed))
     chosen: dict[str, Any] = {"fair_share_preemption": args.fair_share_preemption}
@@ -554,7 +585,9 @@ def main() -> None:
         if value is not None:
             chosen[name] = value
     settings = Settings.model_validate(chosen)
-    simulation = Simulation(nodes, projects, jobs, settings, freeze_world=not args.world_in_reach)
+    simulation = Simulation(
+        nodes, projects, jobs, settings, freeze_world=not args.world_in_reach, progressive_batch=args.progressive_batch
+    )
     if not args.world_in_reach:
         freeze_heap()  # as the dispatcher does once it is up
     simulation.run()

@@ -7,6 +7,8 @@ import argparse
 import importlib.util
 import random
 import sys
+import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +77,49 @@ def test_split_runs_keeps_the_demand_and_the_gangs_in_shorter_runs() -> None:
     assert demand(split).keys() == demand(whole).keys()
     assert all(abs(demand(split)[p] - demand(whole)[p]) < 1e-6 * demand(whole)[p] for p in demand(whole))
     assert max(job.duration_s for job in split) <= max(job.duration_s for job in whole) / 3 + 1e-6
+
+
+def test_a_batch_gives_each_job_its_projects_share_and_the_progressive_what_if_adds_the_gangs_before_it() -> None:
+    simulate = load()
+    from api.dispatcher.placement import Node
+    from api.dispatcher.quotas import Standing
+
+    nodes = [Node(f"{i:08x}", {"CPU": 64, "GPU": 8}, {"CPU": 64, "GPU": 8}, labels={}) for i in range(2)]
+    alpha, beta = uuid.UUID(int=1), uuid.UUID(int=2)
+    projects = {pid: Standing(name, {}, None, None, None) for pid, name in ((alpha, "alpha"), (beta, "beta"))}
+    start = simulate.START
+    jobs = [
+        simulate.SimJob(
+            uuid.UUID(int=10 * n + p), pid, {}, 0, 4.0, 1.0, start + timedelta(seconds=n), 0.0, None, None, 60
+        )
+        for n in range(3)
+        for p, pid in ((1, alpha), (2, beta))
+    ]
+
+    def order(progressive: bool) -> list[str]:
+        sim = simulate.Simulation(nodes, projects, jobs, Settings(), progressive_batch=progressive)
+        sim.history[beta]["GPU"] = 0.1  # alpha holds nothing and has no history: it goes first
+        return [f"{projects[job.project_id].name}{job.created_at.second}" for job in sim.batch(set())]
+
+    # Production: every job of alpha carries alpha's share (0), so all of alpha's come first.
+    assert order(False) == ["alpha0", "alpha1", "alpha2", "beta0", "beta1", "beta2"]
+    # Progressive: each 1-GPU gang adds 1/16 to its project's share (0, 0.0625, 0.125 against 0.1, 0.1625, ...).
+    assert order(True) == ["alpha0", "alpha1", "beta0", "alpha2", "beta1", "beta2"]
+
+
+def test_a_preempted_job_queued_again_keeps_its_place_in_its_projects_order() -> None:
+    simulate = load()
+    from api.dispatcher.placement import Node
+    from api.dispatcher.quotas import Standing
+
+    start, pid = simulate.START, uuid.UUID(int=1)
+    nodes = [Node("00000000", {"CPU": 64, "GPU": 8}, {"CPU": 64, "GPU": 8}, labels={})]
+    jobs = [
+        simulate.SimJob(uuid.UUID(int=n + 1), pid, {}, 0, 4.0, 1.0, start + timedelta(seconds=n), 0.0, None, None, 60)
+        for n in range(3)
+    ]
+    sim = simulate.Simulation(nodes, {pid: Standing("alpha", {}, None, None, None)}, jobs, Settings())
+    first = jobs[0]
+    sim.admitted.add(first.id)  # admitted (with the share of its batch), preempted, and queued again
+    sim.returned[pid][first.id] = first._replace(share=0.4, duration_s=30)
+    assert [job.id for job in sim.pending(pid)] == [job.id for job in jobs]
