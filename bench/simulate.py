@@ -119,7 +119,7 @@ def build(args: argparse.Namespace, rng: random.Random) -> tuple[list[Node], dic
         projects[pid] = Standing(f"p{p}", {"CPU": cpu_quota, "GPU": gpu_quota}, f"c{p // per}", borrow, lend)
         weights.append(1 / (p % per + 1))
     ids = list(projects)
-    jobs = []
+    jobs: list[SimJob] = []
     for project_id in rng.choices(ids, weights, k=args.jobs):
         workers = rng.choice((1, 1, 2, 2, 4, 4, 8, 8, 16, 32))
         scaling: dict[str, Any] = {"num_workers": workers, "resources_per_worker": {"CPU": 4, "GPU": 1}}
@@ -128,14 +128,11 @@ def build(args: argparse.Namespace, rng: random.Random) -> tuple[list[Node], dic
         created = START - timedelta(seconds=rng.uniform(0, 3600))
         duration = min(8 * 3600, rng.lognormvariate(8.9, 0.9))
         job_id = uuid.UUID(int=rng.getrandbits(128))
-        job = SimJob(job_id, project_id, {"scaling": scaling}, 0, 4.0 * workers, workers, created, 0.0, None, None, 0.0)
+        run = duration / args.split_runs
+        job = SimJob(job_id, project_id, {"scaling": scaling}, 0, 4.0 * workers, workers, created, 0.0, None, None, run)
         # --split-runs K: the run is K jobs of the same gang, each a K-th of it (the same demand in shorter runs;
         # the same draws, so the same day otherwise).
-        jobs.append(job._replace(duration_s=duration / args.split_runs))
-        jobs.extend(
-            job._replace(id=uuid.UUID(int=(job_id.int + part) % (1 << 128)), duration_s=duration / args.split_runs)
-            for part in range(1, args.split_runs)
-        )
+        jobs.extend(job._replace(id=uuid.UUID(int=(job_id.int + part) % (1 << 128))) for part in range(args.split_runs))
     return nodes, projects, jobs
 
 
@@ -396,8 +393,7 @@ class Simulation:
                     pid, before = job.project_id, ahead.setdefault(job.project_id, {"CPU": 0.0, "GPU": 0.0})
                     before["CPU"] += job.gang_cpus
                     before["GPU"] += job.gang_gpus
-                    usage = self.projects[pid].usage
-                    held = {r: usage.get(r, 0.0) + before[r] for r in ("CPU", "GPU")}
+                    held = {r: self.projects[pid].used(r) + before[r] for r in before}
                     share = dominant_share(self.history[pid], held, self.capacity)
                 following = following._replace(share=share, bypassed_since=self.since.get(following.id))
                 heapq.heappush(frontier, (admission_key(following), following, pending))
@@ -461,7 +457,7 @@ def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
     outside = {"above": 0, "below_with_jobs_waiting": 0, "below_every_job_admitted": 0}
     past_midnight = dict.fromkeys(projects, 0.0)  # GPU-seconds of runs still going at the day's end
     for live in sim.live.values():
-        if live.asked_for is None:
+        if live.asked_for is None and live.end_s > DAY_S:  # not one that ended after the day's last tick
             past_midnight[live.job.project_id] += live.job.gang_gpus * min(live.job.duration_s, live.end_s - DAY_S)
     listed: list[dict[str, Any]] = []
     for cohort in sorted({s.cohort for s in projects.values()}, key=str):
@@ -472,7 +468,8 @@ def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
         ]
         entitled = water_fill(sum(gpu_seconds[p] for p in members), caps)
         for pid, fair in zip(members, entitled, strict=True):
-            off = abs(gpu_seconds[pid] - fair) / fair if fair > 0 else 0.0
+            signed = (gpu_seconds[pid] - fair) / fair if fair > 0 else 0.0
+            off = abs(signed)
             deviations.append(off)
             worst = max(worst, (off, projects[pid].name))
             kind = None
@@ -487,7 +484,7 @@ def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
                     {
                         "project": projects[pid].name,
                         "kind": kind,
-                        "deviation": round((gpu_seconds[pid] - fair) / fair, 4),
+                        "deviation": round(signed, 4),
                         "entitled_gpu_h": round(fair / 3600),
                         "got_gpu_h": round(gpu_seconds[pid] / 3600),
                         "running_past_day_end_gpu_h": round(past_midnight[pid] / 3600),

@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -98,9 +98,9 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def wait_for(predicate: object, what: str, timeout: float = 60.0) -> None:
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
+    while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
 

@@ -12,6 +12,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from api.dispatcher.placement import Node
+from api.dispatcher.quotas import Standing
 from api.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,9 +83,6 @@ def test_split_runs_keeps_the_demand_and_the_gangs_in_shorter_runs() -> None:
 
 def test_a_batch_gives_each_job_its_projects_share_and_the_progressive_what_if_adds_the_gangs_before_it() -> None:
     simulate = load()
-    from api.dispatcher.placement import Node
-    from api.dispatcher.quotas import Standing
-
     nodes = [Node(f"{i:08x}", {"CPU": 64, "GPU": 8}, {"CPU": 64, "GPU": 8}, labels={}) for i in range(2)]
     alpha, beta = uuid.UUID(int=1), uuid.UUID(int=2)
     projects = {pid: Standing(name, {}, None, None, None) for pid, name in ((alpha, "alpha"), (beta, "beta"))}
@@ -109,9 +108,6 @@ def test_a_batch_gives_each_job_its_projects_share_and_the_progressive_what_if_a
 
 def test_a_preempted_job_queued_again_keeps_its_place_in_its_projects_order() -> None:
     simulate = load()
-    from api.dispatcher.placement import Node
-    from api.dispatcher.quotas import Standing
-
     start, pid = simulate.START, uuid.UUID(int=1)
     nodes = [Node("00000000", {"CPU": 64, "GPU": 8}, {"CPU": 64, "GPU": 8}, labels={})]
     jobs = [
