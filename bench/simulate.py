@@ -45,15 +45,13 @@ end, which its demand counts and the day does not. `--split-runs K` makes each j
 same gang, each a K-th as long: the same demand and gangs in shorter runs, to see how much of what is
 left of fairness is the day's end cutting runs (bench/README.md, stop 46).
 
-What-if, not production: `--progressive-batch` orders the batch by DRF's progressive filling, each job
-by its project's share with the gangs of its project before it in the batch, where production (and the
-default here) gives every job of a project the project's share now, so the project lowest in fair share
-has its whole batch considered before any other project's. `decide` is unchanged; only the batch it is
-given differs. Production does not do this: `queue_position` would no longer be the admission order
-(bench/README.md, stop 46).
+The batch is the production one (api/dispatcher/repository.py, `lock_queued`): DRF's progressive
+filling, each job by its project's share with the gangs of its project's queued jobs before it added to
+what the project holds (stop 47; before, every job of a project carried the project's share, and the
+project lowest in fair share had its whole batch considered before any other project's).
 
     .venv/bin/python bench/simulate.py [--jobs 100000] [--nodes 10000] [--projects 2000] [--output sim.json]
-        [--world-in-reach] [--split-runs K] [--progressive-batch]
+        [--world-in-reach] [--split-runs K]
 """
 
 from __future__ import annotations
@@ -195,7 +193,6 @@ class Simulation:
     room_ms: list[float] = field(default_factory=list)  # make_room: the victim rules, per round that asked
     gc_ms: list[float] = field(default_factory=list)  # the collector's time inside each round's `decide`
     freeze_world: bool = False  # freeze the simulated world between rounds (main's default; the docstring)
-    progressive_batch: bool = False  # what-if, not production: the docstring's last paragraph
     seq: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
@@ -383,18 +380,16 @@ class Simulation:
                 frontier.append((admission_key(job), job, pending))
         heapq.heapify(frontier)
         batch: list[SimJob] = []
-        ahead: dict[uuid.UUID, dict[str, float]] = {}  # --progressive-batch: the gangs before each in the batch
+        ahead: dict[uuid.UUID, dict[str, float]] = {}  # per project, the gangs of its jobs in the batch so far
         while frontier and len(batch) < self.settings.admit_batch:
             _, job, pending = heapq.heappop(frontier)
             batch.append(job)
             if (following := next(pending, None)) is not None:
-                share = job.share  # production: every job of a project carries the project's share
-                if self.progressive_batch:
-                    pid, before = job.project_id, ahead.setdefault(job.project_id, {"CPU": 0.0, "GPU": 0.0})
-                    before["CPU"] += job.gang_cpus
-                    before["GPU"] += job.gang_gpus
-                    held = {r: self.projects[pid].used(r) + before[r] for r in before}
-                    share = dominant_share(self.history[pid], held, self.capacity)
+                pid, before = job.project_id, ahead.setdefault(job.project_id, {"CPU": 0.0, "GPU": 0.0})
+                before["CPU"] += job.gang_cpus
+                before["GPU"] += job.gang_gpus
+                held = {r: self.projects[pid].used(r) + before[r] for r in before}
+                share = dominant_share(self.history[pid], held, self.capacity)
                 following = following._replace(share=share, bypassed_since=self.since.get(following.id))
                 heapq.heappush(frontier, (admission_key(following), following, pending))
         return batch
@@ -523,7 +518,6 @@ def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
             "outside_5pct": outside,
             "outside_5pct_projects": sorted(listed, key=lambda row: row["deviation"]),
         },
-        "progressive_batch": sim.progressive_batch,
         "wait_s_of_admitted": spread(waits),
         "fair_share_preemption": sim.settings.fair_share_preemption,
         "fair_share_half_life_s": sim.settings.fair_share_half_life_s,
@@ -566,11 +560,6 @@ def main() -> None:
     parser.add_argument(
         "--world-in-reach", action="store_true", help="leave the simulated world in the collector's reach (docstring)"
     )
-    parser.add_argument(
-        "--progressive-batch",
-        action="store_true",
-        help="what-if, not production: a batch orders each job by its project's share with the gangs before it",
-    )
     args = parser.parse_args()
     nodes, projects, jobs = build(args, random.Random(args.seed))
     chosen: dict[str, Any] = {"fair_share_preemption": args.fair_share_preemption}
@@ -582,9 +571,7 @@ def main() -> None:
         if value is not None:
             chosen[name] = value
     settings = Settings.model_validate(chosen)
-    simulation = Simulation(
-        nodes, projects, jobs, settings, freeze_world=not args.world_in_reach, progressive_batch=args.progressive_batch
-    )
+    simulation = Simulation(nodes, projects, jobs, settings, freeze_world=not args.world_in_reach)
     if not args.world_in_reach:
         freeze_heap()  # as the dispatcher does once it is up
     simulation.run()

@@ -146,6 +146,7 @@ class Job(Base):
             "created_at",
             "id",
             postgresql_where=text("status = 'queued'"),
+            postgresql_include=["gang_cpus", "gang_gpus"],  # 0026: each project's running sums, index-only
         ),
         Index(
             "ix_jobs_unpurged_finished_at",
@@ -274,8 +275,9 @@ class MetricBlock(Base):
 
 
 class QueueCount(Base):
-    """Queued jobs per priority and project, kept by a deferred trigger on jobs. Each job counts in
-    one of 8 shards (by its id) so concurrent submissions of one project do not queue on one row."""
+    """Queued jobs per priority and project and their gangs summed, kept by a deferred trigger on jobs.
+    Each job counts in one of 8 shards (by its id) so concurrent submissions of one project do not queue
+    on one row. Numeric sums, so adding and taking away fractions returns exactly to zero."""
 
     __tablename__ = "queue_counts"
 
@@ -283,6 +285,8 @@ class QueueCount(Base):
     project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
     shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
     queued: Mapped[int] = mapped_column(Integer)
+    cpus: Mapped[float] = mapped_column(Numeric(asdecimal=False), server_default=text("0"))  # 0026
+    gpus: Mapped[float] = mapped_column(Numeric(asdecimal=False), server_default=text("0"))
 
 
 class UsageFigures:

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import Integer, Select, Uuid, bindparam, func, or_, select, text, true, update
+from sqlalchemy import Double, Integer, Uuid, bindparam, column, func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import aliased, selectinload
+from sqlalchemy.orm import selectinload
 
 from api.db.models import ApiToken, Checkpoint, Job, JobAttempt, JobEvent, LogLine, Project, ProjectUsage
 from api.dispatcher.quotas import Book, Standing
-from api.jobs.repository import ACTIVE
+from api.jobs.repository import ACTIVE, CLUSTER_CAPACITY, project_share
 from api.jobs.status import can_transition, sources
 from trainmaster.models import JobStatus
 
@@ -168,59 +168,71 @@ class QueuedJob(NamedTuple):
     infeasible_since: datetime | None
     created_at: datetime
     bypassed_since: datetime | None
-    share: float  # its project's fair share (project_usage.share; 0 without a row): decide.admission_key
+    share: float  # its project's fair share with the gangs of its project ahead of it (QUEUED): admission_key
     attempts: int  # the highest attempt number so far, 0 for none
 
 
-def _queued_query() -> Select[Any]:
-    """Built once (building it cost about 2.5 ms a round); the limit is a bound parameter."""
-    limit = bindparam("limit", type_=Integer)
-    usage = ProjectUsage.__table__
-    queued = aliased(Job)
-    firsts = (
-        select(queued.id, queued.priority, queued.created_at)
-        .where(queued.project_id == Project.id, queued.status == JobStatus.queued)
-        .order_by(queued.priority.desc(), queued.created_at, queued.id)
-        .limit(limit)
-        .lateral()
+# The round's batch in admission order (decide.admission_key), DRF's progressive filling: each queued job
+# carries its project's share with the gangs of the project's queued jobs before it (higher priority, then
+# older) added to what the project holds (`tm_share`, migration 0026; api/jobs/repository.py's positions
+# count the same order). Within a project that share only grows along its order, so the project's jobs
+# come in its own (priority, age) order and the first `limit` of all are among the first `limit` of each
+# project: those are read per project on ix_jobs_queued_by_project, gangs included (an index-only scan,
+# the running sums streamed beside it), only those narrow rows are sorted, and only the first `limit`
+# are fetched and locked, so a round reads projects x limit index entries and `limit` rows however long
+# the queue is. A project's share is of its own cluster's capacity, the one its last fair-share sample
+# read (or any project's of the cluster, before its first).
+QUEUED = text(
+    """
+    WITH cap AS ({capacity}),
+    head AS (
+        SELECT f.id, f.priority, f.created_at, {share} AS share
+        FROM projects p
+        CROSS JOIN LATERAL (
+            SELECT q.id, q.priority, q.created_at,
+                   coalesce(sum(CAST(q.gang_cpus AS numeric)) OVER ahead, 0) AS cpus_ahead,
+                   coalesce(sum(CAST(q.gang_gpus AS numeric)) OVER ahead, 0) AS gpus_ahead
+            FROM jobs q
+            WHERE q.project_id = p.id AND q.status = 'queued'
+            WINDOW ahead AS (ORDER BY q.priority DESC, q.created_at, q.id
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+            ORDER BY q.priority DESC, q.created_at, q.id
+            LIMIT :limit
+        ) f
+        LEFT JOIN project_usage u ON u.project_id = p.id
+        CROSS JOIN cap
+        WHERE (CAST(:cluster AS uuid) IS NULL OR p.cluster_id = CAST(:cluster AS uuid))
+          AND NOT (p.id = ANY(CAST(:seen AS uuid[])))
+        ORDER BY f.priority DESC, share, f.created_at, f.id
+        LIMIT :limit
     )
-    share = func.coalesce(usage.c.share, 0).label("share")
-    head = (
-        select(firsts.c.id, firsts.c.priority, share, firsts.c.created_at)
-        .select_from(Project)
-        .join(firsts, true())
-        .outerjoin(usage, usage.c.project_id == Project.id)
-        .where(PROJECT_ON_CLUSTER, Project.id.not_in(bindparam("seen", expanding=True)))
-        .order_by(firsts.c.priority.desc(), share, firsts.c.created_at, firsts.c.id)
-        .limit(limit)
-        .subquery()
+    SELECT {fields}, head.share,
+           (SELECT coalesce(max(a.n), 0) FROM job_attempts a WHERE a.job_id = j.id) AS attempts
+    FROM jobs j JOIN head ON head.id = j.id
+    WHERE j.status = 'queued'
+    ORDER BY head.priority DESC, head.share, head.created_at, head.id
+    FOR UPDATE OF j SKIP LOCKED
+    """.format(
+        capacity=CLUSTER_CAPACITY.format(
+            projects="SELECT id FROM projects WHERE CAST(:cluster AS uuid) IS NULL"
+            " OR cluster_id = CAST(:cluster AS uuid)"
+        ),
+        share=project_share("u", "cap", "f.cpus_ahead", "f.gpus_ahead"),
+        fields=", ".join(f"j.{name}" for name in QueuedJob._fields[:-2]),
     )
-    attempts = select(func.coalesce(func.max(JobAttempt.n), 0)).where(JobAttempt.job_id == Job.id).scalar_subquery()
-    return (
-        select(*(getattr(Job, name) for name in QueuedJob._fields[:-2]), head.c.share, attempts)
-        .join(head, head.c.id == Job.id)
-        .where(Job.status == JobStatus.queued)
-        .order_by(head.c.priority.desc(), head.c.share, head.c.created_at, head.c.id)
-        .with_for_update(of=Job, skip_locked=True)
-    )
-
-
-QUEUED = _queued_query()
+).columns(
+    *(Job.__table__.c[name] for name in QueuedJob._fields[:-2]), column("share", Double), column("attempts", Integer)
+)
 
 
 async def lock_queued(
     session: AsyncSession, limit: int, cluster: uuid.UUID | None = None, seen: Iterable[uuid.UUID] = ()
 ) -> list[QueuedJob]:
-    """The cluster's first `limit` queued jobs in admission order (decide.admission_key, here in SQL),
-    locked, of the projects not in `seen` (the round's earlier batches: decide.read_on); rows another
-    dispatcher holds are skipped.
-
-    Within one project the fair share is the same for every job, so the project's jobs come in the admission
-    order by (priority, age) alone: the first `limit` of all are among the first `limit` of each
-    project. Those are read per project on ix_jobs_queued_by_project with their sort keys (an
-    index-only scan), only those narrow rows are sorted, and only the first `limit` are fetched and
-    locked, so a round reads projects x limit index entries and `limit` rows however long the queue is."""
-    rows = (await session.execute(QUEUED, {"limit": limit, "cluster": cluster, "seen": list(seen)})).all()
+    """The cluster's first `limit` queued jobs in admission order (decide.admission_key, here in SQL:
+    QUEUED), each with its progressive share, locked, of the projects not in `seen` (the round's earlier
+    batches: decide.read_on); rows another dispatcher holds are skipped."""
+    params = {"limit": limit, "cluster": cluster, "seen": list(seen)}
+    rows = (await session.execute(QUEUED, params)).all()
     return [QueuedJob(*row) for row in rows]
 
 

@@ -1,11 +1,11 @@
 """A per-process cache of each queued job's place among its own project's queue, exact by invalidation.
 
-A job's queue position (api/jobs/repository.py, READ_JOB) is the maintained counts of the groups ahead
-of it plus a count of the queued jobs of its own project and priority older than it: an index-only
-count of up to the whole queue (0.35 µs a job vacuumed, about 2 µs before autovacuum has set the
-visibility map), on every poll of every queued job. That count ("older") changes only when a job of the
-same project and priority, older than it or itself, enters or leaves the queue; a new submission, the
-newest of its group, changes no older job's count.
+A job's queue position (api/jobs/repository.py, READ_JOB) needs the queued jobs of its own project and
+priority older than it, counted with their gangs (its progressive share): an index-only scan of up to the
+whole queue (0.35 µs a job vacuumed, about 2 µs before autovacuum has set the visibility map), on every
+poll of every queued job. That count and those sums ("older", repository.Older) change only when a job of
+the same project and priority, older than it or itself, enters or leaves the queue; a new submission, the
+newest of its group, changes no older job's.
 
 So each API process keeps the count per job, and forgets it when it may have changed: the jobs
 trigger (migration 0008) sends `NOTIFY tm_queue, '<project> <priority> <created µs> <id>'` for every
@@ -32,9 +32,11 @@ import bisect
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 Group = tuple[str, int]  # (project id, priority)
 Place = tuple[int, str]  # (created_at in µs since the epoch, job id): queue order within a group
+Older = tuple[int, Decimal, Decimal]  # the group's queued jobs ahead of one, and their CPUs and GPUs
 
 
 async def _never(_since: float) -> bool:
@@ -44,7 +46,7 @@ async def _never(_since: float) -> bool:
 @dataclass
 class _Counts:
     places: list[Place] = field(default_factory=list)  # sorted
-    older: dict[str, int] = field(default_factory=dict)  # job id -> queued jobs of the group ahead of it
+    older: dict[str, Older] = field(default_factory=dict)  # job id -> the group's queued jobs ahead of it
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class QueueRanks:
     def cold(self, project_id: str, priority: int) -> bool:
         return self.enabled and self.listening and (project_id, priority) not in self.groups
 
-    async def older(self, job_id: str, arrived: float) -> int | None:
+    async def older(self, job_id: str, arrived: float) -> Older | None:
         """The cached count for a job, once every notice committed before `arrived` is handled."""
         if not self.enabled or not self.listening or job_id not in self.group_of:
             self.misses += 1
@@ -116,7 +118,7 @@ class QueueRanks:
         return self.groups[group].older[job_id]
 
     def put(
-        self, project_id: str, priority: int, rows: list[tuple[int, str, int]], stamp: Stamp, *, whole: bool = False
+        self, project_id: str, priority: int, rows: list[tuple[int, str, Older]], stamp: Stamp, *, whole: bool = False
     ) -> None:
         """Counts read after `stamp`: (created µs, job id, older) of jobs of one group; `whole`: its head
         numbered at once (counted as a warm)."""

@@ -13,6 +13,7 @@ from sqlalchemy.orm import selectinload
 
 from api.db.direct import Direct, pyformat
 from api.db.models import Job, JobEvent, Project
+from api.jobs.ranks import Older
 from trainmaster.models import JobStatus
 
 
@@ -28,10 +29,108 @@ SAME_CLUSTER = """
 """
 
 
+# A project's capacity, for its share: the one its own last fair-share sample read, or before its first
+# the cluster's (the largest any of `{projects}` read; samples of one cluster read the same totals).
+CLUSTER_CAPACITY = """
+    SELECT max(cpu_capacity) AS cap_cpus, max(gpu_capacity) AS cap_gpus
+    FROM project_usage WHERE project_id IN ({projects})
+"""
+
+
+def project_share(usage: str, capacity: str, cpus_ahead: str, gpus_ahead: str) -> str:
+    """SQL: the dominant share (`tm_share`, migration 0026: decide.dominant_share) of the project of the
+    `project_usage` row `usage` (NULL: none, it holds nothing and has no history) with `cpus_ahead` and
+    `gpus_ahead` (numeric) more than it holds: what it would hold once the gangs ahead of a job of it are
+    admitted. `capacity`: a CLUSTER_CAPACITY row. DRF's progressive filling orders the queue by it."""
+    return (
+        f"tm_share(coalesce({usage}.history_cpus, 0), coalesce({usage}.history_gpus, 0),"
+        f" coalesce({usage}.cpus, 0) + {cpus_ahead}, coalesce({usage}.gpus, 0) + {gpus_ahead},"
+        f" coalesce({usage}.cpu_capacity, {capacity}.cap_cpus), coalesce({usage}.gpu_capacity, {capacity}.cap_gpus))"
+    )
+
+
+# The admission order (decide.admission_key; the dispatcher's claim, api/dispatcher/repository.py QUEUED,
+# takes jobs in it, so the position a user sees is the order admission takes): priority (high first),
+# then the job's progressive share (`project_share` of its project with the gangs of the project's queued
+# jobs ahead of it: higher priority, then older), then age. Along one project's own order that share only
+# grows, so a project's jobs keep their (priority, age) order, and the jobs of another project ahead of a
+# job are a prefix of that project's queue at its priority.
+#
+# SPANS (CTEs `counted`, `cap`, `spans`) holds, per (project, priority) group of the cluster at or above
+# `{lowest}` priority, from the maintained counts (`queue_counts`, no queue read): its queued jobs and their
+# gangs (`queued`, `queued_cpus`, `queued_gpus`), the gangs of the project's groups above it (`above_*`),
+# its project's usage and capacity, and the share of its first job (`first_share`) and a bound over its
+# last (`past_share`, with every gang of the group ahead).
+SPANS = """
+    counted AS (
+        SELECT q.priority, q.project_id, sum(q.queued) AS queued, sum(q.cpus) AS queued_cpus,
+               sum(q.gpus) AS queued_gpus
+        FROM queue_counts q
+        WHERE q.priority >= {lowest} AND q.project_id IN ({same_cluster})
+        GROUP BY q.priority, q.project_id
+        HAVING sum(q.queued) > 0
+    ),
+    cap AS ({capacity}),
+    spans AS (
+        SELECT g.*, u.history_cpus, u.history_gpus, u.cpus, u.gpus, u.cpu_capacity, u.gpu_capacity,
+               cap.cap_cpus, cap.cap_gpus
+        FROM (
+            SELECT c.*, coalesce(sum(c.queued_cpus) OVER above, 0) AS above_cpus,
+                   coalesce(sum(c.queued_gpus) OVER above, 0) AS above_gpus
+            FROM counted c
+            WINDOW above AS (PARTITION BY c.project_id ORDER BY c.priority DESC
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+        ) g
+        LEFT JOIN project_usage u ON u.project_id = g.project_id
+        CROSS JOIN cap
+    ),
+    bounds AS (
+        SELECT s.*, {first} AS first_share, {past} AS past_share FROM spans s
+    )
+"""
+
+
+def spans(lowest: str, project: str) -> str:
+    """SPANS for the cluster of `project` (SQL: a project id), its groups at or above priority `lowest`."""
+    same_cluster = SAME_CLUSTER.format(project=project)
+    return SPANS.format(
+        lowest=lowest,
+        same_cluster=same_cluster,
+        capacity=CLUSTER_CAPACITY.format(projects=same_cluster),
+        first=project_share("s", "s", "s.above_cpus", "s.above_gpus"),
+        past=project_share("s", "s", "s.above_cpus + s.queued_cpus", "s.above_gpus + s.queued_gpus"),
+    )
+
+
+def _ahead_in(group: str, share: str, created_at: str, job_id: str) -> str:
+    """SQL (a number): how many queued jobs of the group `group` (a `bounds` row of another project, at
+    the job's priority) come before a job of progressive share `share`, submitted at (`created_at`,
+    `job_id`). None when its first job's share is above, all when even its last's would be below, from
+    the maintained counts; otherwise the group is read in its order with its running gang sums (an
+    index-only scan of ix_jobs_queued_by_project) and its jobs before the job are counted: a group read
+    only when its shares straddle the job's."""
+    theirs = project_share(group, group, f"{group}.above_cpus + k.cpus_before", f"{group}.above_gpus + k.gpus_before")
+    return f"""CASE
+        WHEN {group}.past_share < {share} THEN {group}.queued
+        WHEN {group}.first_share > {share} THEN 0
+        ELSE (
+            SELECT count(*) FROM (
+                SELECT o.created_at, o.id,
+                       coalesce(sum(CAST(o.gang_cpus AS numeric)) OVER before, 0) AS cpus_before,
+                       coalesce(sum(CAST(o.gang_gpus AS numeric)) OVER before, 0) AS gpus_before
+                FROM jobs o
+                WHERE o.status = 'queued' AND o.project_id = {group}.project_id AND o.priority = {group}.priority
+                WINDOW before AS (ORDER BY o.created_at, o.id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+            ) k
+            WHERE ({theirs}, k.created_at, k.id) < ({share}, {created_at}, {job_id})
+        ) END"""
+
+
 # One statement for a new job: the row, its first event, the NOTIFY (sent at commit) and its place in the
 # queue; no row when the project already holds a job with this idempotency key. The new job is the
-# newest of its class (see QUEUE_POSITIONS below), so every queued job of the groups ahead of it or tied
-# with it is ahead: the maintained counts say how many, without reading the queue.
+# newest of its group, so every queued job of its project at or above its priority is ahead of it (their
+# gangs too: its share), and of each other project's group at its priority the jobs whose share is at most
+# its own: SPANS says how many, without reading the queue unless a group's shares straddle its share.
 INSERT_QUEUED = text(
     """
     WITH job AS (
@@ -46,19 +145,27 @@ INSERT_QUEUED = text(
         INSERT INTO job_events (job_id, kind, status, message, data)
         SELECT id, 'status', 'queued', 'submitted', '{{}}'::jsonb FROM job
     ),
+    {spans},
+    own AS (
+        SELECT coalesce(sum(b.queued), 0) AS queued, coalesce(sum(b.queued_cpus), 0) AS cpus,
+               coalesce(sum(b.queued_gpus), 0) AS gpus
+        FROM counted b WHERE b.project_id = :project_id
+    ),
     mine AS (
-        SELECT coalesce(min(share), 0) AS share FROM project_usage WHERE project_id = :project_id
+        SELECT own.queued, {share} AS share
+        FROM own CROSS JOIN cap LEFT JOIN project_usage u ON u.project_id = :project_id
     )
     SELECT id, created_at, spec, pg_notify(:channel, :payload),
-           1 + coalesce((
-               SELECT sum(q.queued) FROM queue_counts q LEFT JOIN project_usage u ON u.project_id = q.project_id
-               WHERE (q.priority > :priority
-                      OR (q.priority = :priority
-                          AND coalesce(u.share, 0) <= mine.share))
-                 AND q.project_id IN ({same_cluster})
+           1 + mine.queued + coalesce((
+               SELECT sum(CASE WHEN b.priority > :priority THEN b.queued ELSE {ahead} END) FROM bounds b
+               WHERE b.project_id <> :project_id
            ), 0) AS queue_position
     FROM job, mine
-    """.format(same_cluster=SAME_CLUSTER.format(project=":project_id"))
+    """.format(
+        spans=spans(":priority", ":project_id"),
+        share=project_share("u", "cap", "own.cpus", "own.gpus"),
+        ahead=_ahead_in("b", "mine.share", "'infinity'::timestamptz", "'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid"),
+    )
 )
 INSERT_QUEUED_DIRECT = pyformat(INSERT_QUEUED)
 
@@ -127,113 +234,100 @@ ACTIVE = (JobStatus.starting, JobStatus.running, JobStatus.cancelling)
 
 
 def _older_in_group(group: str, created_at: str, job_id: str) -> str:
-    """SQL (one row, one column `n`): how many queued jobs of the project and priority of `group` (a
-    row with `project_id` and `priority`) come before (`created_at`, `job_id`) in age order, counted
-    from the nearer end on ix_jobs_queued_by_project. With fewer than :newer_cap of them at or after
-    it (a recent job, the usual case) those are counted and taken from the group's maintained count
-    (`queue_counts`); otherwise the older ones are counted. QUEUE_POSITIONS and READ_JOB share it."""
+    """SQL (one row: `n`, `cpus`, `gpus`): how many queued jobs of the project and priority of `group` (a
+    row with `project_id` and `priority`) come before (`created_at`, `job_id`) in age order, and their
+    gangs, counted from the nearer end on ix_jobs_queued_by_project (gangs included: index-only). With
+    fewer than :newer_cap of them at or after it (a recent job, the usual case) those are counted and
+    taken from the group's maintained counts (`queue_counts`); otherwise the older ones are counted."""
     same_group = f"o.status = 'queued' AND o.project_id = {group}.project_id AND o.priority = {group}.priority"
+    gangs = "count(*) AS n, coalesce(sum(CAST(o.gang_cpus AS numeric)), 0) AS cpus,"
+    gangs += " coalesce(sum(CAST(o.gang_gpus AS numeric)), 0) AS gpus"
     return f"""
-        SELECT CASE
-            WHEN newer.n < :newer_cap THEN (
-                SELECT coalesce(sum(q.queued), 0) FROM queue_counts q
-                WHERE q.project_id = {group}.project_id AND q.priority = {group}.priority
-            ) - newer.n
-            ELSE (
-                SELECT count(*) FROM jobs o
-                WHERE {same_group} AND (o.created_at, o.id) < ({created_at}, {job_id})
-            ) END AS n
+        SELECT CASE WHEN newer.n < :newer_cap THEN total.n - newer.n ELSE counted.n END AS n,
+               CASE WHEN newer.n < :newer_cap THEN total.cpus - newer.cpus ELSE counted.cpus END AS cpus,
+               CASE WHEN newer.n < :newer_cap THEN total.gpus - newer.gpus ELSE counted.gpus END AS gpus
         FROM (
-            SELECT count(*) AS n FROM (
-                SELECT FROM jobs o
+            SELECT {gangs} FROM (
+                SELECT o.gang_cpus, o.gang_gpus FROM jobs o
                 WHERE {same_group} AND (o.created_at, o.id) >= ({created_at}, {job_id})
                 LIMIT :newer_cap
-            ) capped
+            ) o
         ) newer
+        CROSS JOIN (
+            SELECT coalesce(sum(q.queued), 0) AS n, coalesce(sum(q.cpus), 0) AS cpus, coalesce(sum(q.gpus), 0) AS gpus
+            FROM queue_counts q WHERE q.project_id = {group}.project_id AND q.priority = {group}.priority
+        ) total
+        LEFT JOIN LATERAL (
+            SELECT {gangs} FROM jobs o
+            WHERE {same_group} AND (o.created_at, o.id) < ({created_at}, {job_id}) AND newer.n >= :newer_cap
+        ) counted ON true
     """
 
 
-# The admission order: priority (high first), then fair share (the project with the smallest dominant
-# share, `project_usage.share`: its share of the cluster averaged with a half-life plus what its active
-# jobs hold now; migration 0020), then age. The dispatcher's claim (api/dispatcher/repository.py,
-# `lock_queued`) takes jobs in this order, so the position a user sees is the order admission takes.
-# The jobs ahead of each one in that order, without reading the whole queue: whole
-# (priority, project) groups ahead (higher priority, or the same priority and a smaller share) come from
-# `queue_counts`; only projects with the same priority and exactly the same share interleave by age.
-# Those tied jobs older than the page's oldest asked-for job of a class are counted on
-# ix_jobs_queued_by_project (an index-only count per tied project, no sort), from whichever end is
-# nearer: when fewer than NEWER_CAP of the project's queued jobs are at or after that job (a first
-# page, the usual one), they are counted and taken from the project's maintained count instead of
-# counting every older job; otherwise the older ones are counted. Only the tied jobs from
-# that oldest to the newest asked-for job are read and numbered in age order, once for the whole page.
-# A job is tied with its own project's older jobs at its priority (always) and with other projects'
-# only while their share equals its project's (e.g. both never used anything).
+def _position(placed: str) -> str:
+    """SQL (a number): the 1-based queue position of `placed` (a row with the job's `project_id`,
+    `priority`, `created_at`, `id`, `older`: its own group's queued jobs before it, and `share`, its
+    progressive share): every queued job of a higher priority, its own group's older jobs, and of each
+    other project's group at its priority the jobs before it (`_ahead_in`)."""
+    ahead = _ahead_in("b", f"{placed}.share", f"{placed}.created_at", f"{placed}.id")
+    return f"""1 + {placed}.older + coalesce((
+            SELECT sum(CASE WHEN b.priority > {placed}.priority THEN b.queued ELSE {ahead} END) FROM bounds b
+            WHERE b.priority > {placed}.priority
+               OR (b.priority = {placed}.priority AND b.project_id <> {placed}.project_id)
+        ), 0)"""
+
+
+# The positions of a page of queued jobs (QUEUE_POSITIONS), in one statement. Per (project, priority) group
+# of the page, the group's jobs older than its oldest asked-for job are counted with their gangs once
+# (`_older_in_group`, from the nearer end), and only the group's jobs from that oldest to its newest
+# asked-for job are read and numbered in age order with their running gang sums: each job's own older
+# jobs and the gangs ahead of it in its project, hence its share, then its place (`_position`).
 # The page's jobs are found by their ids joined from the array (a primary-key probe each): with
 # `id = ANY(:ids) AND status = 'queued'` the planner read every queued job's entry of ix_jobs_status
 # into a BitmapAnd (2.7 ms at 10,000 queued).
 QUEUE_POSITIONS = text(
     """
     WITH me AS (
-        SELECT j.id, j.priority, j.project_id, j.created_at,
-               coalesce(u.share, 0) AS share
+        SELECT j.id, j.priority, j.project_id, j.created_at
         FROM unnest(CAST(:ids AS uuid[])) AS asked(id)
         JOIN jobs j ON j.id = asked.id
-        LEFT JOIN project_usage u ON u.project_id = j.project_id
         WHERE j.status = 'queued'
     ),
-    groups AS (
-        SELECT q.priority, q.project_id, sum(q.queued) AS queued,
-               coalesce(min(u.share), 0) AS share
-        FROM queue_counts q LEFT JOIN project_usage u ON u.project_id = q.project_id
-        WHERE q.project_id IN ({same_cluster})
-        GROUP BY q.priority, q.project_id
-        HAVING sum(q.queued) > 0
+    {spans},
+    oldest AS (
+        SELECT DISTINCT ON (project_id, priority) project_id, priority, created_at, id
+        FROM me ORDER BY project_id, priority, created_at, id
     ),
     newest AS (
-        SELECT DISTINCT ON (priority, share) priority, share, created_at, id
-        FROM me ORDER BY priority, share, created_at DESC, id DESC
-    ),
-    oldest AS (
-        SELECT DISTINCT ON (priority, share) priority, share, created_at, id
-        FROM me ORDER BY priority, share, created_at, id
-    ),
-    classes AS (
-        SELECT n.priority, n.share, n.created_at, n.id, o.created_at AS oldest_at, o.id AS oldest_id
-        FROM newest n JOIN oldest o USING (priority, share)
-    ),
-    tied AS (
-        SELECT c.*, g.project_id
-        FROM classes c JOIN groups g ON g.priority = c.priority AND g.share = c.share
-        UNION
-        SELECT c.*, me.project_id
-        FROM classes c JOIN me ON me.priority = c.priority AND me.share = c.share
-    ),
-    older AS (
-        SELECT tied.priority, tied.share, sum(c.n) AS n
-        FROM tied CROSS JOIN LATERAL ({older_than_oldest}) c
-        GROUP BY tied.priority, tied.share
+        SELECT DISTINCT ON (project_id, priority) project_id, priority, created_at, id
+        FROM me ORDER BY project_id, priority, created_at DESC, id DESC
     ),
     numbered AS (
-        SELECT t.id, row_number() OVER (
-                   PARTITION BY tied.priority, tied.share ORDER BY t.created_at, t.id) - 1 AS ahead
-        FROM tied CROSS JOIN LATERAL (
-            SELECT j.id, j.created_at FROM jobs j
-            WHERE j.status = 'queued' AND j.project_id = tied.project_id AND j.priority = tied.priority
-              AND (j.created_at, j.id) >= (tied.oldest_at, tied.oldest_id)
-              AND (j.created_at, j.id) <= (tied.created_at, tied.id)
+        SELECT t.id, c.n + t.older AS older, c.cpus + t.cpus_before AS cpus, c.gpus + t.gpus_before AS gpus
+        FROM oldest f JOIN newest n USING (project_id, priority)
+        CROSS JOIN LATERAL ({older_than_oldest}) c
+        CROSS JOIN LATERAL (
+            SELECT j.id, row_number() OVER age - 1 AS older,
+                   coalesce(sum(CAST(j.gang_cpus AS numeric)) OVER before, 0) AS cpus_before,
+                   coalesce(sum(CAST(j.gang_gpus AS numeric)) OVER before, 0) AS gpus_before
+            FROM jobs j
+            WHERE j.status = 'queued' AND j.project_id = f.project_id AND j.priority = f.priority
+              AND (j.created_at, j.id) >= (f.created_at, f.id) AND (j.created_at, j.id) <= (n.created_at, n.id)
+            WINDOW age AS (ORDER BY j.created_at, j.id),
+                   before AS (age ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
         ) t
+    ),
+    placed AS (
+        SELECT me.*, nb.older, {share} AS share
+        FROM me JOIN numbered nb ON nb.id = me.id
+        JOIN bounds s ON s.project_id = me.project_id AND s.priority = me.priority
     )
-    SELECT me.id,
-        1 + coalesce((
-            SELECT sum(g.queued) FROM groups g
-            WHERE g.priority > me.priority
-               OR (g.priority = me.priority AND g.share < me.share)
-        ), 0) + older.n + numbered.ahead AS position
-    FROM me JOIN numbered ON numbered.id = me.id
-    JOIN older ON older.priority = me.priority AND older.share = me.share
+    SELECT p.id, {position} AS position FROM placed p
     """.format(
-        older_than_oldest=_older_in_group("tied", "tied.oldest_at", "tied.oldest_id"),
-        same_cluster=SAME_CLUSTER.format(project="(SELECT project_id FROM me LIMIT 1)"),
+        spans=spans("(SELECT min(priority) FROM me)", "(SELECT project_id FROM me LIMIT 1)"),
+        older_than_oldest=_older_in_group("f", "f.created_at", "f.id"),
+        share=project_share("s", "s", "s.above_cpus + nb.cpus", "s.above_gpus + nb.gpus"),
+        position=_position("p"),
     )
 )
 
@@ -256,16 +350,14 @@ async def queue_positions_of(
 
 
 # One job as GET /v1/jobs/{id} answers it, in one statement: its row, its attempts (as JSON, in order)
-# and, while queued, its queue position. That is QUEUE_POSITIONS for a page of one job, where no other
-# job of the page is numbered beside it: the queued jobs of the groups ahead, from the maintained counts,
-# and the tied jobs older than it, counted on ix_jobs_queued_by_project. The count of its own project's
-# older jobs ("older") is not made when the caller passes it (api/jobs/ranks.py keeps it per process):
-# COALESCE evaluates the subquery only when the parameter is NULL, and it counts from the nearer end
-# with QUEUE_POSITIONS' own subquery (`_older_in_group`): a job with fewer than `newer_cap` of its
-# group at or after it (a job just submitted, polled by its `wait()`) takes the group's maintained
-# count less those, so the newest job of a deep queue no longer counts every job ahead of it. The row
-# ends with that count, the job's priority and created_at in µs (its place in the group, as the
-# tm_queue notices give it).
+# and, while queued, its queue position: QUEUE_POSITIONS for a page of one job. Its own group's older
+# jobs and their gangs ("older") are not counted when the caller passes them (api/jobs/ranks.py keeps
+# them per process): the union's branch that counts runs only when the parameter is NULL, and it counts
+# from the nearer end (`_older_in_group`): a job with fewer than `newer_cap` of its group at or after it
+# (a job just submitted, polled by its `wait()`) takes the group's maintained counts less those, so the
+# newest job of a deep queue no longer counts every job ahead of it. The row ends with that count and
+# those gangs, the job's priority and created_at in µs (its place in the group, as the tm_queue notices
+# give it).
 # The job is found by its primary key alone (OFFSET 0 keeps the planner from folding the project and
 # status in): the generic plan these connections use (api/db/direct.py), made while the statistics
 # still described an empty queue, otherwise walked the project's whole queue index for it (168 buffers
@@ -273,42 +365,26 @@ async def queue_positions_of(
 READ_JOB = text(
     """
     WITH me AS (
-        SELECT j.priority, j.project_id, j.created_at, j.id,
-               coalesce(u.share, 0) AS share
+        SELECT j.priority, j.project_id, j.created_at, j.id
         FROM (SELECT * FROM jobs WHERE id = :id OFFSET 0) j
-        LEFT JOIN project_usage u ON u.project_id = j.project_id
         WHERE j.project_id = :project_id AND j.status = 'queued'
     ),
-    groups AS (
-        SELECT q.priority, q.project_id, sum(q.queued) AS queued,
-               coalesce(min(u.share), 0) AS share
-        FROM queue_counts q LEFT JOIN project_usage u ON u.project_id = q.project_id
-        WHERE q.priority >= (SELECT priority FROM me) AND q.project_id IN ({same_cluster})
-        GROUP BY q.priority, q.project_id
-        HAVING sum(q.queued) > 0
-    ),
-    others AS (
-        SELECT g.project_id FROM groups g, me
-        WHERE g.priority = me.priority AND g.share = me.share AND g.project_id <> me.project_id
-    ),
+    {spans},
     own AS MATERIALIZED (
-        SELECT coalesce(CAST(:older AS bigint), ({older_than_me})) AS older
-        FROM me
+        SELECT CAST(:older AS bigint) AS n, CAST(:older_cpus AS numeric) AS cpus,
+               CAST(:older_gpus AS numeric) AS gpus
+        FROM me WHERE CAST(:older AS bigint) IS NOT NULL
+        UNION ALL
+        SELECT c.n, c.cpus, c.gpus FROM me CROSS JOIN LATERAL ({older_than_me}) c
+        WHERE CAST(:older AS bigint) IS NULL
+    ),
+    placed AS (
+        SELECT me.*, own.n AS older, own.cpus AS older_cpus, own.gpus AS older_gpus, {share} AS share
+        FROM me CROSS JOIN own
+        JOIN bounds s ON s.project_id = me.project_id AND s.priority = me.priority
     ),
     place AS (
-        SELECT 1 + coalesce((
-                   SELECT sum(g.queued) FROM groups g
-                   WHERE g.priority > me.priority
-                      OR (g.priority = me.priority AND g.share < me.share)
-               ), 0) + own.older + (
-                   SELECT count(*) FROM others CROSS JOIN LATERAL (
-                       SELECT 1 FROM jobs o
-                       WHERE o.status = 'queued' AND o.project_id = others.project_id AND o.priority = me.priority
-                         AND (o.created_at, o.id) < (me.created_at, me.id)
-                   ) older
-               ) AS position,
-               own.older
-        FROM me, own
+        SELECT {position} AS position, p.older, p.older_cpus, p.older_gpus FROM placed p
     )
     SELECT j.id, j.name, j.status, j.spec, j.created_at, j.started_at, j.finished_at, j.pending_reason,
            j.error, j.latest_metrics,
@@ -318,13 +394,15 @@ READ_JOB = text(
                          'admitted_at', a.created_at, 'running_at', a.running_at, 'queue_s', a.queue_s,
                          'starting_s', a.starting_s, 'productive_s', a.productive_s, 'lost_s', a.lost_s
                      ) ORDER BY a.n) FROM job_attempts a WHERE a.job_id = j.id), '[]') AS attempts,
-           place.position AS queue_position, place.older, j.priority,
+           place.position AS queue_position, place.older, place.older_cpus, place.older_gpus, j.priority,
            (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_us
     FROM jobs j LEFT JOIN place ON true
     WHERE j.id = :id AND j.project_id = :project_id
     """.format(
+        spans=spans("(SELECT priority FROM me)", ":project_id"),
         older_than_me=_older_in_group("me", "me.created_at", "me.id"),
-        same_cluster=SAME_CLUSTER.format(project=":project_id"),
+        share=project_share("s", "s", "s.above_cpus + own.cpus", "s.above_gpus + own.gpus"),
+        position=_position("p"),
     )
 )
 
@@ -333,31 +411,36 @@ READ_JOB_DIRECT = pyformat(READ_JOB)
 
 
 async def read_job(
-    direct: Direct, job_id: uuid.UUID, project_id: uuid.UUID, older: int | None = None, *, newer_cap: int = NEWER_CAP
+    direct: Direct, job_id: uuid.UUID, project_id: uuid.UUID, older: Older | None = None, *, newer_cap: int = NEWER_CAP
 ) -> tuple[Any, ...] | None:
     """The row READ_JOB reads (its columns in that order), or None when the project holds no such job.
-    `older`: the job's count of its own project's older queued jobs, when known (see READ_JOB)."""
-    params = {"id": job_id, "project_id": project_id, "older": older, "newer_cap": newer_cap}
+    `older`: the job's own group's older queued jobs and their gangs, when known (see READ_JOB)."""
+    count, cpus, gpus = older if older is not None else (None, None, None)
+    params = {"id": job_id, "project_id": project_id, "newer_cap": newer_cap}
+    params |= {"older": count, "older_cpus": cpus, "older_gpus": gpus}
     return await direct.one(READ_JOB_DIRECT, params)
 
 
-# Every queued job of one project and priority in queue order, numbered from 0: what api/jobs/ranks.py
-# keeps of a group it has nothing of (one index scan of ix_jobs_queued_by_project instead of a count per
-# job polled). The oldest `limit` only: the counts of a queue's head are exact on their own.
+# Every queued job of one project and priority in queue order, numbered from 0 with the gangs before it:
+# what api/jobs/ranks.py keeps of a group it has nothing of (one index-only scan of
+# ix_jobs_queued_by_project instead of a count per job polled). The oldest `limit` only: the counts of a
+# queue's head are exact on their own.
 GROUP_RANKS = """
-    SELECT (extract(epoch FROM created_at) * 1000000)::bigint, id::text,
-           row_number() OVER (ORDER BY created_at, id) - 1
+    SELECT (extract(epoch FROM created_at) * 1000000)::bigint, id::text, row_number() OVER age - 1,
+           coalesce(sum(CAST(gang_cpus AS numeric)) OVER before, 0),
+           coalesce(sum(CAST(gang_gpus AS numeric)) OVER before, 0)
     FROM jobs
     WHERE status = 'queued' AND project_id = %(project_id)s AND priority = %(priority)s
+    WINDOW age AS (ORDER BY created_at, id), before AS (age ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
     ORDER BY created_at, id
     LIMIT %(limit)s
 """
 
 
-async def group_ranks(direct: Direct, project_id: uuid.UUID, priority: int, limit: int) -> list[tuple[int, str, int]]:
-    """(created µs, id, queued jobs of the group ahead of it) for the oldest `limit` queued jobs of a group."""
+async def group_ranks(direct: Direct, project_id: uuid.UUID, priority: int, limit: int) -> list[tuple[int, str, Older]]:
+    """(created µs, id, its Older) for the oldest `limit` queued jobs of a group."""
     rows = await direct.all(GROUP_RANKS, {"project_id": project_id, "priority": priority, "limit": limit})
-    return [(int(created_us), job_id, int(older)) for created_us, job_id, older in rows]
+    return [(int(created_us), job_id, (int(n), cpus, gpus)) for created_us, job_id, n, cpus, gpus in rows]
 
 
 async def list_events(session: AsyncSession, job_id: uuid.UUID) -> list[JobEvent]:

@@ -26,7 +26,7 @@ from api.db.models import JobEvent as EventRow
 from api.db.unavailable import DATABASE_DOWN, lost_in_flight
 from api.errors import IdempotencyKeyReused, IllegalTransition, JobNotFound, SubmitInDoubt, ValidationError
 from api.jobs import repository
-from api.jobs.ranks import QueueRanks, Stamp
+from api.jobs.ranks import Older, QueueRanks, Stamp
 from api.jobs.status import JOB_CHANNEL, record_event, transition
 from trainmaster.models import Attempt, Job, JobControl, JobEvent, JobEventIn, JobSpec, JobStatus, Scaling
 
@@ -185,7 +185,7 @@ async def read(
 ) -> Job:
     """One job as answered, read in one statement (attempts and queue position included). With `ranks`
     (this process's cache, api/jobs/ranks.py), a queued job's count of its own project's older jobs
-    comes from there when it is known as of `arrived` (the loop's clock when the request came)."""
+    (and their gangs) come from there when known as of `arrived` (the loop's clock when the request came)."""
     job_id = parse_job_id(raw_id)
     older = await ranks.older(str(job_id), arrived) if ranks is not None else None
     stamp = ranks.stamp() if ranks is not None else None  # before the read: what arrives during it applies
@@ -193,9 +193,10 @@ async def read(
     if row is None:
         raise JobNotFound(f"no job {raw_id!r} in project {principal.project_name!r}")
     (job_id, name, status, spec, created_at, started_at, finished_at, pending, error, latest, attempts, position,
-     counted, priority, created_us) = row  # fmt: skip
+     counted, counted_cpus, counted_gpus, priority, created_us) = row  # fmt: skip
     if ranks is not None and stamp is not None and older is None and counted is not None:
-        await _keep_rank(direct, ranks, stamp, principal.project_id, priority, (created_us, str(job_id), counted))
+        rank = (created_us, str(job_id), (counted, counted_cpus, counted_gpus))
+        await _keep_rank(direct, ranks, stamp, principal.project_id, priority, rank)
     status = JobStatus(status)
     wire = Job(
         id=str(job_id),
@@ -221,7 +222,12 @@ GROUP_RANKS_LIMIT = 20_000  # a group's head read whole at most this deep (about
 
 
 async def _keep_rank(
-    direct: Direct, ranks: QueueRanks, stamp: Stamp, project_id: uuid.UUID, priority: int, counted: tuple[int, str, int]
+    direct: Direct,
+    ranks: QueueRanks,
+    stamp: Stamp,
+    project_id: uuid.UUID,
+    priority: int,
+    counted: tuple[int, str, Older],
 ) -> None:
     """Keep a count just made; of a group this process holds nothing of, number the whole group once."""
     project = str(project_id)

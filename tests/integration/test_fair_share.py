@@ -106,3 +106,46 @@ def test_a_project_that_used_the_cluster_yesterday_yields_until_its_history_fade
             assert (await world.job(later)).status is JobStatus.queued
 
     run(room_again())
+
+
+def test_each_job_carries_its_projects_share_with_the_gangs_of_its_project_ahead_of_it(
+    http: TestClient, database_url: str
+) -> None:
+    """DRF's progressive filling: beta has some history (0.1 of the cluster's 16 CPUs), alpha none. With
+    every job of a project carrying its project's share, all of alpha's jobs came first and a round with
+    room for three admitted alpha's three. Each job now adds its 1-CPU gang to its project's share for
+    the jobs behind it (alpha 0, 1/16, 2/16; beta 0.1, 0.1625, 0.225): the positions and the round
+    interleave the projects. alpha has no usage row: its share is of the cluster's capacity (beta's)."""
+    tokens = {project: project_token(database_url, project) for project in ("alpha", "beta")}
+
+    async def submitted() -> dict[str, tuple[str, uuid.UUID]]:
+        async with World(database_url) as world:
+            jobs = {}
+            for n in range(3):
+                jobs[f"alpha{n}"] = ("alpha", await world.submit("alpha", **one_worker()))
+                jobs[f"beta{n}"] = ("beta", await world.submit("beta", **one_worker()))
+            await world.execute(
+                lambda s: s.execute(
+                    text(
+                        "INSERT INTO project_usage (project_id, active, gpus, cpus, history_cpus, history_weight,"
+                        " cpu_capacity, gpu_capacity, sampled_at)"
+                        " SELECT id, 0, 0, 0, 0.1, 1, 16, 0, now() FROM projects WHERE name = 'beta'"
+                    )
+                )
+            )
+            return jobs
+
+    jobs = run(submitted())
+    assert positions(http, tokens, jobs) == {"alpha0": 1, "alpha1": 2, "beta0": 3, "alpha2": 4, "beta1": 5, "beta2": 6}
+    listed = http.get("/v1/jobs", headers={"Authorization": f"Bearer {tokens['beta']}"}).json()["items"]
+    assert sorted(item["queue_position"] for item in listed) == [3, 5, 6]  # a page counts the same
+
+    async def room_for_three() -> set[uuid.UUID]:
+        async with World(database_url) as world:
+            world.ray.cpus, world.ray.used_cpus = 16, 13
+            assert await world.dispatcher().admit_round() == 3
+            async with world.sessions() as session:
+                rows = await session.execute(text("SELECT id FROM jobs WHERE status = 'starting'"))
+                return {row[0] for row in rows.all()}
+
+    assert run(room_for_three()) == {jobs[name][1] for name in ("alpha0", "alpha1", "beta0")}

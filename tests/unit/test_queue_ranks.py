@@ -4,8 +4,9 @@ may store, and that nothing is used while not listening or before the listener h
 from __future__ import annotations
 
 import asyncio
+from decimal import Decimal
 
-from api.jobs.ranks import QueueRanks
+from api.jobs.ranks import Older, QueueRanks
 
 P = "11111111-1111-1111-1111-111111111111"
 
@@ -25,18 +26,28 @@ def cache(synced: bool = True) -> QueueRanks:
     return ranks
 
 
+def rank(n: int) -> Older:
+    """n jobs ahead of it in its group, of 2 CPUs each and no GPU."""
+    return (n, Decimal(2 * n), Decimal(0))
+
+
 def older(ranks: QueueRanks, n: int) -> int | None:
-    return asyncio.run(ranks.older(job(n), 0.0))
+    """The cached count of job n's group's jobs ahead of it (checked against its gangs)."""
+    found = asyncio.run(ranks.older(job(n), 0.0))
+    if found is None:
+        return None
+    assert found[1:] == rank(found[0])[1:]
+    return found[0]
 
 
 def fill(ranks: QueueRanks) -> None:
-    ranks.put(P, 0, [(1000 * n, job(n), n) for n in range(5)], ranks.stamp())
+    ranks.put(P, 0, [(1000 * n, job(n), rank(n)) for n in range(5)], ranks.stamp())
 
 
 def test_a_move_drops_the_jobs_at_and_after_it_in_its_group_only() -> None:
     ranks = cache()
     fill(ranks)
-    ranks.put(P, 1, [(0, job(9), 0)], ranks.stamp())
+    ranks.put(P, 1, [(0, job(9), rank(0))], ranks.stamp())
     ranks.moved(f"{P} 0 2000 {job(2)}")  # job 2 left the queue
     assert [older(ranks, n) for n in range(5)] == [0, 1, None, None, None]
     assert older(ranks, 9) == 0  # another priority: another group
@@ -48,7 +59,7 @@ def test_a_read_that_raced_with_a_notice_is_stored_with_the_notice_applied() -> 
     ranks = cache()
     stamp = ranks.stamp()
     ranks.moved(f"{P} 0 1500 {job(8)}")  # arrives while the read is in flight
-    ranks.put(P, 0, [(1000 * n, job(n), n) for n in range(5)], stamp)
+    ranks.put(P, 0, [(1000 * n, job(n), rank(n)) for n in range(5)], stamp)
     assert [older(ranks, n) for n in range(5)] == [0, 1, None, None, None]
 
 
@@ -58,7 +69,7 @@ def test_a_read_spanning_more_notices_than_are_kept_stores_nothing_of_its_group(
     stamp = ranks.stamp()
     for n in range(3):
         ranks.moved(f"{P} 0 {10**9 + n} {job(50 + n)}")
-    ranks.put(P, 0, [(0, job(0), 0)], stamp)
+    ranks.put(P, 0, [(0, job(0), rank(0))], stamp)
     assert job(0) not in ranks.group_of
 
 
@@ -69,7 +80,7 @@ def test_nothing_is_kept_or_used_across_a_lost_listener_or_before_it_caught_up()
     ranks.listener_down()
     assert older(ranks, 1) is None
     ranks.listener_up()
-    ranks.put(P, 0, [(0, job(0), 0)], stamp)  # read under the old connection
+    ranks.put(P, 0, [(0, job(0), rank(0))], stamp)  # read under the old connection
     assert older(ranks, 0) is None
     lagging = cache(synced=False)
     fill(lagging)

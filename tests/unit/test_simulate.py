@@ -81,7 +81,8 @@ def test_split_runs_keeps_the_demand_and_the_gangs_in_shorter_runs() -> None:
     assert max(job.duration_s for job in split) <= max(job.duration_s for job in whole) / 3 + 1e-6
 
 
-def test_a_batch_gives_each_job_its_projects_share_and_the_progressive_what_if_adds_the_gangs_before_it() -> None:
+def test_a_batch_gives_each_job_its_projects_share_with_the_gangs_of_its_project_before_it() -> None:
+    """DRF's progressive filling, as lock_queued orders production's batch."""
     simulate = load()
     nodes = [Node(f"{i:08x}", {"CPU": 64, "GPU": 8}, {"CPU": 64, "GPU": 8}, labels={}) for i in range(2)]
     alpha, beta = uuid.UUID(int=1), uuid.UUID(int=2)
@@ -94,16 +95,15 @@ def test_a_batch_gives_each_job_its_projects_share_and_the_progressive_what_if_a
         for n in range(3)
         for p, pid in ((1, alpha), (2, beta))
     ]
-
-    def order(progressive: bool) -> list[str]:
-        sim = simulate.Simulation(nodes, projects, jobs, Settings(), progressive_batch=progressive)
-        sim.history[beta]["GPU"] = 0.1  # alpha holds nothing and has no history: it goes first
-        return [f"{projects[job.project_id].name}{job.created_at.second}" for job in sim.batch(set())]
-
-    # Production: every job of alpha carries alpha's share (0), so all of alpha's come first.
-    assert order(False) == ["alpha0", "alpha1", "alpha2", "beta0", "beta1", "beta2"]
-    # Progressive: each 1-GPU gang adds 1/16 to its project's share (0, 0.0625, 0.125 against 0.1, 0.1625, ...).
-    assert order(True) == ["alpha0", "alpha1", "beta0", "alpha2", "beta1", "beta2"]
+    sim = simulate.Simulation(nodes, projects, jobs, Settings())
+    sim.history[beta]["GPU"] = 0.1  # alpha holds nothing and has no history: it goes first
+    batch = sim.batch(set())
+    # Each 1-GPU gang adds 1/16 to its project's share: alpha 0, 0.0625, 0.125 against beta 0.1, 0.1625, ...
+    # (with the project's share alone, all of alpha's jobs came first).
+    assert [f"{projects[job.project_id].name}{job.created_at.second}" for job in batch] == [
+        "alpha0", "alpha1", "beta0", "alpha2", "beta1", "beta2"
+    ]  # fmt: skip
+    assert [round(job.share, 4) for job in batch] == [0.0, 0.0625, 0.1, 0.125, 0.1625, 0.225]
 
 
 def test_a_preempted_job_queued_again_keeps_its_place_in_its_projects_order() -> None:
