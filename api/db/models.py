@@ -277,7 +277,7 @@ class MetricBlock(Base):
 class QueueCount(Base):
     """Queued jobs per priority and project and their gangs summed, kept by a deferred trigger on jobs.
     Each job counts in one of 8 shards (by its id) so concurrent submissions of one project do not queue
-    on one row. Numeric sums, so adding and taking away fractions returns exactly to zero."""
+    on one row."""
 
     __tablename__ = "queue_counts"
 
@@ -285,8 +285,9 @@ class QueueCount(Base):
     project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
     shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
     queued: Mapped[int] = mapped_column(Integer)
-    cpus: Mapped[float] = mapped_column(Numeric(asdecimal=False), server_default=text("0"))  # 0026
-    gpus: Mapped[float] = mapped_column(Numeric(asdecimal=False), server_default=text("0"))
+    # 0026: their gangs, in whole thousandths of a CPU or GPU (integers: sums exact in any order)
+    cpu_millis: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    gpu_millis: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
 
 
 class UsageFigures:

@@ -19,7 +19,7 @@ from sqlalchemy.orm import selectinload
 
 from api.db.models import ApiToken, Checkpoint, Job, JobAttempt, JobEvent, LogLine, Project, ProjectUsage
 from api.dispatcher.quotas import Book, Standing
-from api.jobs.repository import ACTIVE, CLUSTER_CAPACITY, project_share
+from api.jobs.repository import ACTIVE, CLUSTER_CAPACITY, gang_millis, project_share, standing
 from api.jobs.status import can_transition, sources
 from trainmaster.models import JobStatus
 
@@ -185,24 +185,27 @@ class QueuedJob(NamedTuple):
 QUEUED = text(
     """
     WITH cap AS ({capacity}),
-    head AS (
-        SELECT f.id, f.priority, f.created_at, {share} AS share
+    standing AS MATERIALIZED (
+        SELECT p.id, {standing}
         FROM projects p
-        CROSS JOIN LATERAL (
-            SELECT q.id, q.priority, q.created_at,
-                   coalesce(sum(CAST(q.gang_cpus AS numeric)) OVER ahead, 0) AS cpus_ahead,
-                   coalesce(sum(CAST(q.gang_gpus AS numeric)) OVER ahead, 0) AS gpus_ahead
-            FROM jobs q
-            WHERE q.project_id = p.id AND q.status = 'queued'
-            WINDOW ahead AS (ORDER BY q.priority DESC, q.created_at, q.id
-                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-            ORDER BY q.priority DESC, q.created_at, q.id
-            LIMIT :limit
-        ) f
         LEFT JOIN project_usage u ON u.project_id = p.id
         CROSS JOIN cap
         WHERE (CAST(:cluster AS uuid) IS NULL OR p.cluster_id = CAST(:cluster AS uuid))
           AND NOT (p.id = ANY(CAST(:seen AS uuid[])))
+    ),
+    head AS (
+        SELECT f.id, f.priority, f.created_at, {share} AS share
+        FROM standing s
+        CROSS JOIN LATERAL (
+            SELECT q.id, q.priority, q.created_at,
+                   sum({cpus}) OVER ahead - {cpus} AS cpu_millis_ahead,
+                   sum({gpus}) OVER ahead - {gpus} AS gpu_millis_ahead
+            FROM jobs q
+            WHERE q.project_id = s.id AND q.status = 'queued'
+            WINDOW ahead AS (ORDER BY q.priority DESC, q.created_at, q.id ROWS UNBOUNDED PRECEDING)
+            ORDER BY q.priority DESC, q.created_at, q.id
+            LIMIT :limit
+        ) f
         ORDER BY f.priority DESC, share, f.created_at, f.id
         LIMIT :limit
     )
@@ -217,7 +220,10 @@ QUEUED = text(
             projects="SELECT id FROM projects WHERE CAST(:cluster AS uuid) IS NULL"
             " OR cluster_id = CAST(:cluster AS uuid)"
         ),
-        share=project_share("u", "cap", "f.cpus_ahead", "f.gpus_ahead"),
+        standing=standing("u", "cap"),
+        share=project_share("s", "f.cpu_millis_ahead", "f.gpu_millis_ahead"),
+        cpus=gang_millis("q.gang_cpus"),
+        gpus=gang_millis("q.gang_gpus"),
         fields=", ".join(f"j.{name}" for name in QueuedJob._fields[:-2]),
     )
 ).columns(

@@ -32,11 +32,10 @@ import bisect
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from decimal import Decimal
 
 Group = tuple[str, int]  # (project id, priority)
 Place = tuple[int, str]  # (created_at in µs since the epoch, job id): queue order within a group
-Older = tuple[int, Decimal, Decimal]  # the group's queued jobs ahead of one, and their CPUs and GPUs
+Older = tuple[int, int, int]  # the group's queued jobs ahead of one, and their CPUs and GPUs in millis
 
 
 async def _never(_since: float) -> bool:

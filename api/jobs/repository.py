@@ -37,15 +37,32 @@ CLUSTER_CAPACITY = """
 """
 
 
-def project_share(usage: str, capacity: str, cpus_ahead: str, gpus_ahead: str) -> str:
-    """SQL: the dominant share (`tm_share`, migration 0026: decide.dominant_share) of the project of the
-    `project_usage` row `usage` (NULL: none, it holds nothing and has no history) with `cpus_ahead` and
-    `gpus_ahead` (numeric) more than it holds: what it would hold once the gangs ahead of a job of it are
-    admitted. `capacity`: a CLUSTER_CAPACITY row. DRF's progressive filling orders the queue by it."""
+def gang_millis(gang: str) -> str:
+    """SQL: a gang's CPUs or GPUs (`gang`, float8) in whole thousandths: what every running sum of the queue
+    adds, as the counters trigger does (migration 0026). Integers, so sums are exact in any order."""
+    return f"CAST(round({gang} * 1000) AS integer)"
+
+
+def standing(usage: str, capacity: str) -> str:
+    """SQL (a select list): what a project's share is made of, computed once per project: its history,
+    what it holds in millis, and its capacity in millis, from its `project_usage` row `usage` (NULL: none,
+    it holds nothing and has no history) and `capacity` (a CLUSTER_CAPACITY row)."""
+    return f"""coalesce({usage}.history_cpus, 0) AS history_cpus, coalesce({usage}.history_gpus, 0) AS history_gpus,
+        CAST(round(coalesce({usage}.cpus, 0) * 1000) AS bigint) AS held_cpu_millis,
+        CAST(round(coalesce({usage}.gpus, 0) * 1000) AS bigint) AS held_gpu_millis,
+        CAST(coalesce({usage}.cpu_capacity, {capacity}.cap_cpus) * 1000 AS float8) AS cpu_capacity_millis,
+        CAST(coalesce({usage}.gpu_capacity, {capacity}.cap_gpus) * 1000 AS float8) AS gpu_capacity_millis"""
+
+
+def project_share(project: str, cpu_millis_ahead: str, gpu_millis_ahead: str) -> str:
+    """SQL: the dominant share (`tm_share`, migration 0026: decide.dominant_share) of the project whose
+    `standing` is the row `project`, with `cpu_millis_ahead` and `gpu_millis_ahead` more than it holds:
+    what it would hold once the gangs ahead of a job of it are admitted. DRF's progressive filling orders
+    the queue by it."""
     return (
-        f"tm_share(coalesce({usage}.history_cpus, 0), coalesce({usage}.history_gpus, 0),"
-        f" coalesce({usage}.cpus, 0) + {cpus_ahead}, coalesce({usage}.gpus, 0) + {gpus_ahead},"
-        f" coalesce({usage}.cpu_capacity, {capacity}.cap_cpus), coalesce({usage}.gpu_capacity, {capacity}.cap_gpus))"
+        f"tm_share({project}.history_cpus, {project}.history_gpus,"
+        f" {project}.held_cpu_millis + {cpu_millis_ahead}, {project}.held_gpu_millis + {gpu_millis_ahead},"
+        f" {project}.cpu_capacity_millis, {project}.gpu_capacity_millis)"
     )
 
 
@@ -56,15 +73,16 @@ def project_share(usage: str, capacity: str, cpus_ahead: str, gpus_ahead: str) -
 # grows, so a project's jobs keep their (priority, age) order, and the jobs of another project ahead of a
 # job are a prefix of that project's queue at its priority.
 #
-# SPANS (CTEs `counted`, `cap`, `spans`) holds, per (project, priority) group of the cluster at or above
-# `{lowest}` priority, from the maintained counts (`queue_counts`, no queue read): its queued jobs and their
-# gangs (`queued`, `queued_cpus`, `queued_gpus`), the gangs of the project's groups above it (`above_*`),
-# its project's usage and capacity, and the share of its first job (`first_share`) and a bound over its
-# last (`past_share`, with every gang of the group ahead).
+# SPANS (CTEs `counted`, `cap`, `spans`, `bounds`) holds, per (project, priority) group of the cluster at
+# or above `{lowest}` priority, from the maintained counts (`queue_counts`, no queue read): its queued jobs
+# and their gangs (`queued`, `queued_cpu_millis`, `queued_gpu_millis`), the gangs of the project's groups
+# above it (`above_*`), its project's `standing`, and the share of its first job (`first_share`) and a
+# bound over its last (`past_share`, with every gang of the group ahead).
 SPANS = """
     counted AS (
-        SELECT q.priority, q.project_id, sum(q.queued) AS queued, sum(q.cpus) AS queued_cpus,
-               sum(q.gpus) AS queued_gpus
+        SELECT q.priority, q.project_id, sum(q.queued) AS queued,
+               CAST(sum(q.cpu_millis) AS bigint) AS queued_cpu_millis,
+               CAST(sum(q.gpu_millis) AS bigint) AS queued_gpu_millis
         FROM queue_counts q
         WHERE q.priority >= {lowest} AND q.project_id IN ({same_cluster})
         GROUP BY q.priority, q.project_id
@@ -72,11 +90,10 @@ SPANS = """
     ),
     cap AS ({capacity}),
     spans AS (
-        SELECT g.*, u.history_cpus, u.history_gpus, u.cpus, u.gpus, u.cpu_capacity, u.gpu_capacity,
-               cap.cap_cpus, cap.cap_gpus
+        SELECT g.*, {standing}
         FROM (
-            SELECT c.*, coalesce(sum(c.queued_cpus) OVER above, 0) AS above_cpus,
-                   coalesce(sum(c.queued_gpus) OVER above, 0) AS above_gpus
+            SELECT c.*, CAST(coalesce(sum(c.queued_cpu_millis) OVER above, 0) AS bigint) AS above_cpu_millis,
+                   CAST(coalesce(sum(c.queued_gpu_millis) OVER above, 0) AS bigint) AS above_gpu_millis
             FROM counted c
             WINDOW above AS (PARTITION BY c.project_id ORDER BY c.priority DESC
                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
@@ -97,8 +114,9 @@ def spans(lowest: str, project: str) -> str:
         lowest=lowest,
         same_cluster=same_cluster,
         capacity=CLUSTER_CAPACITY.format(projects=same_cluster),
-        first=project_share("s", "s", "s.above_cpus", "s.above_gpus"),
-        past=project_share("s", "s", "s.above_cpus + s.queued_cpus", "s.above_gpus + s.queued_gpus"),
+        standing=standing("u", "cap"),
+        first=project_share("s", "s.above_cpu_millis", "s.above_gpu_millis"),
+        past=project_share("s", "s.above_cpu_millis + s.queued_cpu_millis", "s.above_gpu_millis + s.queued_gpu_millis"),
     )
 
 
@@ -106,24 +124,29 @@ def _ahead_in(group: str, share: str, created_at: str, job_id: str) -> str:
     """SQL (a number): how many queued jobs of the group `group` (a `bounds` row of another project, at
     the job's priority) come before a job of progressive share `share`, submitted at (`created_at`,
     `job_id`). None when its first job's share is above, all when even its last's would be below, from
-    the maintained counts; otherwise the group is read in its order with its running gang sums (an
-    index-only scan of ix_jobs_queued_by_project) and its jobs before the job are counted: a group read
-    only when its shares straddle the job's."""
-    theirs = project_share(group, group, f"{group}.above_cpus + k.cpus_before", f"{group}.above_gpus + k.gpus_before")
+    the maintained counts. Otherwise the group is read in its order with its running gang sums (an
+    index-only scan of ix_jobs_queued_by_project) up to its first job that does not come before: those
+    before it are a prefix, so the read stops there, and it reads no more of the group than is ahead."""
+    theirs = project_share(
+        group, f"{group}.above_cpu_millis + k.cpu_millis_before", f"{group}.above_gpu_millis + k.gpu_millis_before"
+    )
+    cpus, gpus = gang_millis("o.gang_cpus"), gang_millis("o.gang_gpus")
     return f"""CASE
         WHEN {group}.past_share < {share} THEN {group}.queued
         WHEN {group}.first_share > {share} THEN 0
-        ELSE (
-            SELECT count(*) FROM (
-                SELECT o.created_at, o.id,
-                       coalesce(sum(CAST(o.gang_cpus AS numeric)) OVER before, 0) AS cpus_before,
-                       coalesce(sum(CAST(o.gang_gpus AS numeric)) OVER before, 0) AS gpus_before
+        ELSE coalesce((
+            SELECT k.ahead FROM (
+                SELECT o.created_at, o.id, row_number() OVER age - 1 AS ahead,
+                       sum({cpus}) OVER age - {cpus} AS cpu_millis_before,
+                       sum({gpus}) OVER age - {gpus} AS gpu_millis_before
                 FROM jobs o
                 WHERE o.status = 'queued' AND o.project_id = {group}.project_id AND o.priority = {group}.priority
-                WINDOW before AS (ORDER BY o.created_at, o.id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                WINDOW age AS (ORDER BY o.created_at, o.id ROWS UNBOUNDED PRECEDING)
             ) k
-            WHERE ({theirs}, k.created_at, k.id) < ({share}, {created_at}, {job_id})
-        ) END"""
+            WHERE ({theirs}, k.created_at, k.id) >= ({share}, {created_at}, {job_id})
+            ORDER BY k.created_at, k.id
+            LIMIT 1
+        ), {group}.queued) END"""
 
 
 # One statement for a new job: the row, its first event, the NOTIFY (sent at commit) and its place in the
@@ -147,13 +170,15 @@ INSERT_QUEUED = text(
     ),
     {spans},
     own AS (
-        SELECT coalesce(sum(b.queued), 0) AS queued, coalesce(sum(b.queued_cpus), 0) AS cpus,
-               coalesce(sum(b.queued_gpus), 0) AS gpus
+        SELECT coalesce(sum(b.queued), 0) AS queued, CAST(coalesce(sum(b.queued_cpu_millis), 0) AS bigint) AS cpus,
+               CAST(coalesce(sum(b.queued_gpu_millis), 0) AS bigint) AS gpus
         FROM counted b WHERE b.project_id = :project_id
     ),
     mine AS (
         SELECT own.queued, {share} AS share
-        FROM own CROSS JOIN cap LEFT JOIN project_usage u ON u.project_id = :project_id
+        FROM own CROSS JOIN (
+            SELECT {standing} FROM cap LEFT JOIN project_usage u ON u.project_id = :project_id
+        ) st
     )
     SELECT id, created_at, spec, pg_notify(:channel, :payload),
            1 + mine.queued + coalesce((
@@ -163,7 +188,8 @@ INSERT_QUEUED = text(
     FROM job, mine
     """.format(
         spans=spans(":priority", ":project_id"),
-        share=project_share("u", "cap", "own.cpus", "own.gpus"),
+        standing=standing("u", "cap"),
+        share=project_share("st", "own.cpus", "own.gpus"),
         ahead=_ahead_in("b", "mine.share", "'infinity'::timestamptz", "'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid"),
     )
 )
@@ -240,8 +266,8 @@ def _older_in_group(group: str, created_at: str, job_id: str) -> str:
     fewer than :newer_cap of them at or after it (a recent job, the usual case) those are counted and
     taken from the group's maintained counts (`queue_counts`); otherwise the older ones are counted."""
     same_group = f"o.status = 'queued' AND o.project_id = {group}.project_id AND o.priority = {group}.priority"
-    gangs = "count(*) AS n, coalesce(sum(CAST(o.gang_cpus AS numeric)), 0) AS cpus,"
-    gangs += " coalesce(sum(CAST(o.gang_gpus AS numeric)), 0) AS gpus"
+    gangs = f"count(*) AS n, CAST(coalesce(sum({gang_millis('o.gang_cpus')}), 0) AS bigint) AS cpus,"
+    gangs += f" CAST(coalesce(sum({gang_millis('o.gang_gpus')}), 0) AS bigint) AS gpus"
     return f"""
         SELECT CASE WHEN newer.n < :newer_cap THEN total.n - newer.n ELSE counted.n END AS n,
                CASE WHEN newer.n < :newer_cap THEN total.cpus - newer.cpus ELSE counted.cpus END AS cpus,
@@ -254,7 +280,8 @@ def _older_in_group(group: str, created_at: str, job_id: str) -> str:
             ) o
         ) newer
         CROSS JOIN (
-            SELECT coalesce(sum(q.queued), 0) AS n, coalesce(sum(q.cpus), 0) AS cpus, coalesce(sum(q.gpus), 0) AS gpus
+            SELECT coalesce(sum(q.queued), 0) AS n, CAST(coalesce(sum(q.cpu_millis), 0) AS bigint) AS cpus,
+                   CAST(coalesce(sum(q.gpu_millis), 0) AS bigint) AS gpus
             FROM queue_counts q WHERE q.project_id = {group}.project_id AND q.priority = {group}.priority
         ) total
         LEFT JOIN LATERAL (
@@ -308,13 +335,11 @@ QUEUE_POSITIONS = text(
         CROSS JOIN LATERAL ({older_than_oldest}) c
         CROSS JOIN LATERAL (
             SELECT j.id, row_number() OVER age - 1 AS older,
-                   coalesce(sum(CAST(j.gang_cpus AS numeric)) OVER before, 0) AS cpus_before,
-                   coalesce(sum(CAST(j.gang_gpus AS numeric)) OVER before, 0) AS gpus_before
+                   sum({cpus}) OVER age - {cpus} AS cpus_before, sum({gpus}) OVER age - {gpus} AS gpus_before
             FROM jobs j
             WHERE j.status = 'queued' AND j.project_id = f.project_id AND j.priority = f.priority
               AND (j.created_at, j.id) >= (f.created_at, f.id) AND (j.created_at, j.id) <= (n.created_at, n.id)
-            WINDOW age AS (ORDER BY j.created_at, j.id),
-                   before AS (age ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+            WINDOW age AS (ORDER BY j.created_at, j.id ROWS UNBOUNDED PRECEDING)
         ) t
     ),
     placed AS (
@@ -326,7 +351,9 @@ QUEUE_POSITIONS = text(
     """.format(
         spans=spans("(SELECT min(priority) FROM me)", "(SELECT project_id FROM me LIMIT 1)"),
         older_than_oldest=_older_in_group("f", "f.created_at", "f.id"),
-        share=project_share("s", "s", "s.above_cpus + nb.cpus", "s.above_gpus + nb.gpus"),
+        share=project_share("s", "s.above_cpu_millis + nb.cpus", "s.above_gpu_millis + nb.gpus"),
+        cpus=gang_millis("j.gang_cpus"),
+        gpus=gang_millis("j.gang_gpus"),
         position=_position("p"),
     )
 )
@@ -371,8 +398,7 @@ READ_JOB = text(
     ),
     {spans},
     own AS MATERIALIZED (
-        SELECT CAST(:older AS bigint) AS n, CAST(:older_cpus AS numeric) AS cpus,
-               CAST(:older_gpus AS numeric) AS gpus
+        SELECT CAST(:older AS bigint) AS n, CAST(:older_cpus AS bigint) AS cpus, CAST(:older_gpus AS bigint) AS gpus
         FROM me WHERE CAST(:older AS bigint) IS NOT NULL
         UNION ALL
         SELECT c.n, c.cpus, c.gpus FROM me CROSS JOIN LATERAL ({older_than_me}) c
@@ -401,7 +427,7 @@ READ_JOB = text(
     """.format(
         spans=spans("(SELECT priority FROM me)", ":project_id"),
         older_than_me=_older_in_group("me", "me.created_at", "me.id"),
-        share=project_share("s", "s", "s.above_cpus + own.cpus", "s.above_gpus + own.gpus"),
+        share=project_share("s", "s.above_cpu_millis + own.cpus", "s.above_gpu_millis + own.gpus"),
         position=_position("p"),
     )
 )
@@ -427,20 +453,19 @@ async def read_job(
 # queue's head are exact on their own.
 GROUP_RANKS = """
     SELECT (extract(epoch FROM created_at) * 1000000)::bigint, id::text, row_number() OVER age - 1,
-           coalesce(sum(CAST(gang_cpus AS numeric)) OVER before, 0),
-           coalesce(sum(CAST(gang_gpus AS numeric)) OVER before, 0)
+           sum({cpus}) OVER age - {cpus}, sum({gpus}) OVER age - {gpus}
     FROM jobs
     WHERE status = 'queued' AND project_id = %(project_id)s AND priority = %(priority)s
-    WINDOW age AS (ORDER BY created_at, id), before AS (age ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+    WINDOW age AS (ORDER BY created_at, id ROWS UNBOUNDED PRECEDING)
     ORDER BY created_at, id
     LIMIT %(limit)s
-"""
+""".format(cpus=gang_millis("gang_cpus"), gpus=gang_millis("gang_gpus"))
 
 
 async def group_ranks(direct: Direct, project_id: uuid.UUID, priority: int, limit: int) -> list[tuple[int, str, Older]]:
     """(created µs, id, its Older) for the oldest `limit` queued jobs of a group."""
     rows = await direct.all(GROUP_RANKS, {"project_id": project_id, "priority": priority, "limit": limit})
-    return [(int(created_us), job_id, (int(n), cpus, gpus)) for created_us, job_id, n, cpus, gpus in rows]
+    return [(int(created_us), job_id, (int(n), int(cpus), int(gpus))) for created_us, job_id, n, cpus, gpus in rows]
 
 
 async def list_events(session: AsyncSession, job_id: uuid.UUID) -> list[JobEvent]:

@@ -11,10 +11,11 @@ all the room a round had, borrow past its quota and be reclaimed by its cohort (
 queued jobs before it added (api/dispatcher/repository.py, `lock_queued`; api/jobs/repository.py, positions):
 
 - `tm_share(...)`: the dominant share of a project's history and what it holds (or would hold): the
-  formula of decide.dominant_share, in one place for every statement that orders the queue. A
-  capacity of NULL counts the resources as they are, as the computed column `project_usage.share` does.
-- `queue_counts.cpus`, `queue_counts.gpus`: the gangs queued per (priority, project), kept by the
-  counters trigger beside the count: a job's position counts whole groups ahead from them.
+  formula of decide.dominant_share, in one place for every statement that orders the queue, over whole
+  thousandths of a CPU or GPU summed as integers. A capacity of NULL counts the resources as they are,
+  as the computed column `project_usage.share` does.
+- `queue_counts.cpu_millis`, `queue_counts.gpu_millis`: the gangs queued per (priority, project), kept by
+  the counters trigger beside the count: a job's position counts whole groups ahead from them.
 - `ix_jobs_queued_by_project` INCLUDEs `gang_cpus` and `gang_gpus`: the running sums over each
   project's head stay an index-only scan. Built CONCURRENTLY as a new index, then swapped in.
 
@@ -33,33 +34,43 @@ down_revision: str | None = "0025_history_weight"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# decide.dominant_share in SQL: `cpus`/`gpus` is what the project holds plus the gangs ahead, numeric (the
-# sums are exact, so two statements summing the same gangs compute the same share to the bit).
+# decide.dominant_share in SQL, over whole thousandths of a CPU or GPU ("millis"): `cpu_millis` is what the
+# project holds plus the gangs ahead, summed as integers (exact in any order, so two statements summing the
+# same gangs compute the same share to the bit), `cpu_capacity_millis` the cluster's (NULL: counted as they
+# are, as the computed column `project_usage.share` does). All float8 and bigint: a numeric sum or a
+# numeric-to-float8 cast on every row a scan reads cost several times the scan.
 TM_SHARE = """
 CREATE OR REPLACE FUNCTION tm_share(
-    history_cpus double precision, history_gpus double precision,
-    cpus numeric, gpus numeric, cpu_capacity numeric, gpu_capacity numeric
-) RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    history_cpus float8, history_gpus float8, cpu_millis bigint, gpu_millis bigint,
+    cpu_capacity_millis float8, gpu_capacity_millis float8
+) RETURNS float8 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT greatest(
-        history_cpus + CAST(CASE WHEN cpu_capacity IS NULL THEN cpus
-                                 WHEN cpu_capacity > 0 THEN cpus / cpu_capacity ELSE 0 END AS double precision),
-        history_gpus + CAST(CASE WHEN gpu_capacity IS NULL THEN gpus
-                                 WHEN gpu_capacity > 0 THEN gpus / gpu_capacity ELSE 0 END AS double precision))
+        history_cpus + CASE WHEN cpu_capacity_millis IS NULL THEN CAST(cpu_millis AS float8) / 1000
+                            WHEN cpu_capacity_millis > 0 THEN CAST(cpu_millis AS float8) / cpu_capacity_millis
+                            ELSE 0 END,
+        history_gpus + CASE WHEN gpu_capacity_millis IS NULL THEN CAST(gpu_millis AS float8) / 1000
+                            WHEN gpu_capacity_millis > 0 THEN CAST(gpu_millis AS float8) / gpu_capacity_millis
+                            ELSE 0 END)
 $$
 """
+
+# A gang in millis: what every running sum adds (the trigger, and the statements that read the queue).
+MILLIS = "CAST(round({gang} * 1000) AS integer)"
 
 PLACE = "{row}.project_id || ' ' || {row}.priority || ' ' || (extract(epoch FROM {row}.created_at) * 1000000)::bigint || ' ' || {row}.id"  # noqa: E501
 
 
 def counters(sums: bool) -> str:
     """The counters trigger (0008's body), with the queued gangs summed beside the count when `sums`."""
-    left_sums = ", cpus = cpus - OLD.gang_cpus::numeric, gpus = gpus - OLD.gang_gpus::numeric" if sums else ""
+    old_cpus, new_cpus = (MILLIS.format(gang=f"{row}.gang_cpus") for row in ("OLD", "NEW"))
+    old_gpus, new_gpus = (MILLIS.format(gang=f"{row}.gang_gpus") for row in ("OLD", "NEW"))
+    left_sums = f", cpu_millis = cpu_millis - {old_cpus}, gpu_millis = gpu_millis - {old_gpus}" if sums else ""
     entered_sums = (
         (
-            ", cpus, gpus) VALUES (NEW.priority, NEW.project_id, hashtext(NEW.id::text) & 7, 1,"
-            " NEW.gang_cpus::numeric, NEW.gang_gpus::numeric)"
+            f", cpu_millis, gpu_millis) VALUES (NEW.priority, NEW.project_id, hashtext(NEW.id::text) & 7, 1,"
+            f" {new_cpus}, {new_gpus})"
             " ON CONFLICT (priority, project_id, shard) DO UPDATE SET queued = q.queued + 1,"
-            " cpus = q.cpus + excluded.cpus, gpus = q.gpus + excluded.gpus;"
+            " cpu_millis = q.cpu_millis + excluded.cpu_millis, gpu_millis = q.gpu_millis + excluded.gpu_millis;"
         )
         if sums
         else (
@@ -100,21 +111,21 @@ END $$
 
 
 RECOUNT = """
-UPDATE queue_counts q SET cpus = coalesce(s.cpus, 0), gpus = coalesce(s.gpus, 0)
+UPDATE queue_counts q SET cpu_millis = coalesce(s.cpu_millis, 0), gpu_millis = coalesce(s.gpu_millis, 0)
 FROM queue_counts k LEFT JOIN (
     SELECT priority, project_id, hashtext(id::text) & 7 AS shard,
-           sum(gang_cpus::numeric) AS cpus, sum(gang_gpus::numeric) AS gpus
+           sum({cpus}) AS cpu_millis, sum({gpus}) AS gpu_millis
     FROM jobs WHERE status = 'queued' GROUP BY 1, 2, 3
 ) s USING (priority, project_id, shard)
 WHERE (q.priority, q.project_id, q.shard) = (k.priority, k.project_id, k.shard)
-"""
+""".format(cpus=MILLIS.format(gang="gang_cpus"), gpus=MILLIS.format(gang="gang_gpus"))
 
 
 def upgrade() -> None:
     op.execute("SET LOCAL lock_timeout = '10s'")
     op.execute(TM_SHARE)
-    op.add_column("queue_counts", sa.Column("cpus", sa.Numeric(), server_default=sa.text("0"), nullable=False))
-    op.add_column("queue_counts", sa.Column("gpus", sa.Numeric(), server_default=sa.text("0"), nullable=False))
+    for name in ("cpu_millis", "gpu_millis"):
+        op.add_column("queue_counts", sa.Column(name, sa.BigInteger(), server_default=sa.text("0"), nullable=False))
     op.execute("LOCK TABLE jobs IN SHARE MODE")
     op.execute(counters(sums=True))
     op.execute(RECOUNT)
@@ -139,6 +150,6 @@ def downgrade() -> None:
     op.execute("SET LOCAL lock_timeout = '10s'")
     op.execute("LOCK TABLE jobs IN SHARE MODE")
     op.execute(counters(sums=False))
-    op.drop_column("queue_counts", "gpus")
-    op.drop_column("queue_counts", "cpus")
-    op.execute("DROP FUNCTION IF EXISTS tm_share(float8, float8, numeric, numeric, numeric, numeric)")
+    op.drop_column("queue_counts", "gpu_millis")
+    op.drop_column("queue_counts", "cpu_millis")
+    op.execute("DROP FUNCTION IF EXISTS tm_share(float8, float8, bigint, bigint, float8, float8)")

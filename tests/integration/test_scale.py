@@ -6,6 +6,7 @@ exactly the data of jobs finished long enough ago."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import uuid
 from collections.abc import Awaitable, Callable
@@ -62,10 +63,13 @@ def gpus(n: int) -> dict[str, Any]:
 def assert_counters_match_a_recount(database_url: str) -> None:
     counted = sql(
         database_url,
-        "SELECT priority, project_id::text, sum(queued)::int FROM queue_counts GROUP BY 1, 2 HAVING sum(queued) <> 0",
+        "SELECT priority, project_id::text, sum(queued)::int, sum(cpu_millis)::bigint, sum(gpu_millis)::bigint"
+        " FROM queue_counts GROUP BY 1, 2 HAVING sum(queued) <> 0",
     )
     recount = sql(
-        database_url, "SELECT priority, project_id::text, count(*)::int FROM jobs WHERE status = 'queued' GROUP BY 1, 2"
+        database_url,
+        "SELECT priority, project_id::text, count(*)::int, sum(round(gang_cpus * 1000))::bigint,"
+        " sum(round(gang_gpus * 1000))::bigint FROM jobs WHERE status = 'queued' GROUP BY 1, 2",
     )
     assert sorted(counted) == sorted(recount)
     usage = sql(database_url, "SELECT project_id::text, gpus::float, cpus::float FROM project_usage WHERE active > 0")
@@ -120,6 +124,61 @@ def test_queue_position_equals_admission_order_under_fair_share(http: TestClient
     listed = http.get("/v1/jobs", params={"limit": 500}, headers={"Authorization": f"Bearer {tokens['beta']}"}).json()
     for item in listed["items"]:
         assert item["queue_position"] == (positions.get(item["id"]))
+    assert_counters_match_a_recount(database_url)
+
+
+def test_positions_follow_progressive_filling_with_fractional_gangs_and_sampled_shares(
+    http: TestClient, database_url: str
+) -> None:
+    """Each job's share adds the gangs of its project ahead of it (fractions of a CPU too), against the
+    cluster's sampled capacity: three projects whose shares straddle each other's interleave, and every
+    position (one job's read, a page, a new job's answer) is its place in the claim order."""
+    rng = random.Random(3)
+    tokens = {name: project_token(database_url, name) for name in ("north", "south", "east")}
+    for _ in range(45):
+        name = rng.choice(list(tokens))
+        cpus = rng.choice([0.1, 0.5, 1.5, 2])
+        submit(
+            http,
+            tokens[name],
+            priority=rng.choice([0, 0, 2]),
+            scaling={"num_workers": 1, "resources_per_worker": {"CPU": cpus}},
+        )
+    # north has some history, south holds a little; east has no row: its share is of the cluster's capacity
+    sql(
+        database_url,
+        "INSERT INTO project_usage (project_id, active, gpus, cpus, history_cpus, history_weight, cpu_capacity,"
+        " gpu_capacity, sampled_at) SELECT id, 0, 0, CASE name WHEN 'south' THEN 0.5 ELSE 0 END,"
+        " CASE name WHEN 'north' THEN 0.03 ELSE 0 END, 1, 40, 0, now() FROM projects WHERE name IN ('north', 'south')",
+    )
+
+    async def claim_order(session: AsyncSession) -> list[Any]:
+        return list(await dispatcher_repository.lock_queued(session, 1000))
+
+    claimed = in_session(database_url, claim_order)
+    order = [str(job.id) for job in claimed]
+    shares = {}
+    for job in claimed:
+        shares.setdefault(job.project_id, []).append(job.share)
+    assert all(mine == sorted(mine) for mine in shares.values())  # a project's shares grow along its queue
+    projects_in_order = [job.project_id for job in claimed if job.priority == 0]
+    switches = sum(a != b for a, b in itertools.pairwise(projects_in_order))
+    assert switches > 3  # the projects interleave: no project's whole queue goes first
+    project_of = dict(sql(database_url, "SELECT j.id::text, p.name FROM jobs j JOIN projects p ON p.id = j.project_id"))
+    for n, job_id in enumerate(order, start=1):
+        headers = {"Authorization": f"Bearer {tokens[project_of[job_id]]}"}
+        assert http.get(f"/v1/jobs/{job_id}", headers=headers).json()["queue_position"] == n
+    for name, token in tokens.items():
+        listed = http.get("/v1/jobs", params={"limit": 500}, headers={"Authorization": f"Bearer {token}"}).json()
+        assert {item["id"]: item["queue_position"] for item in listed["items"]} == {
+            job_id: n for n, job_id in enumerate(order, start=1) if project_of[job_id] == name
+        }
+    headers = {"Authorization": f"Bearer {tokens['east']}"}
+    body = spec(priority=2, scaling={"num_workers": 1, "resources_per_worker": {"CPU": 0.1}})
+    answer = http.post("/v1/jobs", json=body, headers=headers).json()  # ahead of every priority-0 job
+    new_order = [str(job.id) for job in in_session(database_url, claim_order)]
+    assert answer["queue_position"] == new_order.index(answer["id"]) + 1 < len(new_order)
+    assert http.get(f"/v1/jobs/{answer['id']}", headers=headers).json()["queue_position"] == answer["queue_position"]
     assert_counters_match_a_recount(database_url)
 
 
