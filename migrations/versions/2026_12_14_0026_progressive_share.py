@@ -21,12 +21,13 @@ queued jobs before it added (api/dispatcher/repository.py, `lock_queued`; api/jo
 
 The trigger's new body and the sums' recount are one transaction that holds SHARE on jobs: a
 transaction that wrote jobs before it finishes (with the old body) first, and every later one runs the
-new body, so the recount is exact.
+new body, so the recount is exact. If the upgrade stops in the index build, drop
+`ix_jobs_queued_by_project_gangs` (it may be left invalid) and upgrade again: the first part runs again
+as it is.
 """
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0026_progressive_share"
@@ -110,22 +111,24 @@ END $$
 """
 
 
+# The queued gangs per shard, recounted from the queued jobs (the new columns start at 0, as a shard
+# with none queued stays).
 RECOUNT = """
-UPDATE queue_counts q SET cpu_millis = coalesce(s.cpu_millis, 0), gpu_millis = coalesce(s.gpu_millis, 0)
-FROM queue_counts k LEFT JOIN (
+UPDATE queue_counts q SET cpu_millis = s.cpu_millis, gpu_millis = s.gpu_millis
+FROM (
     SELECT priority, project_id, hashtext(id::text) & 7 AS shard,
            sum({cpus}) AS cpu_millis, sum({gpus}) AS gpu_millis
     FROM jobs WHERE status = 'queued' GROUP BY 1, 2, 3
-) s USING (priority, project_id, shard)
-WHERE (q.priority, q.project_id, q.shard) = (k.priority, k.project_id, k.shard)
+) s
+WHERE (q.priority, q.project_id, q.shard) = (s.priority, s.project_id, s.shard)
 """.format(cpus=MILLIS.format(gang="gang_cpus"), gpus=MILLIS.format(gang="gang_gpus"))
 
 
 def upgrade() -> None:
     op.execute("SET LOCAL lock_timeout = '10s'")
     op.execute(TM_SHARE)
-    for name in ("cpu_millis", "gpu_millis"):
-        op.add_column("queue_counts", sa.Column(name, sa.BigInteger(), server_default=sa.text("0"), nullable=False))
+    for name in ("cpu_millis", "gpu_millis"):  # IF NOT EXISTS: an upgrade stopped in the index build runs again
+        op.execute(f"ALTER TABLE queue_counts ADD COLUMN IF NOT EXISTS {name} bigint DEFAULT 0 NOT NULL")
     op.execute("LOCK TABLE jobs IN SHARE MODE")
     op.execute(counters(sums=True))
     op.execute(RECOUNT)
