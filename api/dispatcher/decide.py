@@ -82,16 +82,19 @@ Job = TypeVar("Job", bound=Queued)
 
 
 def admission_key(job: Queued) -> tuple[int, float, datetime, uuid.UUID]:
-    """Admission order: priority (highest first), then the project's fair share (`dominant_share`,
-    lowest first), then submission order. repository.lock_queued's ORDER BY is the same key in SQL:
-    it picks the round's batch, `decide` orders it with this."""
+    """Admission order: priority (highest first), then the job's fair share (`dominant_share` of its
+    project with the gangs of its project ahead of it, lowest first), then submission order.
+    repository.lock_queued's ORDER BY is the same key in SQL: it picks the round's batch, `decide` orders
+    it with this."""
     return (-job.priority, job.share, job.created_at, job.id)
 
 
 def dominant_share(history: Mapping[str, float], held: Mapping[str, float], capacity: Mapping[str, float]) -> float:
     """A project's fair share (dominant-resource fairness): over CPU and GPU, the largest of its
     decayed history plus what it holds now as a fraction of the cluster's capacity. The same formula
-    as the computed column `project_usage.share` (api/db/models.py), which orders the queue in SQL."""
+    as the computed column `project_usage.share` (api/db/models.py) and as `tm_share` (migration 0026),
+    which orders the queue in SQL with the gangs of a job's project ahead of it added to what it holds
+    (DRF's progressive filling: repository.lock_queued; `Queued.share` is that share)."""
     return max(
         history.get(r, 0.0) + (held.get(r, 0.0) / capacity[r] if capacity.get(r, 0.0) > 0 else 0.0)
         for r in ("CPU", "GPU")
@@ -212,6 +215,7 @@ def decide(
     jobs hold); give every other job its outcome (the module's docstring says the rules)."""
     driver = driver or {}
     bad_code = bad_code or {}
+    book.sums.clear()  # the cohorts' sums are made again: usage may have changed since the book was last read
     total = cluster.total()
     budget = {r: total.get(r, 0.0) - held.get(r, 0.0) for r in ("CPU", "GPU")}
     decisions: Decisions[Job] = Decisions()

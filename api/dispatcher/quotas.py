@@ -93,6 +93,10 @@ class Book:
     # Each cohort's members, found on first use (a round's projects are fixed once read): thousands of
     # projects in dozens of cohorts are not scanned whole for every job.
     cohorts: dict[str, list[tuple[uuid.UUID, Standing]]] = field(default_factory=dict, repr=False, compare=False)
+    # Per cohort, its members' sums, made on first use and dropped when a member takes a gang (`take`, the
+    # only change to usage in a round): a check of what the cohort lends reads them less the asking
+    # project's own part instead of walking every other member (a batch spans many projects of a cohort).
+    sums: dict[str, CohortSums] = field(default_factory=dict, repr=False, compare=False)
 
     def _cohort(self, cohort: str | None) -> list[tuple[uuid.UUID, Standing]]:
         if cohort is None:
@@ -106,6 +110,11 @@ class Book:
     def members(self, cohort: str | None, but: uuid.UUID) -> list[Standing]:
         return [s for pid, s in self._cohort(cohort) if pid != but]
 
+    def _sums(self, cohort: str) -> CohortSums:
+        if (sums := self.sums.get(cohort)) is None:
+            sums = self.sums[cohort] = CohortSums.of([s for _, s in self._cohort(cohort)])
+        return sums
+
     def borrowers(self, project_id: uuid.UUID) -> list[uuid.UUID]:
         """The other members of the project's cohort that hold more than their quota now."""
         cohort = self._cohort(self.projects[project_id].cohort)
@@ -113,10 +122,13 @@ class Book:
 
     def free_to_borrow(self, project_id: uuid.UUID, resource: str) -> float:
         """What the project's cohort has free to lend it: the others' lendable unused quota less what
-        the others already borrow."""
+        the others already borrow (the cohort's sums less the project's own part)."""
         standing = self.projects[project_id]
-        others = self.members(standing.cohort, project_id)
-        return max(0.0, sum(o.lendable(resource) for o in others) - sum(o.borrowed(resource) for o in others))
+        if standing.cohort is None:
+            return 0.0
+        sums = self._sums(standing.cohort)
+        lent = sums.lendable[resource] - standing.lendable(resource)
+        return max(0.0, lent - (sums.borrowed[resource] - standing.borrowed(resource)))
 
     def refusal(self, project_id: uuid.UUID, need: dict[str, float]) -> tuple[str, bool] | None:
         """Why the project's quota holds a gang of `need` now (and whether it always will, as the
@@ -132,7 +144,9 @@ class Book:
                 continue
             nominal, used = standing.quota[resource], standing.used(resource)
             limit = (standing.borrowing_limit or {}).get(resource)
-            most = sum(o.most_lent(resource) for o in self.members(standing.cohort, project_id))
+            most = 0.0  # what the other members would lend with nothing running
+            if standing.cohort is not None:
+                most = self._sums(standing.cohort).most_lent[resource] - standing.most_lent(resource)
             ceiling = nominal + min(most, limit if limit is not None else most)
             held = f"project {standing.name} holds {used:g} of its quota of {nominal:g} {resource}"
             if amount > ceiling + EPSILON:
@@ -221,11 +235,8 @@ class Book:
             return False
         if any(amount > 0 and (r not in standing.quota or standing.beyond(r, amount)) for r, amount in need.items()):
             return False
-        return any(
-            member.borrowed(resource) > EPSILON
-            for member in self.members(standing.cohort, project_id)
-            for resource in RESOURCES
-        )
+        own = any(standing.borrowed(resource) > EPSILON for resource in RESOURCES)
+        return self._sums(standing.cohort).borrowing > int(own)
 
     def gave_up(self, project_id: uuid.UUID, need: dict[str, float]) -> bool:
         """Whether reclaim already found too little this round for a gang of `need` in the project's
@@ -255,6 +266,28 @@ class Book:
         if standing is not None:
             for resource, amount in need.items():
                 standing.usage[resource] = standing.used(resource) + amount
+            if standing.cohort is not None:
+                self.sums.pop(standing.cohort, None)
+
+
+@dataclass(frozen=True)
+class CohortSums:
+    """What a cohort's members lend now, borrow now and would lend with nothing running, per resource,
+    and how many of them borrow any resource now."""
+
+    lendable: dict[str, float]
+    borrowed: dict[str, float]
+    most_lent: dict[str, float]
+    borrowing: int
+
+    @classmethod
+    def of(cls, members: list[Standing]) -> CohortSums:
+        return cls(
+            {r: sum(m.lendable(r) for m in members) for r in RESOURCES},
+            {r: sum(m.borrowed(r) for m in members) for r in RESOURCES},
+            {r: sum(m.most_lent(r) for m in members) for r in RESOURCES},
+            sum(any(m.borrowed(r) > EPSILON for r in RESOURCES) for m in members),
+        )
 
 
 def _at_least_one_of(need: dict[str, float], failed: Iterable[dict[str, float]]) -> bool:
