@@ -101,7 +101,7 @@ SPANS = """
         LEFT JOIN project_usage u ON u.project_id = g.project_id
         CROSS JOIN cap
     ),
-    bounds AS (
+    bounds AS MATERIALIZED (  -- its columns read as values on every row a straddling read scans
         SELECT s.*, {first} AS first_share, {past} AS past_share FROM spans s
     )
 """
