@@ -365,9 +365,18 @@ class Simulation:
                 self.bypassed.setdefault(earlier.id, [now_s, now_s])[1] = now_s
 
     def batch(self, looked: set[uuid.UUID]) -> list[SimJob]:
-        """The first `admit_batch` queued jobs by `admission_key` with each project's fair share now, as
-        lock_queued takes them: each project's jobs come in (priority, age) order (its queue, merged with
-        its preempted jobs queued again), so the batch is merged from the projects' heads."""
+        """The first `admit_batch` queued jobs by `admission_key`, as lock_queued takes them: each job with
+        its project's fair share with the gangs of its project's jobs before it added to what the project
+        holds (DRF's progressive filling). Each project's jobs come in (priority, age) order (its queue,
+        merged with its preempted jobs queued again), so the batch is merged from the projects' heads."""
+        ahead: dict[uuid.UUID, dict[str, float]] = {}  # per project, the gangs of its jobs in the batch so far
+
+        def with_share(job: SimJob) -> SimJob:
+            before = ahead.setdefault(job.project_id, {"CPU": 0.0, "GPU": 0.0})
+            held = {r: self.projects[job.project_id].used(r) + before[r] for r in before}
+            share = dominant_share(self.history[job.project_id], held, self.capacity)
+            return job._replace(share=share, bypassed_since=self.since.get(job.id))
+
         frontier = []
         for pid, queue in self.queues.items():
             if pid in looked:
@@ -375,22 +384,18 @@ class Simulation:
             self.heads[pid] = self.next_queued(queue, self.heads[pid])
             pending = self.pending(pid)
             if (job := next(pending, None)) is not None:
-                share = dominant_share(self.history[pid], self.projects[pid].usage, self.capacity)
-                job = job._replace(share=share, bypassed_since=self.since.get(job.id))
+                job = with_share(job)
                 frontier.append((admission_key(job), job, pending))
         heapq.heapify(frontier)
         batch: list[SimJob] = []
-        ahead: dict[uuid.UUID, dict[str, float]] = {}  # per project, the gangs of its jobs in the batch so far
         while frontier and len(batch) < self.settings.admit_batch:
             _, job, pending = heapq.heappop(frontier)
             batch.append(job)
             if (following := next(pending, None)) is not None:
-                pid, before = job.project_id, ahead.setdefault(job.project_id, {"CPU": 0.0, "GPU": 0.0})
+                before = ahead[job.project_id]
                 before["CPU"] += job.gang_cpus
                 before["GPU"] += job.gang_gpus
-                held = {r: self.projects[pid].used(r) + before[r] for r in before}
-                share = dominant_share(self.history[pid], held, self.capacity)
-                following = following._replace(share=share, bypassed_since=self.since.get(following.id))
+                following = with_share(following)
                 heapq.heappush(frontier, (admission_key(following), following, pending))
         return batch
 

@@ -184,14 +184,16 @@ class QueuedJob(NamedTuple):
 # read (or any project's of the cluster, before its first).
 QUEUED = text(
     """
-    WITH cap AS ({capacity}),
+    WITH ours AS (
+        SELECT id FROM projects WHERE CAST(:cluster AS uuid) IS NULL OR cluster_id = CAST(:cluster AS uuid)
+    ),
+    cap AS ({capacity}),
     standing AS MATERIALIZED (
         SELECT p.id, {standing}
-        FROM projects p
+        FROM ours p
         LEFT JOIN project_usage u ON u.project_id = p.id
         CROSS JOIN cap
-        WHERE (CAST(:cluster AS uuid) IS NULL OR p.cluster_id = CAST(:cluster AS uuid))
-          AND NOT (p.id = ANY(CAST(:seen AS uuid[])))
+        WHERE NOT (p.id = ANY(CAST(:seen AS uuid[])))
     ),
     head AS (
         SELECT f.id, f.priority, f.created_at, {share} AS share
@@ -216,10 +218,7 @@ QUEUED = text(
     ORDER BY head.priority DESC, head.share, head.created_at, head.id
     FOR UPDATE OF j SKIP LOCKED
     """.format(
-        capacity=CLUSTER_CAPACITY.format(
-            projects="SELECT id FROM projects WHERE CAST(:cluster AS uuid) IS NULL"
-            " OR cluster_id = CAST(:cluster AS uuid)"
-        ),
+        capacity=CLUSTER_CAPACITY.format(projects="SELECT id FROM ours"),
         standing=standing("u", "cap"),
         share=project_share("s", "f.cpu_millis_ahead", "f.gpu_millis_ahead"),
         cpus=gang_millis("q.gang_cpus"),

@@ -3,7 +3,7 @@
 A job's queue position (api/jobs/repository.py, READ_JOB) needs the queued jobs of its own project and
 priority older than it, counted with their gangs (its progressive share): an index-only scan of up to the
 whole queue (0.35 µs a job vacuumed, about 2 µs before autovacuum has set the visibility map), on every
-poll of every queued job. That count and those sums ("older", repository.Older) change only when a job of
+poll of every queued job. That count and those sums ("older", `Older` below) change only when a job of
 the same project and priority, older than it or itself, enters or leaves the queue; a new submission, the
 newest of its group, changes no older job's.
 

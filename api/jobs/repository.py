@@ -149,11 +149,25 @@ def _ahead_in(group: str, share: str, created_at: str, job_id: str) -> str:
         ), {group}.queued) END"""
 
 
+def _position(placed: str) -> str:
+    """SQL (a number): the 1-based queue position of `placed` (a row with the job's `project_id`,
+    `priority`, `created_at`, `id`, `older`: its own group's queued jobs before it, and `share`, its
+    progressive share): every queued job of a higher priority, its own group's older jobs, and of each
+    other project's group at its priority the jobs before it (`_ahead_in`)."""
+    ahead = _ahead_in("b", f"{placed}.share", f"{placed}.created_at", f"{placed}.id")
+    return f"""1 + {placed}.older + coalesce((
+            SELECT sum(CASE WHEN b.priority > {placed}.priority THEN b.queued ELSE {ahead} END) FROM bounds b
+            WHERE b.priority > {placed}.priority
+               OR (b.priority = {placed}.priority AND b.project_id <> {placed}.project_id)
+        ), 0)"""
+
+
 # One statement for a new job: the row, its first event, the NOTIFY (sent at commit) and its place in the
 # queue; no row when the project already holds a job with this idempotency key. The new job is the
-# newest of its group, so every queued job of its project at or above its priority is ahead of it (their
-# gangs too: its share), and of each other project's group at its priority the jobs whose share is at most
-# its own: SPANS says how many, without reading the queue unless a group's shares straddle its share.
+# newest of its group (placed after every job of it: `mine`), so every queued job of its project at or
+# above its priority is ahead of it (their gangs too: its share), and of each other project's group at its
+# priority the jobs whose share is at most its own: `_position` over SPANS, which reads no queue unless a
+# group's shares straddle its share.
 INSERT_QUEUED = text(
     """
     WITH job AS (
@@ -170,27 +184,26 @@ INSERT_QUEUED = text(
     ),
     {spans},
     own AS (
-        SELECT coalesce(sum(b.queued), 0) AS queued, CAST(coalesce(sum(b.queued_cpu_millis), 0) AS bigint) AS cpus,
+        SELECT coalesce(sum(b.queued) FILTER (WHERE b.priority = :priority), 0) AS older,
+               CAST(coalesce(sum(b.queued_cpu_millis), 0) AS bigint) AS cpus,
                CAST(coalesce(sum(b.queued_gpu_millis), 0) AS bigint) AS gpus
         FROM counted b WHERE b.project_id = :project_id
     ),
-    mine AS (
-        SELECT own.queued, {share} AS share
+    mine AS (  -- the new job as `_position` reads one, after every job of its group
+        SELECT CAST(:project_id AS uuid) AS project_id, CAST(:priority AS smallint) AS priority,
+               CAST('infinity' AS timestamptz) AS created_at,
+               CAST('ffffffff-ffff-ffff-ffff-ffffffffffff' AS uuid) AS id, own.older, {share} AS share
         FROM own CROSS JOIN (
             SELECT {standing} FROM cap LEFT JOIN project_usage u ON u.project_id = :project_id
         ) st
     )
-    SELECT id, created_at, spec, pg_notify(:channel, :payload),
-           1 + mine.queued + coalesce((
-               SELECT sum(CASE WHEN b.priority > :priority THEN b.queued ELSE {ahead} END) FROM bounds b
-               WHERE b.project_id <> :project_id
-           ), 0) AS queue_position
+    SELECT job.id, job.created_at, job.spec, pg_notify(:channel, :payload), {position} AS queue_position
     FROM job, mine
     """.format(
         spans=spans(":priority", ":project_id"),
         standing=standing("u", "cap"),
         share=project_share("st", "own.cpus", "own.gpus"),
-        ahead=_ahead_in("b", "mine.share", "'infinity'::timestamptz", "'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid"),
+        position=_position("mine"),
     )
 )
 INSERT_QUEUED_DIRECT = pyformat(INSERT_QUEUED)
@@ -289,19 +302,6 @@ def _older_in_group(group: str, created_at: str, job_id: str) -> str:
             WHERE {same_group} AND (o.created_at, o.id) < ({created_at}, {job_id}) AND newer.n >= :newer_cap
         ) counted ON true
     """
-
-
-def _position(placed: str) -> str:
-    """SQL (a number): the 1-based queue position of `placed` (a row with the job's `project_id`,
-    `priority`, `created_at`, `id`, `older`: its own group's queued jobs before it, and `share`, its
-    progressive share): every queued job of a higher priority, its own group's older jobs, and of each
-    other project's group at its priority the jobs before it (`_ahead_in`)."""
-    ahead = _ahead_in("b", f"{placed}.share", f"{placed}.created_at", f"{placed}.id")
-    return f"""1 + {placed}.older + coalesce((
-            SELECT sum(CASE WHEN b.priority > {placed}.priority THEN b.queued ELSE {ahead} END) FROM bounds b
-            WHERE b.priority > {placed}.priority
-               OR (b.priority = {placed}.priority AND b.project_id <> {placed}.project_id)
-        ), 0)"""
 
 
 # The positions of a page of queued jobs (QUEUE_POSITIONS), in one statement. Per (project, priority) group
