@@ -24,7 +24,6 @@ import httpx
 
 from trainmaster import calls, sse
 from trainmaster import config as client_config
-from trainmaster.archive import zip_directory
 from trainmaster.calls import DEFAULT_TIMEOUT, SUBMIT_ATTEMPTS, Call, JobWait, Page, Stream, Submission, takes
 from trainmaster.client import JobView
 from trainmaster.errors import TrainmasterError
@@ -85,13 +84,19 @@ class AsyncClient:
 
     @takes(calls.submission)
     async def submit(self, submission: Submission) -> AsyncJobHandle:
-        code = None if submission.working_dir is None else (await self.upload_code(submission.working_dir)).id
+        package = None if submission.working_dir is None else await asyncio.to_thread(submission.code_package)
+        code = None if package is None else (await self._upload(package)).id
         return AsyncJobHandle(self, await self._send_retried(submission.call(code)))
 
-    async def upload_code(self, working_dir: str | Path) -> CodeUpload:
-        """Zip a working directory (in a thread, so the event loop goes on) and upload it unless the
-        project holds that package already (`Client.upload_code`)."""
-        package = calls.CodePackage(await asyncio.to_thread(zip_directory, Path(working_dir)))
+    async def upload_code(
+        self, working_dir: str | Path, *, include_secrets: bool = False, include_git: bool = False
+    ) -> CodeUpload:
+        """Zip a working directory as `trainmaster run` does (in a thread, so the event loop goes on)
+        and upload it unless the project holds that package already (`Client.upload_code`)."""
+        options = {"include_secrets": include_secrets, "include_git": include_git}
+        return await self._upload(await asyncio.to_thread(calls.code_package, working_dir, **options))
+
+    async def _upload(self, package: calls.CodePackage) -> CodeUpload:
         return package.as_stored() if await self._send(package.stored()) else await self._send(package.upload())
 
     async def resolve_id(self, id_or_prefix: str) -> str:

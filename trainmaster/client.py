@@ -15,7 +15,6 @@ import httpx
 
 from trainmaster import calls, sse
 from trainmaster import config as client_config
-from trainmaster.archive import zip_directory
 from trainmaster.calls import DEFAULT_TIMEOUT, SUBMIT_ATTEMPTS, Call, JobWait, Page, Stream, Submission, takes
 from trainmaster.errors import JobFailed, TrainmasterError
 from trainmaster.models import (
@@ -74,13 +73,21 @@ class Client:
 
     @takes(calls.submission)
     def submit(self, submission: Submission) -> JobHandle:
-        code = None if submission.working_dir is None else self.upload_code(submission.working_dir).id
+        package = submission.code_package()
+        code = None if package is None else self._upload(package).id
         return JobHandle(self, self._send_retried(submission.call(code)))
 
-    def upload_code(self, working_dir: str | Path) -> CodeUpload:
-        """Zip a working directory (skipping .git, virtualenvs and caches) and upload it, unless the
-        project holds that package already (packages are content-addressed: the same files, the same `id`)."""
-        package = calls.CodePackage(zip_directory(Path(working_dir)))
+    def upload_code(
+        self, working_dir: str | Path, *, include_secrets: bool = False, include_git: bool = False
+    ) -> CodeUpload:
+        """Zip a working directory as `trainmaster run` does (trainmaster.packing: ignore files apply;
+        secrets, `.git`, virtualenvs and caches stay behind unless `include_secrets` / `include_git`)
+        and upload it, unless the project holds that package already (packages are content-addressed:
+        the same files, the same `id`). Secrets kept back and a large package are warned of
+        (`trainmaster.packing.PackageWarning`)."""
+        return self._upload(calls.code_package(working_dir, include_secrets=include_secrets, include_git=include_git))
+
+    def _upload(self, package: calls.CodePackage) -> CodeUpload:
         return package.as_stored() if self._send(package.stored()) else self._send(package.upload())
 
     def resolve_id(self, id_or_prefix: str) -> str:

@@ -2,7 +2,7 @@
 
 Rules, in order, for every file and folder under the working folder:
 
-1. Symbolic links, `*.pyc` and the folders `archive.SKIP_DIRS` names (virtualenvs, caches,
+1. Symbolic links, `*.pyc` and the folders `SKIP_DIRS` names (virtualenvs, caches,
    `node_modules`, `.git` …) are left out; `.git` goes in with `include_git`.
 2. `.gitignore` and `.trainmasterignore` files, in any folder, with git's syntax and precedence: a file's
    patterns apply below its own folder, a deeper file overrides a shallower one, `.trainmasterignore`
@@ -12,22 +12,39 @@ Rules, in order, for every file and folder under the working folder:
    private keys (`*.pem`, `*.key`, `id_rsa*`, `id_dsa*`, `id_ecdsa*`, `id_ed25519*`). `include_secrets`
    lifts this rule only (an ignored `.env` still needs `!.env` in `.trainmasterignore`).
 
-The zip is reproducible (archive.zip_files), so the same files give the same `sha256:` id and an
+The zip is reproducible (`zip_files`), so the same files give the same `sha256:` id and an
 unchanged folder is not uploaded twice.
+
+This is the one packer: `trainmaster run`, `Client.upload_code` / `submit(working_dir=...)` and their
+`AsyncClient` twins all ship what `pack` selects, so the SDK never ships what the CLI keeps back.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hashlib
+import io
 import os
+import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pathspec
 
-from trainmaster.archive import SKIP_DIRS, zip_files
-
+SKIP_DIRS = {
+    ".git",
+    ".hg",
+    ".venv",
+    "venv",
+    "__pycache__",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    "node_modules",
+    ".trainmaster",
+}
+FIXED_TIME = (2020, 1, 1, 0, 0, 0)
 IGNORE_FILES = (".gitignore", ".trainmasterignore")
 SECRET_PATTERNS = (
     ".env",
@@ -133,11 +150,12 @@ class Package:
     def file_bytes(self) -> int:
         return sum(self.selection.sizes.values())
 
-    def warnings(self) -> list[str]:
-        """What a person should see before shipping: secrets kept back, a package larger than code is."""
+    def warnings(self, *, secrets_option: str = "--include-secrets") -> list[str]:
+        """What a person should see before shipping: secrets kept back (and the option, `secrets_option`,
+        that ships them), a package larger than code is."""
         found = []
         if self.selection.secrets:
-            found.append(f"not shipped (secrets): {', '.join(self.selection.secrets)}; --include-secrets ships them")
+            found.append(f"not shipped (secrets): {', '.join(self.selection.secrets)}; {secrets_option} ships them")
         if self.file_bytes > WARN_BYTES or len(self.files) > WARN_FILES:
             largest = sorted(self.selection.sizes.items(), key=lambda item: -item[1])[:LARGEST_SHOWN]
             shown = ", ".join(f"{name} ({human_bytes(size)})" for name, size in largest)
@@ -152,6 +170,24 @@ def pack(folder: Path, *, include_git: bool = False, include_secrets: bool = Fal
     folder = folder.resolve()
     selection = select(folder, include_git=include_git, include_secrets=include_secrets)
     return Package(folder=folder, selection=selection, content=zip_files(folder, selection.files))
+
+
+class PackageWarning(UserWarning):
+    """What the SDK's packing warns of (`Package.warnings`): secrets kept back, a large package."""
+
+
+def zip_files(folder: Path, relative_paths: Iterable[str]) -> bytes:
+    """The files `relative_paths` (posix, relative to `folder`), in the order given, in a zip that
+    depends on nothing but their names, contents and executable bits (every member has one fixed time)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name in relative_paths:
+            path = folder / name
+            info = zipfile.ZipInfo(name, FIXED_TIME)
+            info.external_attr = (0o100755 if os.access(path, os.X_OK) else 0o100644) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(info, path.read_bytes())
+    return buffer.getvalue()
 
 
 def human_bytes(size: float) -> str:

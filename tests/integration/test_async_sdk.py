@@ -280,7 +280,8 @@ def test_a_503_is_retried_after_retry_after_and_a_401_raises_at_once(
 def test_submit_takes_exactly_jobspec_fields_typed_in_both_clients() -> None:
     for method in (tm.Client.submit, tm.AsyncClient.submit):
         parameters = inspect.signature(method).parameters
-        assert set(parameters) - {"self", "spec", "working_dir", "idempotency_key"} == set(tm.JobSpec.model_fields)
+        sdk_only = {"self", "spec", "working_dir", "idempotency_key", "include_secrets", "include_git"}
+        assert set(parameters) - sdk_only == set(tm.JobSpec.model_fields)
         assert all(p.annotation is not inspect.Parameter.empty for p in parameters.values() if p.name != "self")
     assert inspect.signature(tm.Client.submit).parameters == inspect.signature(tm.AsyncClient.submit).parameters
     with tm.Client("http://127.0.0.1:9", "tm_x") as sync, pytest.raises(TypeError, match="nme"):

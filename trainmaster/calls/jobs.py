@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import uuid
+import warnings
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from trainmaster import packing
 from trainmaster.calls.base import (
     AMBIGUOUS_SHOWN,
     Backend,
@@ -43,12 +45,20 @@ from trainmaster.models import (
 
 @dataclass(frozen=True)
 class Submission:
-    """A `submit` call's arguments: the spec or its fields, and the folder to upload first."""
+    """A `submit` call's arguments: the spec or its fields, and the folder to upload first (with what
+    of it `packing` keeps back unless asked: secrets, `.git`)."""
 
     spec: JobSpec | None
     fields: dict[str, Any]
     working_dir: str | Path | None
     idempotency_key: str | None
+    include_secrets: bool = False
+    include_git: bool = False
+
+    def code_package(self) -> CodePackage | None:
+        if self.working_dir is None:
+            return None
+        return code_package(self.working_dir, include_secrets=self.include_secrets, include_git=self.include_git)
 
     def call(self, code: str | None) -> Call[Job]:
         """POST /v1/jobs with one Idempotency-Key for every try, so a retried submit stores one job."""
@@ -79,18 +89,23 @@ def submission(
     checkpoint: CheckpointPolicy | dict[str, Any] | None = None,
     working_dir: str | Path | None = None,
     idempotency_key: str | None = None,
+    include_secrets: bool = False,
+    include_git: bool = False,
 ) -> Submission:
     """Submit a job: a `JobSpec`, or its fields as keywords (`name` and `entrypoint` at least; given
     beside a spec, they replace its fields). Fields left out take JobSpec's defaults.
 
     `working_dir` is zipped and uploaded first (`upload_code`) and becomes `code`; the workers run in
-    it (script mode reads the script from it, function mode imports from it).
+    it (script mode reads the script from it, function mode imports from it). What ships of it is what
+    `trainmaster run` ships (trainmaster.packing): git's ignore rules and `.trainmasterignore` apply,
+    secrets (`.env`, private keys) and `.git` stay behind unless `include_secrets` / `include_git`.
 
     Safe to retry: one Idempotency-Key (`idempotency_key`, else a new one) covers every try of this
     call, and passing failures (`trainmaster.retry`) are tried again, 4 tries in all, so a submit
     whose answer was lost stores one job."""
     given = {field: value for field, value in locals().items() if field in JobSpec.model_fields}
-    return Submission(spec, {k: v for k, v in given.items() if v is not None}, working_dir, idempotency_key)
+    fields = {k: v for k, v in given.items() if v is not None}
+    return Submission(spec, fields, working_dir, idempotency_key, include_secrets, include_git)
 
 
 def job_spec(spec: JobSpec | None, fields: Mapping[str, Any]) -> JobSpec:
@@ -125,6 +140,16 @@ class CodePackage:
         with zipfile.ZipFile(io.BytesIO(self.content)) as archive:
             files = sum(1 for member in archive.infolist() if not member.is_dir())
         return CodeUpload(id=self.id, size=len(self.content), file_count=files)
+
+
+def code_package(working_dir: str | Path, *, include_secrets: bool = False, include_git: bool = False) -> CodePackage:
+    """`working_dir` packed by the one packer (`trainmaster.packing.pack`, as `trainmaster run` packs it);
+    what a person should know before it ships (secrets kept back, a large package) is warned of as a
+    `packing.PackageWarning`."""
+    package = packing.pack(Path(working_dir), include_git=include_git, include_secrets=include_secrets)
+    for message in package.warnings(secrets_option="include_secrets=True"):
+        warnings.warn(message, packing.PackageWarning, stacklevel=4)
+    return CodePackage(package.content)
 
 
 def get_job(job_id: str) -> Call[Job]:
