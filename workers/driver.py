@@ -207,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ClaimRefused, httpx.HTTPError) as exc:
         print(
             f"[trainmaster] error: this attempt cannot report to the API, so it stops: {exc}. "
-            "A claim is refused when it was used already (another process may hold this job's token: "
-            "it is revoked now) or when the attempt started later than launch_timeout_s + starting_timeout_s.",
+            "A claim is refused when it was used already (another process holds this job's token) "
+            "or when the attempt started later than launch_timeout_s + starting_timeout_s.",
             file=sys.stderr,
             flush=True,
         )

@@ -108,25 +108,21 @@ CLAIM_JOB_TOKEN = text(
     """
 )
 
-# A claim presented after its use: whoever holds that token may not be the job, so it is revoked.
-REVOKE_REPLAYED_CLAIM = text(
-    """
-    UPDATE api_tokens SET revoked_at = now()
-    WHERE claim_hash = :claim_hash AND job_id = :job_id AND revoked_at IS NULL
-    RETURNING id
-    """
-)
+# A claim presented after its use, read only: a spent claim changes nothing. Whoever can read a launch
+# (any job of its Ray cluster) can replay its claim, so a replay revoking the token it gave would let
+# one tenant stop another's jobs.
+SPENT_CLAIM = text("SELECT 1 FROM api_tokens WHERE claim_hash = :claim_hash AND job_id = :job_id")
 
 
 async def claim_job_token(
     session: AsyncSession, job_id: uuid.UUID, claim_hash: str, token_hash: str, ttl_s: float
 ) -> str:
-    """'claimed', 'replayed' (a used claim: its token is revoked now) or 'refused' (unknown, expired,
-    revoked, or another job's)."""
+    """'claimed', 'replayed' (a used claim: refused, and nothing changes) or 'refused' (unknown,
+    expired, revoked, or another job's)."""
     params = {"job_id": job_id, "claim_hash": claim_hash}
     if (await session.execute(CLAIM_JOB_TOKEN, {**params, "token_hash": token_hash, "ttl_s": ttl_s})).first():
         return "claimed"
-    if (await session.execute(REVOKE_REPLAYED_CLAIM, params)).first():
+    if (await session.execute(SPENT_CLAIM, params)).first():
         return "replayed"
     return "refused"
 

@@ -45,7 +45,7 @@ async def create_token(spec: TokenSpec, session: Session, principal: ProjectPrin
 async def claim_job_token(body: JobTokenClaim, session: Session, settings: AppSettings) -> JobTokenClaimed:
     """A job's driver exchanges its launch's single-use claim for its job token (no bearer token: the
     claim is the credential). A claim works once, within the launch and starting timeouts; presented
-    again, 401, and the token it gave is revoked."""
+    again, 401, and nothing changes (the token it gave keeps working)."""
     ttl_s = settings.launch_timeout_s + settings.starting_timeout_s
     return JobTokenClaimed(token=await service.claim_job_token(session, body.job_id, body.claim, ttl_s))
 

@@ -102,17 +102,16 @@ async def create_job_token(
 async def claim_job_token(session: AsyncSession, job_id: str, claim: str, ttl_s: float) -> str:
     """The job token for `claim`, once. The claim travels in the launch, which every job on the Ray
     cluster can read through the Jobs API: so it works once, for its own job, within `ttl_s` of the
-    launch's making. Presented again, the token it gave is revoked (someone else may hold it; the job's
-    reports then fail, which is what a stolen token must cost) and a warning is logged."""
+    launch's making. Presented again it is refused and changes nothing: the job keeps its token (a
+    replay revoking it would let any job that read the launch stop that job). A warning is logged."""
     job = NotFound.unless_uuid(job_id, "job")
     token = new_token()
     outcome = await repository.claim_job_token(session, job, hash_token(claim), hash_token(token), ttl_s)
     if outcome == "claimed":
         return token
     if outcome == "replayed":
-        await session.commit()  # the revocation stands, though the answer is an error
         log.warning('{"event": "job_token_claim_replayed", "job_id": "%s"}', job)
-        raise Unauthorized("this claim was used already: the job token it gave is revoked")
+        raise Unauthorized("this claim was used already")
     raise Unauthorized("unknown, expired or used job token claim")
 
 
