@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,13 +37,20 @@ def load_file() -> dict[str, str]:
 
 
 def save_file(values: dict[str, str]) -> Path:
+    """The config with `values` merged in (it holds a token): written under a fresh name that nothing was
+    at (O_EXCL, no link followed, mode 0600 from the start) and renamed over the old one."""
     path = config_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     merged = {**load_file(), **values}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(merged, indent=2) + "\n")
-    tmp.chmod(0o600)
-    tmp.replace(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(merged, indent=2) + "\n")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

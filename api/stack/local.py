@@ -7,13 +7,14 @@ dispatcher and restarts them if they die. It writes the API address and a fresh 
 
 Run by root, each local cluster's Ray processes run as an unprivileged OS user of their own
 (api/stack/osusers.py), and checkpoints go to a folder outside root's home that every cluster user can
-write its own projects' folders in but not list (/var/lib/trainmaster/<stack>/storage).
+write its own projects' folders in but not list (/var/lib/trainmaster/<stack>/storage). Where those users
+cannot run this Python, one cluster runs as root (`up` says so) and several are refused: they would share
+one trust domain. Where each file and folder lives, and how it is made private: api/stack/folders.py.
 """
 
 from __future__ import annotations
 
 import getpass
-import hashlib
 import json
 import os
 import subprocess
@@ -27,6 +28,9 @@ import httpx
 
 from api.auth import admin
 from api.stack import osusers, postgres, ray_head
+from api.stack.folders import database_dir, home, home_folder, private_home, service_root, session_dir, stack_name
+from api.stack.joined import join as join  # `trainmaster join`, beside the other verbs
+from api.stack.joined import leave
 from api.stack.osusers import OsUser
 from api.stack.processes import alive, bin_path, kill_group, wait_for
 from trainmaster import config as client_config
@@ -50,12 +54,9 @@ class StackState:
     # What the API and the dispatcher connect as: the embedded server's login of the least-privilege role
     # (migration 0022); empty: `database_url` (the owner's, which migrations and `trainmaster db` use).
     service_database_url: str = ""
+    database_dir: str = ""  # the embedded PostgreSQL's data; empty: <home>/pgdata
     supervisor_pid: int | None = None
     components: dict[str, Any] = field(default_factory=dict)
-
-
-def home() -> Path:
-    return client_config.home()
 
 
 def state_path() -> Path:
@@ -70,18 +71,21 @@ def load_state() -> StackState | None:
 
 
 def save_state(state: StackState) -> None:
-    state_path().parent.mkdir(parents=True, exist_ok=True)
-    state_path().write_text(json.dumps(asdict(state), indent=2))
-
-
-def ray_temp_dir() -> Path:
-    # Ray keeps Unix sockets under its temp dir; their paths must stay under 107 bytes.
-    digest = hashlib.sha256(str(home()).encode()).hexdigest()[:8]
-    return Path("/tmp") / f"tm-ray-{digest}"
+    """stack.json (mode 0600: it holds the database's URLs), replaced whole, never written through a link."""
+    osusers.replace_private(state_path(), json.dumps(asdict(state), indent=2).encode())
 
 
 def ray_token_path() -> Path:
     return home() / "ray_auth_token"
+
+
+def secrets_dir() -> Path:
+    """The platform's secrets folder (TRAINMASTER_SECRETS_PATH of the API and the dispatcher): the other
+    clusters' Ray tokens, which their records name (api/clusters/token_source.py). Private: 0700."""
+    folder = home() / "secrets"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    return folder
 
 
 def api_ready(api_url: str) -> bool:
@@ -102,15 +106,22 @@ def _who() -> str:
 
 
 def cluster_users(names: list[str], say: Any) -> dict[str, OsUser | None]:
-    """The OS user each local cluster runs as (api/stack/osusers.py): None unless `up` runs as root and
-    those users can run this Python (installed under a folder only root may enter, they cannot: then
-    `up` says what to change, and the clusters run as root)."""
-    users = {name: osusers.cluster_user(name) for name in names}
-    first = users[names[0]]
-    if first is not None and (why := osusers.cannot_run_python(first)):
-        say(f"the clusters run as root, not as users of their own: {why}")
+    """The OS user each local cluster runs as (api/stack/osusers.py, made here): None unless `up` runs as
+    root. Where those users cannot run this Python (installed under a folder only root may enter), one
+    cluster runs as root, and `up` says so and what to change; several are refused before anything is
+    made or started, since as one user they would be one trust domain."""
+    if os.geteuid() != 0:
         return dict.fromkeys(names)
-    return users
+    why = next(filter(None, (osusers.cannot_run_python(osusers.user_name(name)) for name in names)), None)
+    if why and len(names) > 1:
+        raise RuntimeError(
+            f"`up --clusters {len(names)}` runs each cluster as an OS user of its own, so that a job of one cannot "
+            f"read another's processes, tokens or files, but {why}. Nothing was started"
+        )
+    if why:
+        say(f"the cluster runs as {_who()}, not as a user of its own: {why}")
+        return dict.fromkeys(names)
+    return {name: osusers.cluster_user(name) for name in names}
 
 
 def server_env(state: StackState) -> dict[str, str]:
@@ -124,6 +135,7 @@ def server_env(state: StackState) -> dict[str, str]:
             "TRAINMASTER_API_PORT": state.api_url.rsplit(":", 1)[1],
             "TRAINMASTER_STORAGE_PATH": state.storage_path or str(home() / "storage"),
             "TRAINMASTER_CODE_CACHE_PATH": str(home() / "code"),
+            "TRAINMASTER_SECRETS_PATH": str(secrets_dir()),
         }
     )
     return env
@@ -155,24 +167,26 @@ def up(
 
     `clusters` > 1 starts clusters - 1 more Ray heads (`cpus_per_cluster` CPUs each), each with its own
     token, ports and session folder, registered as the clusters `cluster-2`, `cluster-3`, …: the
-    dispatcher serves them all, and a project bound to one runs there alone. On one machine they run
-    as one OS user, so they share a trust domain (`up` says so): separation needs machines of their own.
+    dispatcher serves them all, and a project bound to one runs there alone. Run by root, each runs as an
+    OS user of its own (refused, before anything starts, where those users cannot run this Python); run
+    by anyone else they are one OS user, one trust domain (`up` says so): separation needs root or
+    machines of their own.
     """
     node_labels = node_labels or []
     if len(node_labels) > nodes:
         raise ValueError(f"{len(node_labels)} sets of node labels for {nodes} node(s): give at most one per node")
+    users = cluster_users(["default", *(f"cluster-{i}" for i in range(2, clusters + 1))], say)
+    root = private_home()
     existing = load_state()
     if existing is not None and all(component["healthy"] for component in status(existing).values()):
         return existing, False
     if existing is not None:
         down(say=lambda *_: None)
-    root = home()
-    (root / "logs").mkdir(parents=True, exist_ok=True)
+    home_folder("logs")
 
-    users = cluster_users(["default", *(f"cluster-{i}" for i in range(2, clusters + 1))], say)
     storage = ""
     if any(users.values()):
-        storage = str(osusers.shared_root(Path("/var/lib/trainmaster") / ray_temp_dir().name / "storage"))
+        storage = str(osusers.shared_root(service_root() / "storage"))
     # Ray's nodes (seconds of `ray start` each) come up beside the database and its migrations.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray-start") as pool:
         rays = pool.submit(
@@ -184,10 +198,12 @@ def up(
         )  # fmt: skip
         database_url = os.environ.get("TRAINMASTER_DATABASE_URL")
         embedded = database_url is None
+        data_dir: Path | None = None
         try:
             if database_url is None:
                 say("starting embedded PostgreSQL")
-                database_url = postgres.start_embedded(root / "pgdata")
+                data_dir = database_dir()
+                database_url = postgres.start_embedded(data_dir)
             say("migrating the database")
             env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url}
             migrate = [bin_path("trainmaster"), "db", "upgrade"]
@@ -219,6 +235,7 @@ def up(
         storage_path=storage,
         # A server the operator gave (TRAINMASTER_DATABASE_URL) is connected to as they said.
         service_database_url=postgres.service_login(database_url) if embedded else "",
+        database_dir=str(data_dir or ""),
         api_url=f"http://127.0.0.1:{free_port(api_port)}",
     )
 
@@ -228,7 +245,7 @@ def up(
         admin.point_cluster(database_url, cluster["name"], cluster["dashboard"], cluster["token_file"])
 
     say("starting the API and the dispatcher")
-    with (root / "logs" / "supervisor.log").open("ab") as log:
+    with osusers.append_private(root / "logs" / "supervisor.log") as log:
         supervisor = subprocess.Popen(
             [sys.executable, "-m", "api.stack.supervisor", str(state_path())],
             env=server_env(state),
@@ -236,6 +253,7 @@ def up(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            umask=0o077,  # the API's and the dispatcher's logs and files: this user's alone
         )
     state.supervisor_pid = supervisor.pid
     save_state(state)
@@ -270,7 +288,7 @@ def _start_rays(
     head, the worker nodes' folders and the other clusters' records."""
     say("starting the Ray head (token auth on)" + (f", as {users['default'].name}" if users["default"] else ""))
     head = ray_head.start(
-        ray_temp_dir(),
+        session_dir(),
         ray_token_path(),
         num_cpus=num_cpus,
         num_gpus=num_gpus,
@@ -282,7 +300,7 @@ def _start_rays(
     worker_dirs = []
     for index in range(1, nodes):
         say(f"adding Ray worker node {index} of {nodes - 1}")
-        folder = Path(f"{ray_temp_dir()}-n{index}")
+        folder = session_dir()
         ray_head.join(
             head.gcs_address,
             ray_token_path(),
@@ -302,8 +320,8 @@ def _start_rays(
         name = f"cluster-{index}"
         say(f"starting the Ray head of cluster {name} (its own token and session folder)")
         other = ray_head.start(
-            Path(f"{ray_temp_dir()}-c{index}"),
-            root / f"ray_auth_token-{name}",
+            session_dir(),
+            secrets_dir() / f"ray_auth_token-{name}",
             num_cpus=cpus_per_cluster,
             num_gpus=0,
             node_ip=node_ip,
@@ -337,7 +355,7 @@ def status(state: StackState | None = None) -> dict[str, dict[str, Any]]:
     state = state or load_state()
     if state is None:
         return {}
-    head = ray_head.RayHead(state.ray_dashboard, state.ray_gcs, ray_token_path(), ray_temp_dir())
+    head = ray_head.RayHead(state.ray_dashboard, state.ray_gcs, ray_token_path(), Path(state.ray_temp_dir))
     used_total = head.cpus()
     cpus = used_total[1] if used_total else None
     node_count = len(_nodes(head)) if cpus is not None else 0
@@ -377,11 +395,12 @@ def down(say: Any = print) -> bool:
     if state.supervisor_pid and alive(state.supervisor_pid):
         say("stopping the API and the dispatcher")
         kill_group(state.supervisor_pid)
-    head = Path(state.ray_temp_dir) if state.ray_temp_dir else ray_temp_dir()
+    # A state written before session folders were made fresh names none: its head's folder had this name.
+    head = Path(state.ray_temp_dir or f"/tmp/{stack_name()}")
     _stop_rays(head, state.ray_gcs, state.worker_nodes, state.clusters, say)
     if state.embedded_postgres:
         say("stopping embedded PostgreSQL")
-        postgres.stop_embedded(home() / "pgdata")
+        postgres.stop_embedded(Path(state.database_dir) if state.database_dir else home() / "pgdata")
     state_path().unlink(missing_ok=True)
     return True
 
@@ -409,50 +428,3 @@ def _nodes(head: ray_head.RayHead) -> list[Any]:
 def join_line(state: StackState) -> str:
     """What another machine runs to add itself to this stack's Ray cluster."""
     return f"trainmaster join {state.ray_gcs} --token-file {ray_token_path()}  (copy the token file there first)"
-
-
-def node_state_path() -> Path:
-    return home() / "node.json"
-
-
-def join(
-    gcs_address: str,
-    token: str,
-    *,
-    num_cpus: float | None = None,
-    num_gpus: int | None = None,
-    resources: dict[str, float] | None = None,
-    node_ip: str | None = None,
-    labels: dict[str, str] | None = None,
-) -> list[str]:
-    """Add this machine to a cluster as a Ray worker node; `trainmaster down` takes it out again."""
-    root = home()
-    token_path = root / "ray_auth_token"
-    token_path.parent.mkdir(parents=True, exist_ok=True)
-    token_path.write_text(token.strip())
-    token_path.chmod(0o600)
-    folder = Path(f"{ray_temp_dir()}-joined")
-    command = ray_head.join(
-        gcs_address,
-        token_path,
-        folder,
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        resources=resources,
-        node_ip=node_ip,
-        log_path=root / "logs" / "ray-join.log",
-        labels=labels,
-    )
-    node_state_path().write_text(json.dumps({"gcs_address": gcs_address, "temp_dir": str(folder)}))
-    return command
-
-
-def leave(say: Any = print) -> bool:
-    try:
-        node = json.loads(node_state_path().read_text())
-    except (OSError, ValueError):
-        return False
-    say(f"leaving the Ray cluster at {node['gcs_address']}")
-    ray_head.stop(Path(node["temp_dir"]))
-    node_state_path().unlink(missing_ok=True)
-    return True

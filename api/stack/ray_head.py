@@ -126,10 +126,7 @@ def start(
     (GCS, dashboard) and token of a stopped head, that head comes back at the same address. Its
     processes run as `user` when given (api/stack/osusers.py; its parent folders must let it pass).
     """
-    if not token_path.exists():
-        token_path.parent.mkdir(parents=True, exist_ok=True)
-        token_path.write_text(secrets.token_hex(32))
-    token_path.chmod(0o600)
+    ensure_token(token_path)
     gcs_port, dashboard_port = ports or (free_port(6379), free_port(8265))
     command = [
         bin_path("ray"),
@@ -160,6 +157,24 @@ def start(
 
     wait_for(ready, ready_timeout_s, "the Ray head to report its resources", where=str(log_path or temp_dir))
     return head
+
+
+def ensure_token(token_path: Path) -> Path:
+    """`token_path` holding a Ray token readable by its owner alone: a new random one (written as
+    `osusers.write_private` does) when nothing is there; an existing file is made 0600 through a descriptor
+    opened without following links, so a link there is refused rather than its target changed."""
+    token_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(token_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return osusers.write_private(token_path, secrets.token_hex(32).encode())
+    except OSError as exc:
+        raise RuntimeError(f"cannot use the Ray token file {token_path}: {exc.strerror} (a link is refused)") from exc
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    return token_path
 
 
 def label_flag(labels: dict[str, str]) -> str:
@@ -240,7 +255,8 @@ def session_root(temp_dir: Path) -> Path:
 
 def node_env(token_path: Path, temp_dir: Path, user: OsUser | None) -> dict[str, str]:
     """The environment of a Ray node's processes, whose session folder `temp_dir` is made private to
-    them: as `user`, their home is that folder and they read their own copy of the token."""
+    them (`osusers.private_dir`: made here, or a fresh one from `folders.session_dir`): as `user`, their
+    home is that folder and they read their own copy of the token, written where nothing was."""
     osusers.private_dir(temp_dir, user)
     if user is None:
         return ray_env(token_path)
@@ -258,8 +274,8 @@ def _run(command: list[str], env: dict[str, str], log_path: Path | None, what: s
     )  # fmt: skip
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("a") as log:
-            log.write(result.stdout + result.stderr)
+        with osusers.append_private(log_path) as log:
+            log.write((result.stdout + result.stderr).encode())
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
         raise RuntimeError(f"{what} failed: " + " | ".join(tail))

@@ -41,9 +41,9 @@ def test_a_python_behind_a_folder_others_cannot_enter_is_named(monkeypatch: pyte
         for folder in (base, base / "home", base / "home" / "bin"):
             folder.chmod(0o755)
         monkeypatch.setattr(sys, "executable", str(base / "home" / "bin" / "python"))
-        assert str(base) not in str(osusers.cannot_run_python(user))
+        assert str(base) not in str(osusers.cannot_run_python(user.name))
         (base / "home").chmod(0o700)  # as /root is on this machine
-        assert f"cannot enter {base / 'home'} (mode 700)" in str(osusers.cannot_run_python(user))
+        assert f"cannot enter {base / 'home'} (mode 700)" in str(osusers.cannot_run_python(user.name))
     finally:
         shutil.rmtree(base)
 

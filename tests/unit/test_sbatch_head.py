@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +37,7 @@ start)
     echo start >>"$state/starts"
     temp_dir=""
     for arg in "$@"; do [[ "$arg" == --temp-dir=* ]] && temp_dir=${arg#--temp-dir=}; done
+    echo "$temp_dir" >>"$state/temp_dirs"
     if (($(wc -l <"$state/starts") <= ${FAIL_TIMES:-0})); then
         (
             # with no descriptor of this script's open (as Python's subprocess, which starts Ray's, closes them)
@@ -141,3 +145,28 @@ def test_the_head_is_not_started_again_past_its_tries_or_for_another_failure(
     assert (fakes / "state" / "starts").read_text().count("start") == starts
     assert "Ray head is up" not in output
     assert (fail_with or "The current node timed out during startup") in output  # the head's own words, in the log
+
+
+def test_without_ray_tmpdir_the_head_runs_in_a_fresh_private_folder(fakes: Path) -> None:
+    """A Ray temp dir named from the job id could be made first by another user of the node, with links
+    inside: the script makes its own with mktemp -d, and a folder already at the old name is left alone."""
+    job = str(os.getpid())
+    planted = Path(f"/tmp/ray-{job}")  # the name the script once computed
+    planted.mkdir(exist_ok=True)
+    (planted / "theirs").touch()
+    script = start(fakes, SLURM_JOB_ID=job, RAY_TMPDIR="")
+    used = None
+    try:
+        wait_for(lambda: (fakes / "run" / "ray.env").exists(), "the script to write the cluster's address")
+        used = Path((fakes / "state" / "temp_dirs").read_text().split()[0])
+        folder = used.parent
+        assert used.name == "ray" and re.fullmatch(r"/tmp/tm-ray-\w{8}", str(folder)), used
+        info = os.lstat(folder)
+        assert stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
+        assert sorted(p.name for p in planted.iterdir()) == ["theirs"]
+    finally:
+        script.send_signal(signal.SIGTERM)
+        script.communicate(timeout=60)
+        shutil.rmtree(planted, ignore_errors=True)
+        if used is not None and used.parent != planted:
+            shutil.rmtree(used.parent, ignore_errors=True)
