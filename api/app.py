@@ -72,8 +72,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.tokens = TokenCache(settings.auth_cache_s)
         app.state.broker = Broker(settings.database_url, app.state.tokens, app.state.ranks)
         app.state.broker.start()  # the token cache is trusted only while it listens
-        app.state.stream_limiter = StreamLimiter(settings.max_streams_per_token, settings.stream_slots_dir)
-        app.state.cluster = ClusterReaders(settings.ray_address)  # each connects on its first GET /v1/cluster
+        app.state.stream_limiter = StreamLimiter(
+            settings.max_streams_per_token, settings.stream_slots_dir, per_project=settings.max_streams_per_project
+        )
+        # Each connects on its first GET /v1/cluster.
+        app.state.cluster = ClusterReaders(settings.ray_address, secrets_path=settings.secrets_path)
         telemetry = start_telemetry(settings, "trainmaster-api")
         retention = start_retention(settings, app.state.sessions)
         try:

@@ -23,6 +23,9 @@ class Settings(BaseSettings):
     max_code_unpacked_bytes: int = 1024 * 1024 * 1024
     code_cache_path: str = "~/.trainmaster/code"
     storage_path: str = "~/.trainmaster/storage"
+    # Where cluster records' Ray tokens are read from (`token_file`: a file in this folder, opened
+    # without following links; api/clusters/token_source.py). Only the platform's operator writes here.
+    secrets_path: str = "~/.trainmaster/secrets"
     api_url: str | None = None  # how training code reaches the API (given to every job)
     ray_address: str = "http://127.0.0.1:8265"  # the Ray dashboard, for the Jobs API
     ray_gcs_address: str | None = None  # host:port of the GCS; default: the dashboard host, port 6379
@@ -66,11 +69,17 @@ class Settings(BaseSettings):
     sse_heartbeat_s: float = 15.0
     sse_send_timeout_s: float = 30.0
     max_streams_per_token: int = 16
+    # Streams open at once across all of one project's tokens: a project mints tokens, so the per-token
+    # cap alone bounds nothing.
+    max_streams_per_project: int = Field(default=64, ge=1)
     stream_slots_dir: str | None = None  # set by `trainmaster api` so its workers share the stream cap
     db_pool_size: int = 10
     # How long an API process trusts a token it checked, without asking the database again. Revocation
     # still takes effect at once (a NOTIFY from migration 0006 evicts it); 0 turns the cache off.
     auth_cache_s: float = 5.0
+    # The longest life of a token minted through POST /v1/tokens by a token that never expires; a token
+    # minted by one that expires never outlives it (api/auth/service.py).
+    minted_token_max_life_s: float = Field(default=90 * 86400.0, gt=0)
     metrics_public: bool = False  # serve /metrics without a token (a private scrape network)
     metrics_snapshot_s: float = 10.0  # /metrics reads the database at most this often; 0: at every scrape
     # Queued jobs whose count of older jobs of their project an API process keeps for queue positions

@@ -35,6 +35,7 @@ async def add_token(
     expires_at: datetime | None = None,
     user_name: str | None = None,
     attempt: int | None = None,
+    parent_id: uuid.UUID | None = None,
 ) -> ApiToken:
     row = ApiToken(
         project_id=project_id,
@@ -45,6 +46,7 @@ async def add_token(
         expires_at=expires_at,
         user_name=user_name,
         attempt=attempt,
+        parent_id=parent_id,
     )
     session.add(row)
     await session.flush()

@@ -26,8 +26,12 @@ async def list_tokens(session: Session, principal: ProjectPrincipal) -> TokenLis
 
 
 @router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED)
-async def create_token(spec: TokenSpec, session: Session, principal: ProjectPrincipal) -> TokenCreated:
-    """A new token; its secret is in this answer only (stored hashed)."""
+async def create_token(
+    spec: TokenSpec, session: Session, principal: ProjectPrincipal, settings: AppSettings
+) -> TokenCreated:
+    """A new token; its secret is in this answer only (stored hashed). It expires no later than the token
+    that made it (or TRAINMASTER_MINTED_TOKEN_MAX_LIFE_S from now when that one never does), and is
+    revoked with it."""
     token, row, project = await service.issue(
         session,
         principal,
@@ -37,6 +41,7 @@ async def create_token(spec: TokenSpec, session: Session, principal: ProjectPrin
         expires_in=None if spec.expires_in_s is None else timedelta(seconds=spec.expires_in_s),
         never=not spec.expires,
         user_name=spec.user,
+        max_life=timedelta(seconds=settings.minted_token_max_life_s),
     )
     return TokenCreated(**to_wire(row, project).model_dump(), token=token)
 

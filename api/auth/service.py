@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 import secrets
 import time
 import uuid
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainmaster.auth")
 
 TOKEN_PREFIX = "tm_"
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 PROJECT_TOKEN_LIFE = timedelta(days=90)  # a project token's default life; admin and metrics: none
 _touches: set[asyncio.Task[None]] = set()
 
@@ -57,8 +59,10 @@ async def create_token(
     description: str | None = None,
     expires_at: datetime | None = None,
     user_name: str | None = None,
+    parent_id: uuid.UUID | None = None,
 ) -> tuple[str, ApiToken]:
-    """A new token of `project_name` (created on the cluster `default` if new): (the secret, its row)."""
+    """A new token of `project_name` (created on the cluster `default` if new): (the secret, its row).
+    `parent_id`: the token that minted it, which it is revoked with (migration 0027)."""
     if scope is Scope.job:
         raise ValidationError.field(["body", "scope"], "job tokens are the platform's own: one per attempt")
     project = await repository.get_or_create_project(session, project_name)
@@ -71,6 +75,7 @@ async def create_token(
         scope=scope.value,
         expires_at=expires_at,
         user_name=user_name,
+        parent_id=parent_id,
     )
     return token, row
 
@@ -232,13 +237,21 @@ async def issue(
     expires_in: timedelta | None,
     never: bool = False,
     user_name: str | None,
+    max_life: timedelta,
 ) -> tuple[str, ApiToken, str]:
     """A new token for POST /v1/tokens: an admin's for any project and scope; a project token's for its
-    own project, scope project or metrics."""
+    own project, scope project. A metrics token reads every project's figures on /metrics, so only an
+    admin mints one (a project token reads its own project's there itself). What a token mints never
+    outlives it (`minted_expiry`) and is revoked with it (migration 0027)."""
     name = project or principal.project_name
     if not principal.is_admin:
         if scope is Scope.admin:
             raise Forbidden("only an admin token can create admin tokens")
+        if scope is Scope.metrics:
+            raise Forbidden(
+                "only an admin token can create metrics tokens: one reads every project's figures on /metrics; "
+                "a project token reads its own project's there itself"
+            )
         if name != principal.project_name:
             raise Forbidden(f"a project token creates tokens of its own project ({principal.project_name!r}) only")
     elif project is not None and await projects.find(session, name) is None:
@@ -248,7 +261,19 @@ async def issue(
         name,
         scope=scope,
         description=description,
-        expires_at=expiry(scope, expires_in, never=never),
+        expires_at=minted_expiry(expiry(scope, expires_in, never=never), principal.expires_at, max_life),
         user_name=user_name,
+        parent_id=principal.token_id,
     )
     return token, row, name
+
+
+def minted_expiry(wanted: datetime | None, parent_expires_at: float | None, max_life: timedelta) -> datetime:
+    """When a token minted by a token expires: when asked (None: never), but no later than the token
+    that minted it (`parent_expires_at`, epoch seconds), or `max_life` from now when that one never
+    expires; so no chain of minting outlives the token it started from."""
+    if parent_expires_at is not None:  # floored to the microsecond: never a float's rounding past the parent
+        latest = EPOCH + timedelta(microseconds=math.floor(parent_expires_at * 1_000_000))
+    else:
+        latest = datetime.now(UTC) + max_life
+    return latest if wanted is None or wanted > latest else wanted

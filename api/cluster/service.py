@@ -57,9 +57,10 @@ class ClusterReaders:
     the API's own TRAINMASTER_RAY_ADDRESS (clusters.backend_for); a record whose address or token
     source changed gets a new reader."""
 
-    def __init__(self, default_address: str, timeout_s: float = READ_TIMEOUT_S):
+    def __init__(self, default_address: str, timeout_s: float = READ_TIMEOUT_S, *, secrets_path: str):
         self.default_address = default_address
         self.timeout_s = timeout_s
+        self.secrets_path = secrets_path
         self.readers: dict[str, tuple[tuple[object, ...], ClusterReader]] = {}
 
     def of(self, row: ClusterRow) -> ClusterReader:
@@ -69,7 +70,9 @@ class ClusterReaders:
             return kept[1]
         if kept is not None:
             kept[1].close()
-        reader = ClusterReader(lambda: clusters.backend_for(row, self.default_address, self.timeout_s))
+        reader = ClusterReader(
+            lambda: clusters.backend_for(row, self.default_address, self.timeout_s, secrets_path=self.secrets_path)
+        )
         self.readers[row.name] = (key, reader)
         return reader
 

@@ -7,6 +7,7 @@ from fastapi import APIRouter, status
 from api.auth.deps import AdminPrincipal
 from api.clusters import service
 from api.db.session import Session
+from api.deps import AppSettings
 from api.errors import error_responses
 from trainmaster.models import Cluster, ClusterList, ClusterSpec
 
@@ -14,9 +15,10 @@ router = APIRouter(prefix="/v1/clusters", tags=["clusters"], responses=error_res
 
 
 @router.post("", response_model=Cluster, status_code=status.HTTP_201_CREATED)
-async def create_cluster(spec: ClusterSpec, session: Session, _: AdminPrincipal) -> Cluster:
-    """Register a Ray cluster: its Jobs API address and where its Ray token is read from."""
-    return service.to_wire(await service.create(session, spec))
+async def create_cluster(spec: ClusterSpec, session: Session, _: AdminPrincipal, settings: AppSettings) -> Cluster:
+    """Register a Ray cluster: its Jobs API address and where its Ray token is read from (a file in the
+    secrets folder, or an environment variable named TRAINMASTER_CLUSTER_TOKEN_...)."""
+    return service.to_wire(await service.create(session, spec, settings.secrets_path))
 
 
 @router.get("", response_model=ClusterList)

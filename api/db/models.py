@@ -109,6 +109,7 @@ class ApiToken(Base):
     __tablename__ = "api_tokens"
     __table_args__ = (
         Index("ix_api_tokens_claim_hash", "claim_hash", unique=True, postgresql_where=text("claim_hash IS NOT NULL")),
+        Index("ix_api_tokens_parent_id", "parent_id", postgresql_where=text("parent_id IS NOT NULL")),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True, default=uuid.uuid4)
@@ -126,6 +127,8 @@ class ApiToken(Base):
     claim_hash: Mapped[str | None] = mapped_column(String(64))
     # The attempt a job token was made for (0016): it authenticates only while that attempt is the latest.
     attempt: Mapped[int | None] = mapped_column(Integer)
+    # The token that minted this one through POST /v1/tokens (0027): revoking it revokes this one (a trigger).
+    parent_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"))
 
 
 class Job(Base):

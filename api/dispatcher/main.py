@@ -87,6 +87,7 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
     wakeup = Wakeup(settings.database_url)
     telemetry = start_telemetry(settings, "trainmaster-dispatcher")  # OpenTelemetry / MLflow, when configured
     serving: dict[uuid.UUID, Serving] = {}
+    refused: dict[uuid.UUID, tuple[str | None, str | None]] = {}  # cluster -> the token source it was refused for
 
     def serve(row: ClusterRow) -> None:
         ray: RayBackend
@@ -94,7 +95,15 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
         if backend is not None and row.name == DEFAULT_CLUSTER:
             ray = backend
         else:
-            ray = made = clusters.backend_for(row, settings.ray_address)
+            try:
+                ray = made = clusters.backend_for(row, settings.ray_address, secrets_path=settings.secrets_path)
+            except clusters.TokenSourceRefused as exc:  # tried again at each read of the table, said once
+                if refused.get(row.id) != (row.token_file, row.token_env):
+                    refused[row.id] = (row.token_file, row.token_env)
+                    log.error(
+                        json.dumps({"event": "cluster_token_source_refused", "cluster": row.name, "error": str(exc)})
+                    )
+                return
         dispatcher = Dispatcher(
             settings=settings,
             sessions=sessions,

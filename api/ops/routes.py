@@ -1,5 +1,5 @@
-"""Liveness and readiness (no authentication) and Prometheus metrics (an admin or metrics token, unless
-TRAINMASTER_METRICS_PUBLIC=1)."""
+"""Liveness and readiness (no authentication) and Prometheus metrics: an admin or metrics token reads every
+series, a project token its own project's (api/ops/project_view.py); TRAINMASTER_METRICS_PUBLIC=1: no token."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
 from sqlalchemy import text
 
 from api.auth.principal import Scope
 from api.auth.service import authenticate
 from api.db.session import Session
 from api.errors import Forbidden, error_responses
+from api.ops.project_view import ProjectView
 
 router = APIRouter(
     tags=["ops"],
@@ -37,11 +39,12 @@ async def readyz(session: Session) -> dict[str, str]:
 async def metrics(request: Request, authorization: Annotated[str | None, Header()] = None) -> Response:
     """The service's figures; the database's from a snapshot at most `metrics_snapshot_s` old."""
     state = request.app.state
+    source: Collector = state.metrics.registry
     if not state.settings.metrics_public:
         principal = await authenticate(state.direct, authorization, state.tokens)
-        if principal.is_job_token or principal.scope not in (Scope.admin, Scope.metrics):
-            raise Forbidden(
-                "/metrics needs a token of scope metrics or admin: trainmaster token create --scope metrics"
-            )
+        if principal.is_job_token:
+            raise Forbidden("/metrics needs a project, metrics or admin token; a job token only reports its job")
+        if principal.scope is Scope.project:
+            source = ProjectView(source, principal.project_name)  # its own project's series, nothing else
     await state.platform_snapshot.refresh(state.sessions)
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(source), media_type=CONTENT_TYPE_LATEST)

@@ -101,7 +101,7 @@ def last_event_id(header: str | None, query: int | None) -> int:
 def job_stream(
     request: Request, principal: Principal, job_id: uuid.UUID, read_after: ReadAfter, event_name: str, resume_after: int
 ) -> EventStream:
-    """The SSE response for one job's stream, counted against the caller's per-token cap."""
+    """The SSE response for one job's stream, counted against its token's and its project's caps."""
     state = request.app.state
     release = state.stream_limiter.acquire(principal)
     watch = TokenWatch(state.direct, getattr(state, "tokens", None), request.headers.get("authorization"), principal)

@@ -117,7 +117,7 @@ def running_stack(
     from api.db import migrate
     from api.stack.osusers import shared_root
     from api.stack.postgres import create_database, create_login, drop_database, drop_login
-    from tests.e2e.ray_stack import Dispatchers
+    from tests.e2e.ray_stack import Dispatchers, secrets_path
 
     owner_url = create_database(pg_server_url, "tm_ray")
     migrate.upgrade(owner_url)
@@ -127,6 +127,7 @@ def running_stack(
     ray_env = {
         "TRAINMASTER_RAY_ADDRESS": ray_head.dashboard,
         **{k: ray_head.env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")},
+        "TRAINMASTER_SECRETS_PATH": str(secrets_path()),  # where other clusters' tokens are (start_ray_head)
     }
     api = start_api(database_url, work_dir / "api.log", extra_env=ray_env)
     # Outside pytest's private tmp folders: a cluster run as another OS user writes its checkpoints here.
@@ -142,6 +143,7 @@ def running_stack(
         "TRAINMASTER_INFEASIBLE_TIMEOUT_S": "8",
         "TRAINMASTER_LEASE_S": "15",
         "TRAINMASTER_CHECKPOINT_GC_INTERVAL_S": "1",
+        "TRAINMASTER_SECRETS_PATH": str(secrets_path()),
         **(extra_env or {}),
     }
     dispatchers = Dispatchers(env=env, log_dir=work_dir)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import secrets
 import shutil
 import subprocess
@@ -33,7 +34,9 @@ def start_ray_head(
     folder = Path(tempfile.mkdtemp(prefix="tmray-", dir="/tmp"))
     if user is not None:
         folder.chmod(0o711)  # the user enters it to reach its own session folder; it lists nothing here
-    token_path = folder / "auth_token"
+    # In the secrets folder the stack's API and dispatcher read cluster tokens from (api/clusters/token_source.py),
+    # so a test registers this head as a cluster by its `token_path`.
+    token_path = secrets_path() / f"{folder.name}.token"
     token_path.write_text(token or secrets.token_hex(32))
     with one_start_at_a_time():
         return ray_head.start(
@@ -61,6 +64,13 @@ def stop_ray_head(head: RayHead) -> None:
     """Stops this head only (`ray stop` would take every Ray cluster on the machine with it)."""
     ray_head.stop(head.temp_dir, head.gcs_address)
     shutil.rmtree(head.temp_dir.parent, ignore_errors=True)
+    head.token_path.unlink(missing_ok=True)
+
+
+@functools.cache
+def secrets_path() -> Path:
+    """This test process's secrets folder (TRAINMASTER_SECRETS_PATH of the stacks it starts): 0700, fresh."""
+    return Path(tempfile.mkdtemp(prefix="tm-secrets-", dir="/tmp"))
 
 
 @dataclass

@@ -35,10 +35,11 @@ def cli(api: ApiProcess, token: str, *args: str) -> subprocess.CompletedProcess[
 
 def test_clusters_projects_and_tokens_from_the_cli(api: ApiProcess, database_url: str) -> None:
     admin = scoped_token(database_url, "default", "admin")
-    added = cli(api, admin, "cluster", "add", "gpu-a", "--address", "http://ray-a:8265", "--token-env", "RAY_A")
+    ray_a = "TRAINMASTER_CLUSTER_TOKEN_RAY_A"  # a cluster's token variable carries the reserved prefix
+    added = cli(api, admin, "cluster", "add", "gpu-a", "--address", "http://ray-a:8265", "--token-env", ray_a)
     assert added.returncode == 0, added.stderr
     listed = cli(api, admin, "cluster", "ls", "--json")
-    assert {c["name"]: c["token_env"] for c in json.loads(listed.stdout)} == {"default": None, "gpu-a": "RAY_A"}
+    assert {c["name"]: c["token_env"] for c in json.loads(listed.stdout)} == {"default": None, "gpu-a": ray_a}
 
     created = cli(
         api, admin, "project", "create", "vision", "--cluster", "gpu-a", "--max-priority", "10", "--storage-quota", "1T"

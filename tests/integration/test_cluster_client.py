@@ -96,10 +96,10 @@ def test_concurrent_cluster_reads_share_one_client(settings: Settings, auth: dic
 def test_each_cluster_is_read_at_its_own_address_with_its_own_token(
     settings: Settings, auth: dict[str, str], made: Made, database_url: str, tmp_path: Any
 ) -> None:
-    token_file = tmp_path / "other-token"
+    token_file = tmp_path / "other-token"  # in the secrets folder: a record may name no other file
     token_file.write_text(OTHER_TOKEN + "\n")
     root = {"Authorization": f"Bearer {admin.token(database_url, 'default', scope=Scope.admin)}"}
-    app = create_app(settings.model_copy(update={"ray_address": "http://ray-head:8265"}))
+    app = create_app(settings.model_copy(update={"ray_address": "http://ray-head:8265", "secrets_path": str(tmp_path)}))
     with TestClient(app) as http:
         body = {"name": "other", "address": "http://other-head:8265", "token_file": str(token_file)}
         assert http.post("/v1/clusters", json=body, headers=root).status_code == 201

@@ -49,10 +49,11 @@ def test_migration_binds_every_project_to_the_default_cluster(http: TestClient, 
 
 def test_admin_creates_clusters_and_projects_and_moves_them(http: TestClient, tokens: dict[str, Any]) -> None:
     admin = tokens["admin"]
-    body = {"name": "gpu-a", "address": "http://ray-a:8265", "token_env": "RAY_A_TOKEN", "labels": {"site": "a"}}
+    ray_a = "TRAINMASTER_CLUSTER_TOKEN_RAY_A"  # a cluster's token variable carries the reserved prefix
+    body = {"name": "gpu-a", "address": "http://ray-a:8265", "token_env": ray_a, "labels": {"site": "a"}}
     created = http.post("/v1/clusters", json=body, headers=admin)
     assert created.status_code == 201, created.text
-    assert created.json()["token_env"] == "RAY_A_TOKEN" and created.json()["labels"] == {"site": "a"}
+    assert created.json()["token_env"] == ray_a and created.json()["labels"] == {"site": "a"}
     assert http.post("/v1/clusters", json=body, headers=admin).status_code == 409
 
     project = http.post("/v1/projects", json={"name": "vision", "cluster": "gpu-a", "max_priority": 10}, headers=admin)
@@ -129,8 +130,10 @@ def test_tokens_listed_created_and_revoked_by_scope(http: TestClient, tokens: di
     everyone = http.get("/v1/tokens", headers=admin).json()["items"]
     assert {t["project"] for t in everyone} >= {"alpha", "beta", "default"}
 
-    made = http.post("/v1/tokens", json={"scope": "metrics", "description": "prom"}, headers=project)
-    assert made.status_code == 201 and made.json()["project"] == "alpha" and made.json()["expires_at"] is None
+    # A metrics token reads every project's figures: only an admin mints one (for any project).
+    assert http.post("/v1/tokens", json={"scope": "metrics"}, headers=project).status_code == 403
+    made = http.post("/v1/tokens", json={"scope": "metrics", "project": "alpha", "description": "prom"}, headers=admin)
+    assert made.status_code == 201 and made.json()["project"] == "alpha" and made.json()["expires_at"] is not None
     assert http.get("/metrics", headers=bearer(made.json()["token"])).status_code == 200
     assert http.post("/v1/tokens", json={"scope": "admin"}, headers=project).status_code == 403
     assert http.post("/v1/tokens", json={"project": "beta"}, headers=project).status_code == 403
@@ -211,10 +214,10 @@ def test_jobs_carry_their_projects_cluster(http: TestClient, tokens: dict[str, A
     assert http.get("/v1/jobs", headers=project).json()["items"][0]["cluster"] == "gpu-b"
 
 
-def test_metrics_needs_a_metrics_or_admin_token(http: TestClient, tokens: dict[str, Any]) -> None:
+def test_metrics_needs_a_token(http: TestClient, tokens: dict[str, Any]) -> None:
     assert http.get("/metrics").status_code == 401
     assert http.get("/metrics", headers=bearer("tm_nope")).status_code == 401
-    assert http.get("/metrics", headers=tokens["project"]).status_code == 403
+    assert http.get("/metrics", headers=tokens["project"]).status_code == 200  # its own project's series only
     assert http.get("/metrics", headers=tokens["metrics"]).status_code == 200
     assert http.get("/metrics", headers=tokens["admin"]).status_code == 200
 

@@ -152,7 +152,9 @@ def test_admin_routes_refuse_project_tokens_and_admit_admin_tokens(
     for method, path in sorted(ADMIN_ONLY):
         assert call(app_client, method, path, jobs["mine"], bearer(tokens["alpha"])) == 403, (method, path)
         assert call(app_client, method, path, jobs["mine"], admin) in (200, 201, 409), (method, path)
-    assert app_client.get("/metrics", headers=bearer(tokens["alpha"])).status_code == 403
+    # /metrics: a project token reads its own project's series only (tests/security/test_tokens_and_secrets.py)
+    assert app_client.get("/metrics", headers=bearer(tokens["alpha"])).status_code == 200
+    assert app_client.post("/v1/tokens", json={"scope": "metrics"}, headers=bearer(tokens["alpha"])).status_code == 403
 
 
 def test_the_claim_route_refuses_a_bad_claim_whatever_token_comes_with_it(
