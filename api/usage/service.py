@@ -102,7 +102,20 @@ def to_json(report: dict[str, Any]) -> bytes:
     return pydantic_core.to_json(report)
 
 
+# A spreadsheet runs a cell that starts with one of these as a formula (`=HYPERLINK(...)` in a user's
+# name would be a link, or worse, in whoever opens the export). OWASP's rule: such a cell gets a `'`.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(cell: object) -> str:
+    """`cell` as text a spreadsheet shows and never evaluates (None: an empty cell, as csv writes it)."""
+    text = "" if cell is None else str(cell)
+    return f"'{text}" if text.startswith(FORMULA_STARTS) else text
+
+
 def to_csv(report: dict[str, Any]) -> str:
+    """The report as CSV; the key (a project, user, job or label value: names people chose) is
+    spreadsheet-safe, the figures are numbers this function formats."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
@@ -111,5 +124,5 @@ def to_csv(report: dict[str, Any]) -> str:
         period = item["period"].isoformat() if item["period"] else ""
         goodput = "" if item["goodput"] is None else f"{item['goodput']:.6g}"
         figures = [f"{amount:.6g}" for amount in (*hours, item["queue_hours"])]
-        writer.writerow([item["key"], period, item["attempts"], *figures, goodput])
+        writer.writerow([spreadsheet_safe(item["key"]), period, item["attempts"], *figures, goodput])
     return out.getvalue()
