@@ -93,6 +93,10 @@ def test_a_session_folder_planted_at_a_computable_name_is_not_used(
             folders.private_home(), users, nodes=2, num_cpus=1, num_gpus=0, cpus_per_node=1, node_resources=None,
             node_ip="127.0.0.1", node_labels=[], clusters=2, cpus_per_cluster=1, say=lambda *_: None,
         )  # fmt: skip
+        for folder, target in planted.items():
+            assert target.read_text() == "planted\n", f"the token was written through the link in {folder}"
+            assert (os.lstat(folder).st_uid, mode(folder)) == (planter.uid, 0o700)  # not taken over
+            assert os.readlink(folder / "ray_auth_token") == str(target)
         made = [head.temp_dir, Path(workers[0]), Path(extra[0]["temp_dir"])]
         assert not set(made) & set(planted), "a planted folder was used"
         expected = [users["default"], users["default"], users["cluster-2"]]
@@ -102,10 +106,6 @@ def test_a_session_folder_planted_at_a_computable_name_is_not_used(
             assert token.parent == folder and stat.S_ISREG(os.lstat(token).st_mode)
             assert (os.lstat(token).st_uid, mode(token)) == (user.uid, 0o600)
         assert Path(started[0]["RAY_AUTH_TOKEN_PATH"]).read_text() == local.ray_token_path().read_text()
-        for folder, target in planted.items():
-            assert target.read_text() == "planted\n", f"the token was written through the link in {folder}"
-            assert (os.lstat(folder).st_uid, mode(folder)) == (planter.uid, 0o700)  # not taken over
-            assert os.readlink(folder / "ray_auth_token") == str(target)
     finally:
         for folder in planted:
             shutil.rmtree(folder, ignore_errors=True)
@@ -173,17 +173,17 @@ def test_another_user_reads_nothing_of_the_embedded_database_or_the_stacks_files
     embedded: dict[str, Any], shared_tmp: Path, planter: OsUser
 ) -> None:
     home, data_dir = embedded["home"], embedded["data_dir"]
-    assert postgres.reachable(embedded["url"])
-    assert mode(shared_tmp) == 0o711, "a folder above the stack's was opened to other users"
-    assert not any(data_dir.is_relative_to(parent) for parent in (home, Path("/root")))
-    assert (mode(home), mode(home / "logs")) == (0o700, 0o700)
-    assert mode(home / "stack.json") == mode(home / "logs" / "supervisor.log") == 0o600
     assert refused(planter, "cat", str(home / "stack.json"))
     assert refused(planter, "cat", str(home / "logs" / "supervisor.log"))
     assert refused(planter, "ls", str(home))
     assert refused(planter, "ls", str(data_dir))
     assert refused(planter, "cat", str(data_dir / "PG_VERSION"))
     assert refused(planter, "ls", str(data_dir.parent))  # passable (the server's user goes through), not listable
+    assert mode(shared_tmp) == 0o711, "a folder above the stack's was opened to other users"
+    assert postgres.reachable(embedded["url"])
+    assert not any(data_dir.is_relative_to(parent) for parent in (home, Path("/root")))
+    assert (mode(home), mode(home / "logs")) == (0o700, 0o700)
+    assert mode(home / "stack.json") == mode(home / "logs" / "supervisor.log") == 0o600
 
 
 def test_the_embedded_server_never_opens_a_folder_its_user_cannot_enter(
