@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -89,6 +90,28 @@ class TooManyStreams(DomainError):
     status_code = 429
 
 
+class LimitExceeded(DomainError):
+    """429: a write past one of the limits on what a job or a project writes (api/limits/). The detail
+    names the limit, its value and the setting that raises it; a rate's refusal says when to retry."""
+
+    status_code = 429
+
+    def __init__(self, what: str, value: float, setting: str, *, retry_after_s: float | None = None):
+        detail = limit_detail(what, value, setting)
+        headers = None
+        if retry_after_s is not None:
+            detail += f"; retry after {retry_after_s:.1f} s"
+            headers = {"Retry-After": str(max(1, math.ceil(retry_after_s)))}
+        super().__init__(detail, headers=headers)
+
+
+def limit_detail(what: str, value: float, setting: str) -> str:
+    """A limit as its refusal names it: `metric points per job per second: 20000
+    (TRAINMASTER_METRIC_POINTS_PER_JOB_PER_S)`."""
+    shown = int(value) if float(value).is_integer() else value
+    return f"{what}: {shown} ({setting})"
+
+
 class DatabaseUnavailable(DomainError):
     status_code = 503
 
@@ -121,7 +144,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:
         413: "Body over the size limit",
         415: "Wrong content type",
         422: "Invalid field (detail names it)",
-        429: "Too many open streams for this token",
+        429: "Over a limit: too many open streams, or a write past a job's or a project's limit (detail names it)",
         503: "Database unavailable; retry",
         507: "Over the project's storage quota (detail says how much is stored and what to do)",
     }

@@ -109,6 +109,21 @@ class Settings(BaseSettings):
     # How often Ray Train considers growing an elastic gang (`scaling.num_workers: {min, max}`) toward
     # its maximum while it runs (ScalingConfig.elastic_resize_monitor_interval_s; Ray's default 60 s).
     elastic_resize_interval_s: float = Field(default=60.0, ge=0)
+    # What one job or one project may write into the shared database (api/limits/: a write past one is
+    # refused with 429 naming it and stores nothing). Defaults sit far above what an honest job writes
+    # (a 64-worker job logging 10 values a step at 5 steps a second writes 3,200 points a second) and
+    # well below what one API process ingests (about 110,000 points a second), so one flooding project
+    # cannot take it all. 0 turns a limit off. Rates are token buckets in each API process (several
+    # processes: each allows the rate), holding `write_burst_s` seconds' worth.
+    metric_names_per_job: int = Field(default=10_000, ge=0)  # distinct metric names
+    metric_points_per_job_per_s: float = Field(default=20_000.0, ge=0)  # a point is one value of one name
+    metric_points_per_project_per_s: float = Field(default=50_000.0, ge=0)  # all its jobs together
+    events_per_job: int = Field(default=10_000, ge=0)  # job_events rows (a repeat of the latest adds none)
+    events_per_project_per_s: float = Field(default=200.0, ge=0)  # events its jobs post, repeats included
+    write_burst_s: float = Field(default=5.0, gt=0)
+    log_lines_per_job: int = Field(default=1_000_000, ge=0)  # lines the dispatcher stores; later ones dropped
+    checkpoints_per_job: int = Field(default=10_000, ge=0)  # checkpoint rows, deleted ones included
+    tokens_per_project: int = Field(default=1_000, ge=0)  # live project and metrics tokens, for a project token to mint
 
 
 @lru_cache(maxsize=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Depends, Response, status
 
 from api.auth import service
 from api.auth.deps import ProjectPrincipal
@@ -13,6 +13,7 @@ from api.db.models import ApiToken
 from api.db.session import Session
 from api.deps import AppSettings
 from api.errors import error_responses
+from api.limits.service import within_token_limit
 from trainmaster.models import JobTokenClaim, JobTokenClaimed, TokenCreated, TokenInfo, TokenList, TokenSpec
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=error_responses(401, 403, 404, 422, 503))
@@ -25,7 +26,13 @@ async def list_tokens(session: Session, principal: ProjectPrincipal) -> TokenLis
     return TokenList(items=[to_wire(row, project) for row, project in await service.list_tokens(session, principal)])
 
 
-@router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED)
+@router.post(
+    "",
+    response_model=TokenCreated,
+    status_code=status.HTTP_201_CREATED,
+    dependencies=[Depends(within_token_limit)],  # 429 past TRAINMASTER_TOKENS_PER_PROJECT for a project token
+    responses=error_responses(429),
+)
 async def create_token(
     spec: TokenSpec, session: Session, principal: ProjectPrincipal, settings: AppSettings
 ) -> TokenCreated:

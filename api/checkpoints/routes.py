@@ -9,13 +9,14 @@ from api.checkpoints import service
 from api.db.session import Session
 from api.errors import domain_error_response, error_responses
 from api.jobs.routes import require_json
+from api.limits.service import Limits
 from api.storage.service import StorageQuotaExceeded
 from trainmaster.models import CheckpointIn, CheckpointInfo, CheckpointList
 
 router = APIRouter(
     prefix="/v1/jobs/{job_id}/checkpoints",
     tags=["checkpoints"],
-    responses=error_responses(400, 401, 403, 404, 413, 415, 422, 503, 507),
+    responses=error_responses(400, 401, 403, 404, 413, 415, 422, 429, 503, 507),
 )
 
 
@@ -31,13 +32,14 @@ async def record_checkpoint(
     checkpoint: CheckpointIn,
     session: Session,
     principal: AnyPrincipal,
+    limits: Limits,
     attempt: Annotated[int | None, Query(ge=1)] = None,
 ) -> Response:
     """Recorded by the job itself (job token) when Ray Train reports a checkpoint. A job token's own
     attempt is the checkpoint's (what `?attempt=` says is kept only for other tokens). 507 when it
     would take the project over its storage quota: it is listed as deleted, with why, and the job
-    removes its files."""
-    refused = await service.record(session, principal, job_id, checkpoint, principal.attempt or attempt)
+    removes its files. 429 past the job's checkpoint rows (TRAINMASTER_CHECKPOINTS_PER_JOB): nothing recorded."""
+    refused = await service.record(session, principal, job_id, checkpoint, principal.attempt or attempt, limits)
     if refused is not None:  # committed all the same: the row says it is gone, the job's event says why
         return domain_error_response(StorageQuotaExceeded(refused))
     return Response(status_code=status.HTTP_204_NO_CONTENT)

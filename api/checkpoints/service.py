@@ -10,6 +10,7 @@ from api.db.models import Checkpoint
 from api.errors import Conflict, NotFound
 from api.jobs import service as jobs
 from api.jobs.status import record_event
+from api.limits.service import WriteLimits
 from api.storage import service as storage
 from trainmaster.models import CheckpointIn, CheckpointInfo
 
@@ -23,11 +24,18 @@ class CheckpointDeleted(Conflict):
 
 
 async def record(
-    session: AsyncSession, principal: Principal, raw_id: str, checkpoint: CheckpointIn, attempt: int | None
+    session: AsyncSession,
+    principal: Principal,
+    raw_id: str,
+    checkpoint: CheckpointIn,
+    attempt: int | None,
+    limits: WriteLimits,
 ) -> str | None:
     """Records the checkpoint; over its project's storage quota it is recorded as deleted, with an
-    event on the job, and the refusal is returned (the caller answers 507 and the job removes its files)."""
+    event on the job, and the refusal is returned (the caller answers 507 and the job removes its files).
+    Past the job's checkpoint rows (a new path), 429 and nothing is written."""
     job = await jobs.get_writable(session, principal, raw_id)
+    await limits.check_checkpoint(session, job.id, checkpoint.path)
     metrics = json.loads(json.dumps(checkpoint.metrics, default=str))
     refused = await storage.refusal(session, job.project_id, checkpoint.size_bytes or 0, "this checkpoint")
     stored = await repository.record(

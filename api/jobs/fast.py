@@ -31,6 +31,7 @@ from api.auth.service import authenticate
 from api.db.unavailable import DATABASE_DOWN, database_unavailable
 from api.errors import DomainError, domain_error_response, request_invalid_response
 from api.jobs import service
+from api.limits.service import limits_of
 from api.metrics.service import ingest
 from api.wire import json_response
 from trainmaster.models import JobSpec
@@ -113,7 +114,8 @@ class FastLane:
 
     async def _ingest(self, scope: Scope, _headers: Headers, principal: Principal, arg: tuple[str, bytes]) -> Response:
         job_id, body = arg
-        ack = await ingest(scope["app"].state.direct, principal, job_id, body)
+        state = scope["app"].state
+        ack = await ingest(state.direct, limits_of(state), principal, job_id, body)
         return json_response(ack, 201)
 
 

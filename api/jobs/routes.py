@@ -12,11 +12,12 @@ from api.db.session import Session
 from api.deps import AppSettings
 from api.errors import UnsupportedMediaType, error_responses
 from api.jobs import service
+from api.limits.service import Limits
 from api.wire import json_response
 from trainmaster.models import EventList, Job, JobControl, JobEvent, JobEventIn, JobList, JobSpec, JobStatus
 
 router = APIRouter(
-    prefix="/v1/jobs", tags=["jobs"], responses=error_responses(400, 401, 403, 404, 409, 413, 415, 422, 503)
+    prefix="/v1/jobs", tags=["jobs"], responses=error_responses(400, 401, 403, 404, 409, 413, 415, 422, 429, 503)
 )
 
 
@@ -84,9 +85,12 @@ async def job_events(job_id: str, session: Session, principal: ProjectPrincipal)
     status_code=status.HTTP_201_CREATED,
     dependencies=[Depends(require_json)],
 )
-async def add_job_event(job_id: str, event: JobEventIn, session: Session, principal: AnyPrincipal) -> JobEvent:
-    """Record a notable event from inside the job (job token or project token)."""
-    return await service.add_event(session, principal, job_id, event)
+async def add_job_event(
+    job_id: str, event: JobEventIn, session: Session, principal: AnyPrincipal, limits: Limits
+) -> JobEvent:
+    """Record a notable event from inside the job (job token or project token); 429 past the job's or its
+    project's event limits (the detail names the limit and its setting)."""
+    return await service.add_event(session, principal, job_id, event, limits)
 
 
 @router.get("/{job_id}/control", response_model=JobControl)

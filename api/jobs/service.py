@@ -28,6 +28,7 @@ from api.errors import IdempotencyKeyReused, IllegalTransition, JobNotFound, Sub
 from api.jobs import repository
 from api.jobs.ranks import Older, QueueRanks, Stamp
 from api.jobs.status import JOB_CHANNEL, record_event, transition
+from api.limits.service import WriteLimits
 from trainmaster.models import Attempt, Job, JobControl, JobEvent, JobEventIn, JobSpec, JobStatus, Scaling
 
 MAX_IDEMPOTENCY_KEY = 256
@@ -271,11 +272,20 @@ async def control(session: AsyncSession, principal: Principal, raw_id: str) -> J
     return JobControl(checkpoint=True, reason=f"preempted by {job.preempted_by}", max_workers=job.shrink_to)
 
 
-async def add_event(session: AsyncSession, principal: Principal, raw_id: str, event: JobEventIn) -> JobEvent:
+async def add_event(
+    session: AsyncSession, principal: Principal, raw_id: str, event: JobEventIn, limits: WriteLimits
+) -> JobEvent:
+    """Within the project's events a second and the job's events in all (a repeat of the job's latest
+    event adds no row and counts against the rate only); past either, 429 and nothing is written."""
     job = await get_writable(session, principal, raw_id)
+    limits.take_event(job.project_id)
     if event.kind == "resized":
         resized(job, event.data.get("to"))
-    row = await record_event(session, job, event.kind, event.message, event.data)
+
+    async def within_limit() -> None:
+        await limits.check_new_event(session, job.id)
+
+    row = await record_event(session, job, event.kind, event.message, event.data, before_new_row=within_limit)
     return _event_to_wire(row)
 
 

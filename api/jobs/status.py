@@ -11,6 +11,7 @@ changed: both paths refuse what `ALLOWED` refuses.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -96,13 +97,20 @@ def _check(job: Job, target: JobStatus) -> None:
 
 
 async def record_event(
-    session: AsyncSession, job: Job, kind: str, message: str | None = None, data: dict[str, Any] | None = None
+    session: AsyncSession,
+    job: Job,
+    kind: str,
+    message: str | None = None,
+    data: dict[str, Any] | None = None,
+    *,
+    before_new_row: Callable[[], Awaitable[None]] | None = None,
 ) -> JobEvent:
     """A notable event that is not a status change (placement, backend chosen, retry scheduled).
 
     The same event (kind, message and data) as the job's latest one is that row counted once more
     (`count`, `last_at`) instead of a new row: a job reporting one thing over and over keeps one row
-    for the run, and events stay bounded by how often something new happens."""
+    for the run, and events stay bounded by how often something new happens. `before_new_row` runs
+    (and may refuse) only when a row is added, after the job's latest event is locked."""
     data = data or {}
     latest = (
         await session.execute(
@@ -118,6 +126,8 @@ async def record_event(
             .execution_options(populate_existing=True)
         )
         return (await session.execute(again)).scalar_one()
+    if before_new_row is not None:
+        await before_new_row()
     event = JobEvent(job_id=job.id, kind=kind, status=None, message=message, data=data)
     session.add(event)
     await session.flush()

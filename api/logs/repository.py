@@ -8,16 +8,27 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.models import LogLine
+from api.limits import log_lines
 from api.streaming.broker import LOGS_CHANNEL
 
 
 async def append(
-    session: AsyncSession, job_id: uuid.UUID, attempt: int | None, source: str, lines: Sequence[str]
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    attempt: int | None,
+    source: str,
+    lines: Sequence[str],
+    *,
+    max_lines: int = 0,
 ) -> None:
-    """Store lines in order (one writer per job at a time, so sequence numbers commit in order)."""
+    """Store lines in order (one writer per job at a time, so sequence numbers commit in order), at most
+    `max_lines` of the job's in all (0: no limit; api/limits/log_lines.py)."""
     if not lines:
         return
     await session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"), {"key": f"l:{job_id}"})
+    lines = await log_lines.counts.kept(session, job_id, lines, max_lines)
+    if not lines:
+        return
     session.add_all(LogLine(job_id=job_id, attempt=attempt, source=source, line=line) for line in lines)
     await session.flush()
     await session.execute(text("SELECT pg_notify(:channel, :job)"), {"channel": LOGS_CHANNEL, "job": str(job_id)})

@@ -115,6 +115,8 @@ class Batch:
     points: int
     rows: Rows
     latest: dict[str, Any]  # rank 0's newest values, and its step
+    values: int  # rows: one per point and name, what the write limits count
+    names: set[str]  # the distinct names (the limit on a job's names)
 
 
 def _micros(ts: datetime | float | None, now: int) -> int:
@@ -127,7 +129,7 @@ def _micros(ts: datetime | float | None, now: int) -> int:
     return (ts - (_EPOCH if ts.tzinfo is not None else _EPOCH_NAIVE)) // _MICROSECOND
 
 
-def _rows(points: list[Point], now: int) -> tuple[Rows, dict[str, Any]]:
+def _rows(points: list[Point], now: int) -> tuple[Rows, dict[str, Any], list[str]]:
     """The arrays, and `latest`: rank 0's newest value of each name, with the step of its newest point
     that is not only ray.train.report's values (their step is an epoch)."""
     ranks: list[int] = []
@@ -167,7 +169,7 @@ def _rows(points: list[Point], now: int) -> tuple[Rows, dict[str, Any]]:
             latest["step"] = point.step
             break
     arrays = int4_array(ranks), int8_array(steps), text_array(names), float8_array(values), timestamptz_array(stamps)
-    return Rows(*arrays), latest
+    return Rows(*arrays), latest, names
 
 
 def _now() -> int:
@@ -207,10 +209,10 @@ def parse_batch(body: bytes) -> Batch:
     try:
         fast = _FAST.decode(body)
         batch_id, attempt, points = fast.batch_id, fast.attempt, fast.points
-        rows, latest = _rows(points, now)
+        rows, latest, names = _rows(points, now)
     except (msgspec.ValidationError, msgspec.DecodeError, _Unmapped):
         batch_id, attempt, points = _reference(body)
-        rows, latest = _rows(points, now)  # pydantic's datetimes: nothing left unmapped
+        rows, latest, names = _rows(points, now)  # pydantic's datetimes: nothing left unmapped
     if b"\\u0000" in body:  # a NUL can only come escaped (JSON forbids a raw one in a string)
         _refuse_nul(points)
-    return Batch(batch_id, attempt, len(points), rows, latest)
+    return Batch(batch_id, attempt, len(points), rows, latest, len(names), set(names))

@@ -9,6 +9,7 @@ from api.db.session import Session
 from api.errors import error_responses
 from api.jobs import service as jobs
 from api.jobs.routes import require_json
+from api.limits.service import Limits
 from api.metrics import service
 from api.streaming.follow import job_stream, last_event_id
 from api.streaming.sse import EventStream
@@ -46,13 +47,16 @@ router = APIRouter(
     dependencies=[Depends(require_json)],
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": BATCH_SCHEMA}}}},
 )
-async def ingest_metrics(job_id: str, request: Request, principal: AnyPrincipal) -> MetricBatchAck:
+async def ingest_metrics(job_id: str, request: Request, principal: AnyPrincipal, limits: Limits) -> MetricBatchAck:
     """Store a batch of points (job token or project token); retries with the same batch_id store nothing twice.
 
     A batch with bad points is refused whole (422, nothing stored), its detail naming every bad point as
     `loc: ["body", "points", <index>, <field>, …]`, so a sender can drop those and send the rest again.
-    The body (MetricBatchIn) is validated straight from its bytes into plain values, not models."""
-    return await service.ingest(request.app.state.direct, principal, job_id, await request.body())
+    The body (MetricBatchIn) is validated straight from its bytes into plain values, not models.
+    Past a write limit of the job or its project (values a second, distinct names) the batch is refused
+    whole: 429 naming the limit and its setting (with Retry-After for a rate), 413 for one batch that no
+    wait would let through."""
+    return await service.ingest(request.app.state.direct, limits, principal, job_id, await request.body())
 
 
 @router.get("", response_model=MetricList)

@@ -15,6 +15,7 @@ from api.auth.principal import Principal
 from api.db.direct import Direct
 from api.errors import JobNotFound, ValidationError
 from api.jobs import service as jobs
+from api.limits.service import WriteLimits
 from api.metrics import repository
 from api.metrics.batch import parse_batch
 from api.streaming.broker import METRICS_CHANNEL
@@ -23,14 +24,25 @@ from trainmaster.models import MetricBatchAck
 STREAM_BATCH = 2000
 
 
-async def ingest(direct: Direct, principal: Principal, raw_id: str, body: bytes) -> MetricBatchAck:
+async def ingest(direct: Direct, limits: WriteLimits, principal: Principal, raw_id: str, body: bytes) -> MetricBatchAck:
+    """Store a batch within its job's and its project's write limits (api/limits/), or refuse it whole."""
     if principal.job_id is not None and str(principal.job_id) != raw_id:
         raise JobNotFound(f"no job {raw_id!r} for this job token")
     job_id = jobs.parse_job_id(raw_id)
     batch = parse_batch(body)
-    state, stored = await repository.store_batch(direct, job_id, principal.project_id, batch, METRICS_CHANNEL)
+    project_id = principal.project_id
+    limits.take_points(project_id, job_id, batch.values)
+    try:
+        await limits.check_metric_names(direct, job_id, project_id, batch.names)
+        state, stored = await repository.store_batch(direct, job_id, project_id, batch, METRICS_CHANNEL)
+    except BaseException:
+        limits.give_points(project_id, job_id, batch.values)
+        raise
+    if state != "stored":
+        limits.give_points(project_id, job_id, batch.values)
     if state == "missing":
         raise JobNotFound(f"no job {raw_id!r} in project {principal.project_name!r}")
+    limits.names_stored(job_id, batch.names)
     return MetricBatchAck(stored=stored, duplicate=state == "duplicate")
 
 
