@@ -8,7 +8,11 @@ each, so a fast training loop pays for a few requests a second, not one per step
 carries an id, so a retry after a lost answer stores nothing twice. If the buffer overflows during a
 long outage the newest points are dropped. A batch the API refuses is refused whole (422), with each
 bad point named by its index: the sender drops exactly those and sends the rest again, so one bad
-value (a negative step, an empty or overlong name) costs that point only. Points lost either way are
+value (a negative step, an empty or overlong name) costs that point only. A batch refused with 429
+(past a write limit of the job or its project: points a second, distinct names) is dropped, not resent:
+the sender prints the API's reason once and holds its next request back, from LIMITED_BACKOFF_S
+doubling to MAX_LIMITED_BACKOFF_S while refusals go on, so a job over its limit costs the API one
+refused request every few seconds and keeps training. Points lost any of these ways are
 counted and told to the job's owner: a `metrics_dropped` job event with the totals (`dropped`: buffer
 full, `rejected`: refused by the API, and some of the API's reasons) and the same line in the job's
 log, at once and then at most every REPORT_INTERVAL_S. Training never blocks or fails for any of it.
@@ -38,6 +42,9 @@ MIN_INTERVAL_S = 0.1  # under load, one request per this long: the batching that
 BATCH_POINTS = 1000
 BUFFER_POINTS = 100_000
 MAX_BACKOFF_S = 5.0
+TOO_MANY_REQUESTS = 429
+LIMITED_BACKOFF_S = 1.0  # the API's Retry-After for a rate is at least a second
+MAX_LIMITED_BACKOFF_S = 30.0
 REPORT_INTERVAL_S = 10.0  # a bug that logs a bad value every step must not write an event per batch
 SHOWN_REASONS = 5
 
@@ -60,6 +67,9 @@ class MetricsSender:
         self.reasons: list[str] = []  # some of the API's reasons for the refusals not yet reported
         self.reported = (0, 0)  # (dropped, rejected) as the last event told them
         self.printed = (0, 0)
+        self.limited_backoff = 0.0  # the wait after the latest 429; 0 while batches are stored
+        self.limited_printed = False  # a 429's reason is printed once per process
+        self.resume_at = 0.0  # no request before this time.monotonic(): the API refused one with 429
         self.next_report = 0.0
         self.sent_points = 0
         self.wake = threading.Event()
@@ -90,6 +100,8 @@ class MetricsSender:
         while time.monotonic() < deadline:
             if not self.buffer and self.idle.is_set():
                 return True
+            if self.resume_at > deadline:  # held back by a 429 past the deadline: waiting is no use
+                return False
             self.wake.set()
             time.sleep(0.01)
         return False
@@ -114,6 +126,8 @@ class MetricsSender:
                 time.sleep(wait)  # under load: let this interval's points go in one request
             last_send = time.monotonic()
             while True:
+                if not self._hold_back():
+                    return
                 if pending is None:
                     points = [self.buffer.popleft() for _ in range(min(BATCH_POINTS, len(self.buffer)))]
                     if not points:
@@ -140,16 +154,21 @@ class MetricsSender:
                 return
 
     def _send(self, batch: dict[str, Any]) -> bool:
-        """False to try again later: no answer, 5xx or 429. True once the batch is done with: stored, or
-        the points the API refused counted and dropped and the rest sent again until stored."""
+        """False to try again later: no answer, or 5xx. True once the batch is done with: stored, or the
+        points the API refused counted and dropped (all of them for a 429) and the rest sent again until
+        stored."""
         while True:
             try:
                 status, answer = self.api.post_metrics(batch)
             except (httpx.HTTPError, OSError, http.client.HTTPException):
                 return False
-            if status >= 500 or status == 429:
+            if status == TOO_MANY_REQUESTS:
+                self._limited(answer, len(batch["points"]))
+                return True
+            if status >= 500:
                 return False
             if status < 300:
+                self.limited_backoff = 0.0
                 return True
             points = batch["points"]
             refused, reasons = refused_points(status, answer, len(points))
@@ -158,6 +177,26 @@ class MetricsSender:
             batch["points"] = [point for index, point in enumerate(points) if index not in refused]
             if not batch["points"]:
                 return True
+
+    def _limited(self, answer: bytes, count: int) -> None:
+        """A batch refused for a write limit: dropped and counted, the reason printed the first time, the
+        next request held back."""
+        _, reasons = refused_points(TOO_MANY_REQUESTS, answer, count)
+        self.rejected += count
+        self.reasons += reasons[: SHOWN_REASONS - len(self.reasons)]
+        if not self.limited_printed:
+            print(f"[trainmaster] metric points dropped: {reasons[0]}", file=sys.stderr, flush=True)
+            self.limited_printed = True
+        self.limited_backoff = min(max(self.limited_backoff * 2, LIMITED_BACKOFF_S), MAX_LIMITED_BACKOFF_S)
+        self.resume_at = time.monotonic() + self.limited_backoff
+
+    def _hold_back(self) -> bool:
+        """Wait out a 429's backoff; False when the sender is stopping meanwhile (what is left is dropped)."""
+        while (wait := self.resume_at - time.monotonic()) > 0:
+            if self.stopping:
+                return False
+            time.sleep(min(wait, FLUSH_INTERVAL_S))
+        return True
 
     def _report_dropped(self, *, final: bool = False) -> None:
         counts = (self.dropped, self.rejected)
