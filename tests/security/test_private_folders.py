@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -109,8 +110,10 @@ def test_a_session_folder_planted_at_a_computable_name_is_not_used(
     finally:
         for folder in planted:
             shutil.rmtree(folder, ignore_errors=True)
-        for env in started:
-            shutil.rmtree(Path(env["RAY_AUTH_TOKEN_PATH"]).parent, ignore_errors=True)
+        for env in started:  # only the fresh session folders made for this test, never a parent of theirs
+            made_here = Path(env["RAY_AUTH_TOKEN_PATH"]).parent
+            if re.fullmatch(r"/tmp/tm-ray-\w{8}", str(made_here)):
+                shutil.rmtree(made_here, ignore_errors=True)
 
 
 def test_a_folder_not_ours_is_refused_and_nothing_is_written_through_a_link(shared_tmp: Path, planter: OsUser) -> None:
@@ -166,7 +169,8 @@ def embedded(monkeypatch: pytest.MonkeyPatch, shared_tmp: Path) -> Iterator[dict
     finally:
         if url:
             postgres.stop_embedded(data_dir)
-        shutil.rmtree(data_dir.parent if data_dir.parent != home else data_dir, ignore_errors=True)
+        if data_dir.parent.parent == folders.SERVICE_BASE:  # the stack's own /var/lib/trainmaster/<stack>
+            shutil.rmtree(data_dir.parent, ignore_errors=True)
 
 
 def test_another_user_reads_nothing_of_the_embedded_database_or_the_stacks_files(
