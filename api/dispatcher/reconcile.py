@@ -147,7 +147,8 @@ async def reconcile_job(context: RoundContext, job_id: uuid.UUID, nodes: NodesFr
         if held is None or held.attempt is None:
             return
         if held.attempt.log_offset == log_offset:  # else another round stored this output already
-            await _copy_logs(held.session, held.job, held.attempt, new_output, final=final)
+            max_lines = context.settings.log_lines_per_job
+            await _copy_logs(held.session, held.job, held.attempt, new_output, final=final, max_lines=max_lines)
         if gang.logs_missing is not None:
             await record_event(
                 held.session,
@@ -252,13 +253,17 @@ async def answered_after(session: AsyncSession, job: Job, attempt: int, requeste
     return None if any(kind == CHECKPOINT_READER for kind, _ in events) else requested
 
 
-async def _copy_logs(session: AsyncSession, job: Job, attempt: JobAttempt, new: str, final: bool) -> None:
-    """Store the Ray job's new output (what came after `log_offset`), so logs outlive the cluster."""
+async def _copy_logs(
+    session: AsyncSession, job: Job, attempt: JobAttempt, new: str, final: bool, max_lines: int = 0
+) -> None:
+    """Store the Ray job's new output (what came after `log_offset`), so logs outlive the cluster; lines
+    past the job's `max_lines` are read (the offset moves on) and dropped."""
     if not final:
         new = new[: new.rfind("\n") + 1]  # complete lines only; the rest comes next round
     if not new:
         return
-    await logs_repository.append(session, job.id, attempt.n, "ray", [_clean(line) for line in new.splitlines()])
+    lines = [_clean(line) for line in new.splitlines()]
+    await logs_repository.append(session, job.id, attempt.n, "ray", lines, max_lines=max_lines)
     attempt.log_offset += len(new)
 
 

@@ -17,11 +17,13 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.db.session import create_engine, session_factory
+from api.dispatcher.backend import RayJobState
 from api.logs import repository as logs_repository
 from api.settings import Settings
 from api.settings import libpq_url as libpq
 from tests.factories.auth import project_token, scoped_token
 from tests.factories.jobs import spec
+from tests.integration.test_dispatcher import World, one_worker
 
 Headers = dict[str, str]
 
@@ -281,3 +283,26 @@ def test_log_lines_past_the_job_limit_are_dropped_with_one_line_saying_so(
     assert "log lines per job: 5 (TRAINMASTER_LOG_LINES_PER_JOB)" in lines[5]
     asyncio.run(append(victim, ["x"] * 5))
     assert stored(victim) == ["x"] * 5
+
+
+def test_the_dispatcher_stores_a_jobs_log_lines_up_to_the_limit_and_reads_on(database_url: str) -> None:
+    async def scenario() -> tuple[list[str], int, int]:
+        async with World(database_url, log_lines_per_job=5) as world:
+            job_id = await world.submit(**one_worker())
+            await world.dispatcher().admit_round()
+            sub_id = f"tm-{job_id}-1"
+            world.ray.jobs[sub_id] = RayJobState.RUNNING
+            world.ray.outputs[sub_id] = "".join(f"line {i}\n" for i in range(3))
+            await world.dispatcher().reconcile_round()
+            world.ray.outputs[sub_id] += "".join(f"line {i}\n" for i in range(3, 10))
+            await world.dispatcher().reconcile_round()
+            attempt = (await world.attempts(job_id))[-1]
+            with psycopg.connect(libpq(database_url)) as conn:
+                query = "SELECT line FROM log_lines WHERE job_id = %s ORDER BY seq"
+                lines = [row[0] for row in conn.execute(query, (job_id,)).fetchall()]
+            return lines, attempt.log_offset, len(world.ray.outputs[sub_id])
+
+    lines, offset, output = asyncio.run(scenario())
+    assert lines[:5] == [f"line {i}" for i in range(5)] and len(lines) == 6
+    assert "(TRAINMASTER_LOG_LINES_PER_JOB)" in lines[5]
+    assert offset == output  # the dropped lines were read: the next round does not read them again
