@@ -58,14 +58,10 @@ def project_storage(storage: str, project_id: str) -> str:
     return str(Path(storage) / project_id)
 
 
-def within_job(storage: str | os.PathLike[str], job_id: str, path: str) -> Path | None:
-    """A checkpoint's folder when it resolves (links followed) inside `<storage>/<job id>/`, where Ray
-    Train writes the job's run (`storage`: the job's project folder, `project_storage`), else None: what
-    trainmaster may delete of a path a job reported (the dispatcher's collector, a job's refused
-    checkpoint)."""
-    root = Path(os.path.realpath(Path(storage).expanduser() / job_id))
-    target = Path(os.path.realpath(path))
-    return target if target != root and target.is_relative_to(root) else None
+def run_folders(project_id: str, job_id: str) -> tuple[tuple[str, ...], ...]:
+    """Where a job's run folder is below the storage root, each way it may be laid out: per project
+    (`project_storage`), or `<storage>/<job id>` as runs were written before (migration 0022's release)."""
+    return (project_id, job_id), (job_id,)
 
 
 def _float(raw: str | None, default: float) -> float:

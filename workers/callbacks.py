@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,8 @@ from ray.train import UserCallback
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 
 import trainmaster
-from trainmaster.context import ENV_JOB_ID, ENV_JOB_TOKEN, ENV_STORAGE_PATH, post_event, record_checkpoint, within_job
+from trainmaster import safe_paths
+from trainmaster.context import ENV_JOB_ID, ENV_JOB_TOKEN, ENV_STORAGE_PATH, post_event, record_checkpoint
 from trainmaster.control import max_workers
 
 MAX_LISTED_WORKERS = 64  # event data stays small for a gang of 1,024
@@ -82,13 +82,24 @@ def folder_bytes(folder: Path) -> int | None:
 
 def remove_refused(folder: Path) -> str:
     """Removes a checkpoint the API refused (over the project's storage quota; it lists it as deleted),
-    only inside this job's storage folder, as the collector does (`within_job`); says what it did."""
+    only below this job's run folder, `<storage path>/<job id>/`, reached as the collector does
+    (trainmaster/safe_paths.py: no link followed on the way, the run folder included); says what it did."""
     storage, job_id = os.environ.get(ENV_STORAGE_PATH, ""), os.environ.get(ENV_JOB_ID, "")
-    target = within_job(storage, job_id, str(folder)) if storage and job_id else None
-    if target is None or not target.is_dir():
+    if not (storage and job_id) or "://" in storage:
         return "refused and left in place (not in this job's storage folder)"
-    shutil.rmtree(target, ignore_errors=True)
-    return "refused and removed"
+    try:
+        (result,) = safe_paths.perform(storage, [safe_paths.Request("remove", str(folder), ((job_id,),))])
+    except OSError as exc:  # the storage folder itself cannot be opened
+        return f"refused and left in place ({exc})"
+    if result.outcome == "removed":
+        return "refused and removed"
+    if result.outcome in ("linked", "not_a_folder"):
+        return f"refused and left in place ({result.detail} is a link or not a folder: not this job's storage folder)"
+    if result.outcome == "error":
+        return f"refused and left in place ({result.detail})"
+    if result.outcome == "gone":
+        return "refused (its files were already gone)"
+    return "refused and left in place (not in this job's storage folder)"
 
 
 def _step_of(metrics: dict[str, Any]) -> int | None:

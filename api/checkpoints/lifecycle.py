@@ -16,9 +16,14 @@ Only local storage is collected: with a remote URI (s3://, gs://) Ray's own `num
 that does not exist on the dispatcher's host (not mounted there) is not collected at all, rather than
 every checkpoint being marked as gone: the dispatcher must mount the storage the Ray nodes write.
 
-A job's code is hostile and its checkpoint paths are what it reported: a path is removed only when it
-resolves (links followed) inside the job's own folder, `<storage>/<job id>/`, where Ray Train writes
-the run of that name. Any other path is marked deleted without touching a file, and says so.
+A job's code is hostile, and so are its checkpoint paths and every folder it can write: a path is
+removed only below the job's own folder, `<storage>/<project id>/<job id>/` (or `<storage>/<job id>/`,
+the layout before storage was per project), where Ray Train writes the run of that name, reached from
+the storage root through folders opened without following links (trainmaster/safe_paths.py), and,
+when the dispatcher runs as root, as the OS user that owns the project's folder (the cluster's user
+that wrote it), never as root. Any other path is marked deleted without touching a file, and says so;
+a link or a file where the project's folder, the job's or a folder on the way should be also records
+an event on the job (`checkpoint_not_removed`) naming it.
 
 Rows are taken `FOR UPDATE SKIP LOCKED`, a bounded number per pass, so several dispatchers share the
 work and none deletes a checkpoint twice.
@@ -30,14 +35,18 @@ import asyncio
 import contextlib
 import json
 import logging
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from trainmaster.context import project_storage, within_job
+from api.checkpoints import sizes
+from api.db.models import Job
+from api.jobs.status import record_event
+from trainmaster import safe_paths
+from trainmaster.context import run_folders
 
 log = logging.getLogger("trainmaster.checkpoints")
 
@@ -106,21 +115,29 @@ class Collected:
     marked: int = 0  # rows marked deleted (also those whose files were gone or not the job's)
 
 
-def remove(storage: Path, project_id: str, job_id: str, path: str) -> str:
-    """Removes the checkpoint's files; says what became of them, for `deleted_why`. They must be inside
-    the job's run folder: `<storage>/<project id>/<job id>/`, or `<storage>/<job id>/` where runs were
-    written before storage was laid out per project (migration 0022's release)."""
-    own = Path(project_storage(str(storage), project_id))
-    target = within_job(own, job_id, path) or within_job(storage, job_id, path)
-    if target is None:
-        return "; its path is outside the job's storage folder, so no file was removed"
-    if not target.exists():
-        return "; its files were already gone"
-    if target.is_dir():
-        shutil.rmtree(target)
-    else:
-        target.unlink()
-    return ""
+# What became of a checkpoint's files, for its `deleted_why`; an error leaves the row for a later pass.
+OUTCOMES = {
+    "removed": "",
+    "gone": "; its files were already gone",
+    "outside": "; its path is outside the job's storage folder, so no file was removed",
+    "linked": "; its path leads outside the job's storage folder through a link ({detail}), so no file was removed",
+    "not_a_folder": (
+        "; its path leads outside the job's storage folder: {detail} is not a folder, so no file was removed"
+    ),
+}
+
+
+async def _refused_event(session: AsyncSession, row: Any, result: safe_paths.Result) -> None:
+    job = await session.get(Job, row.job_id)
+    if job is None:
+        return
+    what = "a link" if result.outcome == "linked" else "not a folder"
+    message = (
+        f"checkpoint {row.path} was not removed: {result.detail} (below the storage root) is {what}, "
+        "so the path is not the job's"
+    )
+    data = {"checkpoint_id": row.id, "path": row.path, "component": result.detail, "kind": result.outcome}
+    await record_event(session, job, "checkpoint_not_removed", message, data)
 
 
 async def collect(sessions: async_sessionmaker[AsyncSession], storage_path: str, limit: int = PASS_LIMIT) -> Collected:
@@ -139,21 +156,30 @@ async def collect(sessions: async_sessionmaker[AsyncSession], storage_path: str,
             )
             return done
         locked = set((await session.execute(LOCK, {"ids": [row.id for row in due]})).scalars())
-        ids, whys = [], []
-        for row in due:
-            if row.id not in locked:
-                continue  # another dispatcher's pass holds it
-            try:
-                outcome = await asyncio.to_thread(remove, storage, str(row.project_id), str(row.job_id), row.path)
-            except OSError as exc:  # left for a later pass; said once per pass
-                log.warning(json.dumps({"event": "checkpoint_not_removed", "id": row.id, "error": str(exc)[:200]}))
+        rows = [row for row in due if row.id in locked]  # the others: another dispatcher's pass holds them
+        requests = [
+            safe_paths.Request("remove", row.path, run_folders(str(row.project_id), str(row.job_id))) for row in rows
+        ]
+        try:
+            results = await asyncio.to_thread(safe_paths.perform, str(storage), requests)
+        except OSError as exc:  # the storage root itself could not be opened: the next pass tries again
+            log.warning(json.dumps({"event": "checkpoint_storage_unreadable", "error": str(exc)[:200]}))
+            return done
+        ids, whys, refused = [], [], []
+        for row, result in zip(rows, results, strict=True):
+            if result.outcome not in OUTCOMES:  # left for a later pass; said once per pass
+                log.warning(json.dumps({"event": "checkpoint_not_removed", "id": row.id, "error": result.detail}))
                 continue
-            if not outcome:
+            if result.outcome == "removed":
                 done.deleted += 1
             ids.append(row.id)
-            whys.append(row.why + outcome)
+            whys.append(row.why + OUTCOMES[result.outcome].format(detail=result.detail))
+            if result.outcome in ("linked", "not_a_folder"):
+                refused.append((row, result))
         if ids:
             await session.execute(MARK, {"ids": ids, "whys": whys})
+            for row, result in refused:
+                await _refused_event(session, row, result)
             done.marked = len(ids)
             log.info(json.dumps({"event": "checkpoints_collected", "marked": done.marked, "removed": done.deleted}))
     return done
@@ -162,8 +188,9 @@ async def collect(sessions: async_sessionmaker[AsyncSession], storage_path: str,
 async def collect_every(
     sessions: async_sessionmaker[AsyncSession], storage_path: str, every_s: float, stopping: asyncio.Event
 ) -> None:
-    """A pass now and every `every_s` until `stopping` is set (never when `every_s` is 0); a pass that
-    raises is logged and the next one tries again."""
+    """A pass now and every `every_s` until `stopping` is set (never when `every_s` is 0), each followed
+    by a pass that measures checkpoints (api/checkpoints/sizes.py); a pass that raises is logged and the
+    next one tries again."""
     if every_s <= 0:
         return
     while not stopping.is_set():
@@ -171,5 +198,9 @@ async def collect_every(
             await collect(sessions, storage_path)
         except Exception as exc:
             log.exception(json.dumps({"event": "checkpoint_collection_failed", "error": str(exc)[:300]}))
+        try:
+            await sizes.measure(sessions, storage_path)
+        except Exception as exc:
+            log.exception(json.dumps({"event": "checkpoint_measuring_failed", "error": str(exc)[:300]}))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopping.wait(), every_s)

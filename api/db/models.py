@@ -417,6 +417,7 @@ class Checkpoint(Base):
     __table_args__ = (
         UniqueConstraint("job_id", "path"),
         Index("ix_checkpoints_live", "job_id", "id", postgresql_where=text("deleted_at IS NULL")),
+        Index("ix_checkpoints_measured", "size_measured_at", "id", postgresql_where=text("deleted_at IS NULL")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
@@ -429,7 +430,10 @@ class Checkpoint(Base):
     pinned: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     deleted_why: Mapped[str | None] = mapped_column(Text)
-    size_bytes: Mapped[int | None] = mapped_column(BigInteger)  # its folder when reported (0019)
+    # What its folder holds: as the job reported it (0019) until the platform measures it, then measured
+    # (api/checkpoints/sizes.py, 0028), `size_measured_at` saying when.
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    size_measured_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Sweep(Base):

@@ -15,6 +15,7 @@ router = APIRouter(prefix="/v1/storage", tags=["storage"], responses=error_respo
 
 @router.get("", response_model=StorageList)
 async def read_storage(session: Session, principal: ProjectPrincipal) -> StorageList:
-    """Bytes of live checkpoints (as their jobs measured them) and code packages per project, with its
-    storage quota: every project for an admin token, its own for a project token."""
+    """Bytes of live checkpoints (as the platform measured them; a checkpoint not yet measured as its job
+    reported it) and code packages per project, with its storage quota: every project for an admin
+    token, its own for a project token."""
     return StorageList(items=await service.list_visible(session, principal))

@@ -387,7 +387,8 @@ class CheckpointInfo(ResponseModel):
     pinned: bool = False  # kept whatever the policy and the retention say
     deleted_at: datetime | None = None  # removed from storage (the row stays), and why
     deleted_why: str | None = None
-    size_bytes: int | None = None
+    size_bytes: int | None = None  # what the storage quota counts: as reported until measured, then measured
+    size_measured_at: datetime | None = None  # when the platform last measured it; None: the job's figure
 
 
 class CheckpointList(ResponseModel):
