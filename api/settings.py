@@ -21,6 +21,13 @@ class Settings(BaseSettings):
     max_code_bytes: int = 100 * 1024 * 1024
     max_code_files: int = 5000
     max_code_unpacked_bytes: int = 1024 * 1024 * 1024
+    # What one tenant can make a shared process hold (api/dispatcher/log_cut.py, api/pages.py): a log
+    # line longer than this is cut with a marker; a dispatcher's read of one job's log returns at most
+    # log_read_max_chars (and a tail holds at most that); a page of logs or of any list at most
+    # page_max_bytes of rows (its cursor reaches the rest).
+    log_line_max_bytes: int = Field(default=8192, ge=256, le=65536)
+    log_read_max_chars: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
+    page_max_bytes: int = Field(default=1024 * 1024, ge=64 * 1024)
     code_cache_path: str = "~/.trainmaster/code"
     storage_path: str = "~/.trainmaster/storage"
     # Where cluster records' Ray tokens are read from (`token_file`: a file in this folder, opened

@@ -13,14 +13,20 @@ from typing import Any
 import httpx
 
 from api.dispatcher.backend import GangState, Launch, LaunchRefused, RayJobInfo, RayJobState, RayUnavailable
+from api.dispatcher.log_cut import cut_read, text_chunks
 from api.dispatcher.log_tail import LogTails
 from api.dispatcher.placement import Cluster, Node
+from api.settings import get_settings
 
 log = logging.getLogger("trainmaster.dispatcher.ray")
 
 _NOT_FOUND = re.compile(r"status code 404|does not exist", re.I)
 _CLIENT_ERROR = re.compile(r"status code 4\d\d")
+# The state API's answer for a job with no log file (it ended before its driver started): an empty log,
+# as the Jobs API's whole-log read gives for it.
+_NO_LOG_FILE = re.compile(r"no driver node id|could not resolve file|not found|does not exist|no such file", re.I)
 FINAL_LOG_TRIES = 3  # reads of a finished job's whole log before its absence is an error
+LOG_STREAM_TIMEOUT_S = 600  # Ray's deadline for streaming one job's log file to the end
 
 
 def read_token() -> str | None:
@@ -41,7 +47,19 @@ def _camel(name: str) -> str:
 
 
 class RayJobsBackend:
-    def __init__(self, address: str, token: str | None = None, timeout_s: float = 10.0):
+    def __init__(
+        self,
+        address: str,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+        *,
+        line_max_bytes: int | None = None,
+        read_max_chars: int | None = None,
+    ):
+        limits = get_settings()
+        self.line_max_bytes = line_max_bytes if line_max_bytes is not None else limits.log_line_max_bytes
+        read_max = read_max_chars if read_max_chars is not None else limits.log_read_max_chars
+        self.read_max_chars = max(read_max, 4 * self.line_max_bytes)  # a full read always holds a whole line
         self.address = address.rstrip("/")
         # A token given (even empty: a cluster whose token could not be read) is the only one sent; with
         # none, Ray's own order finds this process's. Never another cluster's: with no Authorization
@@ -61,7 +79,9 @@ class RayJobsBackend:
     def tails(self) -> LogTails:
         """Started on first use: only the dispatcher follows logs (the cluster route never does)."""
         if self._tails is None:
-            self._tails = LogTails(self.address, self.headers)
+            self._tails = LogTails(
+                self.address, self.headers, line_max_bytes=self.line_max_bytes, hold_max_chars=self.read_max_chars
+            )
         return self._tails
 
     def _jobs(self) -> Any:
@@ -195,29 +215,54 @@ class RayJobsBackend:
                 raise RayUnavailable(f"stop {submission_id}: {_short(exc)}") from exc
 
     def logs(self, submission_id: str, offset: int = 0, final: bool = False) -> str:
-        """While the job runs, from its websocket tail (only the new part crosses the wire; a failed
-        read returns nothing and the next round reads again). Once it ended, the whole log one last
-        time, so nothing that arrived late is missed: tried FINAL_LOG_TRIES times, then
+        """The job's cut log (api/dispatcher/log_cut.py) after `offset`, at most `read_max_chars` of it:
+        a read that returns that many may have stopped at the budget, and the caller reads on from
+        where it ends. While the job runs, from its websocket tail (only the new part crosses the
+        wire; a failed read returns nothing and the next round reads again). Once it ended, the whole
+        log one last time, so nothing that arrived late is missed: tried FINAL_LOG_TRIES times, then
         RayUnavailable, for the caller to retry or record (never an empty string that looks like
-        a job that printed nothing)."""
+        a job that printed nothing). Both stream the log file through the cutter, never holding it."""
         if not final:
             new = self.tails.since(submission_id, offset)
             if new is not None:
-                return new
+                return new[: self.read_max_chars]
             try:
-                return str(self._call("get_job_logs", submission_id))[offset:]
-            except (RuntimeError, RayUnavailable):
+                return self.read_log(submission_id, offset)
+            except RayUnavailable:
                 return ""
         self.tails.forget(submission_id)
         error: BaseException | None = None
         for attempt in range(FINAL_LOG_TRIES):
             try:
-                return str(self._call("get_job_logs", submission_id))[offset:]
-            except (RuntimeError, RayUnavailable) as exc:
+                return self.read_log(submission_id, offset)
+            except RayUnavailable as exc:
                 error = exc
                 if attempt + 1 < FINAL_LOG_TRIES:
                     time.sleep(0.2 * 2**attempt)
         raise RayUnavailable(f"the final logs of {submission_id}: {_short(error or Exception())}")
+
+    def read_log(self, submission_id: str, offset: int) -> str:
+        """The cut log after `offset` (at most `read_max_chars`), streamed from the job's log file by
+        Ray's state API in blocks (Ray reads 64 KiB at a time), not the Jobs API's one JSON string."""
+        if self._http is None:
+            self._http = httpx.Client(headers=self.headers, timeout=self.timeout_s)
+        params = {"submission_id": submission_id, "lines": "-1", "timeout": str(LOG_STREAM_TIMEOUT_S)}
+        try:
+            with self._http.stream("GET", f"{self.address}/api/v0/logs/file", params=params) as response:
+                if response.status_code != 200:
+                    detail = next(response.iter_bytes(), b"")[:300].decode("utf-8", "replace")
+                    if _NO_LOG_FILE.search(detail):
+                        return ""
+                    raise RayUnavailable(f"log of {submission_id}: HTTP {response.status_code} {detail}")
+                text, _ = cut_read(
+                    text_chunks(response.iter_bytes()),
+                    offset=offset,
+                    max_chars=self.read_max_chars,
+                    line_max_bytes=self.line_max_bytes,
+                )
+                return text
+        except httpx.HTTPError as exc:
+            raise RayUnavailable(f"log of {submission_id}: {_short(exc)}") from exc
 
 
 def gang_of(groups: list[dict[str, Any]]) -> GangState:

@@ -129,6 +129,9 @@ async def reconcile_job(context: RoundContext, job_id: uuid.UUID, nodes: NodesFr
                 return
             gang.logs_missing = str(exc)
         context.backoff.forget(f"logs:{sub_id}")
+    # A read stops at log_read_max_chars: a finished attempt whose read filled it ends only once a
+    # later round has read (and stored) the rest of its log.
+    more = final and len(new_output) >= context.settings.log_read_max_chars
     if starting and gang.reported and info is not None and info.state is RayJobState.RUNNING:
         gang.pending_reason = f"placement group pending: {describe(JobSpec.model_validate(spec))}{await nodes.text()}"
         settings = context.settings
@@ -148,7 +151,10 @@ async def reconcile_job(context: RoundContext, job_id: uuid.UUID, nodes: NodesFr
             return
         if held.attempt.log_offset == log_offset:  # else another round stored this output already
             max_lines = context.settings.log_lines_per_job
-            await _copy_logs(held.session, held.job, held.attempt, new_output, final=final, max_lines=max_lines)
+            ending = final and not more
+            await _copy_logs(held.session, held.job, held.attempt, new_output, final=ending, max_lines=max_lines)
+        if more:
+            return
         if gang.logs_missing is not None:
             await record_event(
                 held.session,
@@ -516,7 +522,8 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def _clean(line: str) -> str:
-    return ANSI_ESCAPE.sub("", line).replace("\x00", "")[:8192]
+    # The cutter (api/dispatcher/log_cut.py) bounds lines read from Ray; this bounds any other source.
+    return ANSI_ESCAPE.sub("", line).replace("\x00", "")[: 2 * 65536]
 
 
 # What the driver prints before every failure of the job's (workers/driver.py): the error a person reads.
