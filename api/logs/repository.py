@@ -4,8 +4,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import Select, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
 
 from api.db.models import LogLine
 from api.limits import log_lines
@@ -34,17 +35,47 @@ async def append(
     await session.execute(text("SELECT pg_notify(:channel, :job)"), {"channel": LOGS_CHANNEL, "job": str(job_id)})
 
 
-async def read_after(session: AsyncSession, job_id: uuid.UUID, after_seq: int, limit: int) -> list[Any]:
+async def read_after(
+    session: AsyncSession, job_id: uuid.UUID, after_seq: int, limit: int, max_bytes: int | None = None
+) -> list[Any]:
+    """The first `limit` lines after `after_seq`; with `max_bytes`, only those whose text fits in it
+    (the first line always): PostgreSQL sums the sizes, so no more than the page is ever loaded."""
     query = select(LogLine).where(LogLine.job_id == job_id, LogLine.seq > after_seq).order_by(LogLine.seq).limit(limit)
-    return list((await session.execute(query)).scalars())
+    return list((await session.execute(_within(query, max_bytes))).scalars())
 
 
-async def read_tail(session: AsyncSession, job_id: uuid.UUID, after_seq: int, limit: int) -> list[Any]:
-    """The last `limit` lines after `after_seq`, oldest first: a backward walk of ix_log_lines_job_id_seq."""
+async def read_tail(
+    session: AsyncSession, job_id: uuid.UUID, after_seq: int, limit: int, max_bytes: int | None = None
+) -> list[Any]:
+    """The last `limit` lines after `after_seq` (with `max_bytes`, the last that fit in it), oldest
+    first: a backward walk of ix_log_lines_job_id_seq."""
     query = (
         select(LogLine)
         .where(LogLine.job_id == job_id, LogLine.seq > after_seq)
         .order_by(LogLine.seq.desc())
         .limit(limit)
     )
-    return list(reversed((await session.execute(query)).scalars().all()))
+    rows = (await session.execute(_within(query, max_bytes, descending=True))).scalars().all()
+    return list(reversed(rows))
+
+
+async def any_after(session: AsyncSession, job_id: uuid.UUID, seq: int) -> bool:
+    """Whether the job has a stored line after `seq`."""
+    query = select(LogLine.seq).where(LogLine.job_id == job_id, LogLine.seq > seq).limit(1)
+    return (await session.execute(query)).first() is not None
+
+
+def _within(query: Select[Any], max_bytes: int | None, *, descending: bool = False) -> Select[Any]:
+    """`query`'s rows, in seq order (or reversed), while the bytes of the lines before each stay under
+    `max_bytes`."""
+    if max_bytes is None:
+        return query
+    size = func.octet_length(LogLine.line)
+    order = LogLine.seq.desc() if descending else LogLine.seq
+    page = query.add_columns(func.sum(size).over(order_by=order).label("running"), size.label("size")).subquery()
+    row = aliased(LogLine, page)
+    return (
+        select(row)
+        .where(page.c.running - page.c.size < max_bytes)
+        .order_by(page.c.seq.desc() if descending else page.c.seq)
+    )

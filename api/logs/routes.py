@@ -21,14 +21,18 @@ router = APIRouter(
 @router.get("", response_model=LogList)
 async def read_logs(
     job_id: str,
+    request: Request,
     session: Session,
     principal: ProjectPrincipal,
     after_seq: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
     tail: Annotated[int | None, Query(ge=1, le=100_000, description="only the last this many lines")] = None,
 ) -> LogList:
-    """Stored output of the job's driver and workers, oldest first; readable after the cluster is gone."""
-    return LogList(items=await service.read(session, principal, job_id, after_seq, limit, tail=tail))
+    """Stored output of the job's driver and workers, oldest first; readable after the cluster is gone.
+    A page holds at most TRAINMASTER_PAGE_MAX_BYTES of text (its first line always); `next_after_seq`
+    says where the next one starts."""
+    max_bytes = request.app.state.settings.page_max_bytes
+    return await service.read(session, principal, job_id, after_seq, limit, tail=tail, max_bytes=max_bytes)
 
 
 @router.get(

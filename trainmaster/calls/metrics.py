@@ -83,5 +83,16 @@ def log_reading(
     ones, then new ones as they are written until the job ends, reconnecting like `stream_metrics`."""
     if follow:
         return Stream(f"/v1/jobs/{job_id}/logs/stream", "logs", LogLine.model_validate, None, retry_for)
-    items: Callable[[Any], list[LogLine]] = lambda data: LogList.model_validate(data).items  # noqa: E731
-    return _seq_pages(f"/v1/jobs/{job_id}/logs", {"limit": page_size}, page_size, items)
+    return _log_pages(job_id, 0, page_size)
+
+
+def _log_pages(job_id: str, after_seq: int, size: int) -> Call[Page[LogLine]]:
+    """Pages of stored lines: the API ends a page at `size` lines or at the bytes a page may hold, and
+    says where the next starts (`next_after_seq`); none said, this page is the last."""
+
+    def page(data: Any) -> Page[LogLine]:
+        listed = LogList.model_validate(data)
+        following = listed.next_after_seq
+        return Page(listed.items, None if following is None else _log_pages(job_id, following, size))
+
+    return Call("GET", f"/v1/jobs/{job_id}/logs", page, params={"after_seq": after_seq, "limit": size})

@@ -71,4 +71,8 @@ class LogLine(ResponseModel):
 
 
 class LogList(ResponseModel):
+    """A page of stored lines. `next_after_seq`: where the next page starts (pass it as `after_seq`)
+    when this one may not be the last: it stopped at `limit`, or at the bytes one page may hold."""
+
     items: list[LogLine]
+    next_after_seq: int | None = None

@@ -36,8 +36,9 @@ async function allStored(jobId) {
   for (;;) {
     const page = await api(`/v1/jobs/${jobId}/logs`, { params: { after_seq: after, limit: PAGE } });
     lines.push(...page.items);
-    if (page.items.length < PAGE) return lines;
-    after = page.items[page.items.length - 1].seq;
+    // A page ends at PAGE lines or at the bytes one page may hold; the API says where the next starts.
+    if (page.next_after_seq == null) return lines;
+    after = page.next_after_seq;
   }
 }
 
