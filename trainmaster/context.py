@@ -4,10 +4,14 @@ The dispatcher builds the environment of every attempt with `JobContext.to_env`;
 Ray Train controller callback, every worker and `trainmaster.log()` read it back with
 `JobContext.from_env`. The variable names are defined here and nowhere else.
 
-A launch carries its job token's single-use claim (TRAINMASTER_JOB_CLAIM), never the token: every job
-on a Ray cluster can read every launch's environment through Ray's Jobs API. The driver exchanges the
-claim once (`JobContext.claimed`) and keeps the token in its own environment; the Ray Train controller
-and workers get it from the driver inside Ray (workers/callbacks.py: JobTokenCallback).
+A launch carries its job token's single-use claim, never the token: every job on a Ray cluster can read
+every launch through Ray's Jobs API. The claim travels in the Ray job's metadata (CLAIM_METADATA_KEY),
+never in its runtime environment: Ray writes a runtime environment's variables into the command line of
+every worker process it starts for the job (its job supervisor first), and any local user can read a
+command line (/proc/<pid>/cmdline). Ray's job supervisor hands the metadata to the driver alone, in its
+environment (RAY_JOB_CONFIG_JSON_ENV_VAR). The driver exchanges the claim once (`JobContext.claimed`),
+and keeps the token in its own environment; the Ray Train controller and workers get it from the driver
+inside Ray (workers/callbacks.py: JobTokenCallback).
 
 `JobApi` is the job's one HTTP client (job token, timeouts on): events, checkpoints and metric
 batches. Reporting must never fail a training run, so its callers swallow and print errors.
@@ -36,7 +40,9 @@ ENV_ATTEMPT = "TRAINMASTER_ATTEMPT"
 ENV_JOB_SPEC = "TRAINMASTER_JOB_SPEC"
 ENV_API_URL = "TRAINMASTER_API_URL"
 ENV_JOB_TOKEN = "TRAINMASTER_JOB_TOKEN"
-ENV_JOB_CLAIM = "TRAINMASTER_JOB_CLAIM"
+CLAIM_METADATA_KEY = "trainmaster_claim"  # in the Ray job's metadata (Launch.metadata)
+# Set by Ray's job supervisor in its driver's environment: the job's runtime_env and metadata, as JSON.
+RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 ENV_STORAGE_PATH = "TRAINMASTER_STORAGE_PATH"
 ENV_LABEL_SELECTOR = "TRAINMASTER_LABEL_SELECTOR"  # JSON: the node labels the gang's workers must carry
 ENV_ELASTIC_RESIZE_S = "TRAINMASTER_ELASTIC_RESIZE_S"  # how often an elastic gang considers growing
@@ -62,6 +68,25 @@ def run_folders(project_id: str, job_id: str) -> tuple[tuple[str, ...], ...]:
     """Where a job's run folder is below the storage root, each way it may be laid out: per project
     (`project_storage`), or `<storage>/<job id>` as runs were written before (migration 0022's release)."""
     return (project_id, job_id), (job_id,)
+
+
+def launch_claim(env: Mapping[str, str]) -> str | None:
+    """The claim the launch's metadata carries, as Ray's job supervisor gave it to the driver."""
+    try:
+        claim = json.loads(env.get(RAY_JOB_CONFIG) or "{}").get("metadata", {}).get(CLAIM_METADATA_KEY)
+    except (ValueError, AttributeError):
+        return None
+    return claim if isinstance(claim, str) and claim else None
+
+
+def _forget_claim() -> None:
+    """Drop the spent claim from this process's Ray job config, so `ray.init` records none."""
+    try:
+        config = json.loads(os.environ.get(RAY_JOB_CONFIG) or "{}")
+        config.get("metadata", {}).pop(CLAIM_METADATA_KEY, None)
+    except (ValueError, AttributeError):
+        return
+    os.environ[RAY_JOB_CONFIG] = json.dumps(config)
 
 
 def _float(raw: str | None, default: float) -> float:
@@ -96,7 +121,7 @@ class JobContext:
             attempt=int(_float(env.get(ENV_ATTEMPT), 1)),
             api_url=env.get(ENV_API_URL) or None,
             token=env.get(ENV_JOB_TOKEN) or None,
-            claim=env.get(ENV_JOB_CLAIM) or None,
+            claim=launch_claim(env),
             spec_json=env.get(ENV_JOB_SPEC),
             storage_path=env.get(ENV_STORAGE_PATH) or DEFAULT_STORAGE_PATH,
             collective_timeout_s=_float(env.get(ENV_COLLECTIVE_TIMEOUT_S), DEFAULT_COLLECTIVE_TIMEOUT_S),
@@ -105,10 +130,11 @@ class JobContext:
 
     def to_env(self) -> dict[str, str]:
         """The environment of the attempt's processes; `extra_env` (the job's own) cannot override ours,
-        except the collective timeout, which a job may set for itself."""
+        except the collective timeout, which a job may set for itself. Never the claim: Ray shows a
+        runtime environment's variables on command lines (`launch_metadata` carries it)."""
         env = {
             ENV_COLLECTIVE_TIMEOUT_S: str(self.collective_timeout_s),
-            **{name: value for name, value in self.extra_env.items() if name not in (ENV_JOB_TOKEN, ENV_JOB_CLAIM)},
+            **{name: value for name, value in self.extra_env.items() if name != ENV_JOB_TOKEN},
             ENV_JOB_ID: self.job_id,
             ENV_ATTEMPT: str(self.attempt),
             ENV_STORAGE_PATH: self.storage_path,
@@ -117,19 +143,22 @@ class JobContext:
         for name, value in (
             (ENV_API_URL, self.api_url),
             (ENV_JOB_TOKEN, self.token),
-            (ENV_JOB_CLAIM, self.claim),
             (ENV_JOB_SPEC, self.spec_json),
         ):
             if value:
                 env[name] = value
         return env
 
+    def launch_metadata(self) -> dict[str, str]:
+        """What of this context the launch carries in its Ray job's metadata: the claim."""
+        return {CLAIM_METADATA_KEY: self.claim} if self.claim else {}
+
     def claimed(self, *, tries: int = 7, transport: httpx.BaseTransport | None = None) -> JobContext:
         """This context with its job token in place of the claim, exchanged with the API once, and the
-        token set in this process's environment (for `from_env` and its children) in place of the
-        claim. Unchanged when it holds no claim. A refused claim raises ClaimRefused; an API that does
-        not answer, or answers that it cannot now (5xx, 429: its database restarting), is asked `tries`
-        times, a second apart and doubling to 15 s (about 45 s in all)."""
+        token set in this process's environment (for `from_env` and its children), the claim dropped
+        from its Ray job config. Unchanged when it holds no claim. A refused claim raises ClaimRefused;
+        an API that does not answer, or answers that it cannot now (5xx, 429: its database restarting),
+        is asked `tries` times, a second apart and doubling to 15 s (about 45 s in all)."""
         if not (self.claim and self.api_url):
             return self
         url = f"{self.api_url.rstrip('/')}/v1/tokens/claim"
@@ -150,7 +179,7 @@ class JobContext:
             raise ClaimRefused(f"the API refused this job's token claim ({refusal})")
         token = response.json()["token"]
         os.environ[ENV_JOB_TOKEN] = token
-        os.environ.pop(ENV_JOB_CLAIM, None)
+        _forget_claim()
         return replace(self, token=token, claim=None)
 
     @property

@@ -196,8 +196,10 @@ def build(
     selector: dict[str, str] | None = None,
 ) -> Launch:
     """Attempt `n`'s launch. It carries the claim of its job token, never the token: every job on the
-    cluster can read a launch's environment through Ray's Jobs API, and the driver exchanges the claim
-    once (JobContext.claimed). `selector`: the node-label domain its workers must stay inside."""
+    cluster can read a launch through Ray's Jobs API, and the driver exchanges the claim once
+    (JobContext.claimed). The claim is in the Ray job's metadata, never its runtime_env, whose variables
+    Ray writes into its worker processes' command lines, which every local user can read.
+    `selector`: the node-label domain its workers must stay inside."""
     if isinstance(spec, JobSpec):
         spec = LaunchSpec.of(spec)
     context = JobContext(
@@ -228,7 +230,12 @@ def build(
         submission_id=submission_id(job.id, n),
         entrypoint=shlex.join(command),
         runtime_env=runtime_env,
-        metadata={"trainmaster_job_id": str(job.id), "attempt": str(n), "name": job.name[:64]},
+        metadata={
+            "trainmaster_job_id": str(job.id),
+            "attempt": str(n),
+            "name": job.name[:64],
+            **context.launch_metadata(),
+        },
         entrypoint_num_cpus=settings.driver_cpus,
         code=spec.code,
         project_id=str(job.project_id),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 
 import httpx
@@ -37,15 +38,14 @@ def test_metrics_arrive_over_sse_before_the_job_ends(stack: Stack) -> None:
         assert done.latest_metrics and "loss" in done.latest_metrics
 
     # What every job on the cluster can read of this one through Ray's Jobs API holds no job token,
-    # only the claim the driver exchanged, which is worthless now.
+    # only the claim the driver exchanged (in its metadata, off every command line), worthless now.
     from ray.job_submission import JobSubmissionClient
 
     seen = JobSubmissionClient(stack.ray.dashboard, headers=stack.ray.headers()).get_job_info(f"tm-{job.id}-1")
     env = (seen.runtime_env or {}).get("env_vars", {})
-    assert "TRAINMASTER_JOB_TOKEN" not in env and env.get("TRAINMASTER_JOB_CLAIM", "").startswith("tm_")
-    replay = httpx.post(
-        f"{stack.api.url}/v1/tokens/claim", json={"job_id": job.id, "claim": env["TRAINMASTER_JOB_CLAIM"]}, timeout=30
-    )
+    claim = (seen.metadata or {}).get("trainmaster_claim", "")
+    assert "TRAINMASTER_JOB_TOKEN" not in env and claim.startswith("tm_") and claim not in json.dumps(env)
+    replay = httpx.post(f"{stack.api.url}/v1/tokens/claim", json={"job_id": job.id, "claim": claim}, timeout=30)
     assert replay.status_code == 401
 
 

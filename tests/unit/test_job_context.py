@@ -6,6 +6,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -21,11 +22,14 @@ PROJECT = uuid.uuid4()
 
 
 def launched_env(settings: Settings, spec: JobSpec) -> dict[str, str]:
+    """The driver's environment as Ray's job supervisor makes it of the launch: the runtime_env's
+    variables, and the runtime_env and metadata as JSON (RAY_JOB_CONFIG_JSON_ENV_VAR)."""
     job = Job(id=uuid.uuid4(), project_id=PROJECT, name=spec.name, spec=spec.model_dump(mode="json"))
     built = launch.build(settings, job, spec, 3, "tm_job_claim")
     env = built.runtime_env["env_vars"]
     assert isinstance(env, dict)
-    return env
+    config = {"runtime_env": built.runtime_env, "metadata": built.metadata}
+    return {**env, "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps(config)}
 
 
 def test_what_the_dispatcher_writes_is_what_a_worker_reads() -> None:
@@ -43,6 +47,8 @@ def test_what_the_dispatcher_writes_is_what_a_worker_reads() -> None:
     assert context.api_url == "http://api:8000"
     # The launch carries the claim, never a token: every job on the cluster can read it (Ray's Jobs API).
     assert context.claim == "tm_job_claim" and context.token is None and "TRAINMASTER_JOB_TOKEN" not in env
+    # In its metadata, never its runtime_env: Ray writes that into its workers' command lines.
+    assert not [name for name, value in env.items() if "tm_job_claim" in value and name.startswith("TRAINMASTER")]
     assert context.storage_path == f"/mnt/ckpt/{PROJECT}"  # its project's folder: runs never share a tree
     assert context.collective_timeout_s == 90
     assert context.system_metrics_interval_s == 0.5  # the documented setting reaches the workers
@@ -95,11 +101,12 @@ def test_an_admission_round_launches_from_the_stored_spec_what_the_model_would_l
 def test_the_driver_exchanges_its_claim_once_and_holds_the_token_in_its_environment(monkeypatch: Any) -> None:
     monkeypatch.setenv("TRAINMASTER_JOB_ID", "job-1")
     monkeypatch.setenv("TRAINMASTER_API_URL", "http://api:8000")
-    monkeypatch.setenv("TRAINMASTER_JOB_CLAIM", "tm_claim")
+    config = {"runtime_env": {}, "metadata": {"trainmaster_job_id": "job-1", "trainmaster_claim": "tm_claim"}}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(config))
     monkeypatch.setenv("TRAINMASTER_JOB_TOKEN", "")  # recorded, so the token claimed() sets is undone
     monkeypatch.setattr(time, "sleep", lambda _: None)
     asked: list[dict[str, Any]] = []
-    answers = iter(
+    answers: Iterator[Exception | httpx.Response] = iter(
         [
             httpx.ConnectError("down"),
             httpx.Response(503, json={"error": "DatabaseUnavailable"}),  # its database restarting
@@ -119,7 +126,9 @@ def test_the_driver_exchanges_its_claim_once_and_holds_the_token_in_its_environm
     claimed = context.claimed(transport=httpx.MockTransport(answer))
     assert claimed.token == "tm_token" and claimed.claim is None
     assert asked == [{"job_id": context.job_id, "claim": "tm_claim"}] * 3  # down, then 503: asked again each time
-    assert os.environ["TRAINMASTER_JOB_TOKEN"] == "tm_token" and "TRAINMASTER_JOB_CLAIM" not in os.environ
+    assert os.environ["TRAINMASTER_JOB_TOKEN"] == "tm_token"
+    left = json.loads(os.environ["RAY_JOB_CONFIG_JSON_ENV_VAR"])  # what ray.init would record of the job
+    assert left == {"runtime_env": {}, "metadata": {"trainmaster_job_id": "job-1"}}
     assert claimed.claimed() is claimed  # nothing left to claim
 
     refused = JobContext(job_id="j", api_url="http://api", claim="tm_used")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -94,10 +94,13 @@ def main() -> None:
     ray_jobs = JobSubmissionClient(os.environ["PROBE_RAY_DASHBOARD"]).list_jobs()
     tokens_seen: list[str] = []
     replays: dict[str, int] = {}
+    claims: list[str] = []
     for job in ray_jobs:
         env = (job.runtime_env or {}).get("env_vars", {})
         tokens_seen += [f"{job.submission_id}:{k}" for k in env if k.startswith("TRAINMASTER") and k.endswith("_TOKEN")]
-        claim, job_id = env.get("TRAINMASTER_JOB_CLAIM"), env.get("TRAINMASTER_JOB_ID")
+        # The claim is in the launch's metadata (never its runtime env: Ray puts that on command lines).
+        claim, job_id = (job.metadata or {}).get("trainmaster_claim"), env.get("TRAINMASTER_JOB_ID")
+        claims += [claim] if claim else []
         # Only claims of jobs that ended, and this one's: a live neighbour's fresh claim is not ours to burn.
         # Its own always; at most 5 others (a shared cluster lists many).
         if claim and job_id and (job_id == mine or (job.status in FINISHED and len(replays) < 5)):
@@ -113,13 +116,25 @@ def main() -> None:
             record("another cluster's Ray jobs listed", f"refused: {str(exc)[:200]}")
     record("job tokens read from any Ray job's runtime env", tokens_seen)
     record("claims read from Ray jobs, replayed", replays)
-    # Its own claim was claimed by its driver: the replay revoked the token it gave. Other API processes
-    # hear of a revocation by NOTIFY (milliseconds): asked again for up to 10 s.
-    deadline = time.monotonic() + 10
-    while (after := status("POST", f"/v1/jobs/{mine}/events", own, json=event)) != 401 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    record("own token after its claim was replayed", after)
+    # Its own claim was claimed by its driver: the replay is refused and changes nothing (a replay that
+    # revoked the token would let any job that read a launch stop another's), so its token still works.
+    record("own token after its claim was replayed", status("POST", f"/v1/jobs/{mine}/events", own, json=event))
+    record("credentials on any process's command line", on_command_lines([own or "", *claims]))
     os_attempts()
+
+
+def on_command_lines(credentials: list[str]) -> list[str]:
+    """The processes (pid: their program) whose command line, which any local user reads, holds one of
+    `credentials` or a platform token (`tm_` and 43 characters)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            line = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue  # gone
+        if any(c and c in line for c in credentials) or re.search(r"tm_[A-Za-z0-9_-]{43}", line):
+            found.append(f"{pid}: {line.split(chr(0))[0][:80]}")
+    return found
 
 
 if __name__ == "__main__":
