@@ -51,10 +51,12 @@ class Launch:
 @dataclass(frozen=True)
 class GangState:
     """A driver's placement groups as Ray holds them: whether one is placed (CREATED), and, for one Ray
-    leaves pending, Ray's own words for why (its scheduling state)."""
+    leaves pending, Ray's own words for why (its scheduling state). `workers`: the bundles of the placed
+    group (Ray Train places one per worker), what the gang holds whatever the job reports."""
 
     placed: bool = False
     pending: str | None = None
+    workers: int | None = None
 
 
 class RayUnavailable(Exception):

@@ -275,7 +275,7 @@ def gang_of(groups: list[dict[str, Any]]) -> GangState:
         return GangState()
     newest = max(live, key=lambda group: (_created_ns(group), group.get("state") == "CREATED"))
     if newest.get("state") == "CREATED":
-        return GangState(placed=True)
+        return GangState(placed=True, workers=len(newest.get("bundles") or []) or None)
     stats = newest.get("stats") or {}
     why = stats.get("scheduling_state") or str(newest.get("state")).lower()
     tries = stats.get("scheduling_attempt")

@@ -25,11 +25,11 @@ from api.db.models import Job as JobRow
 from api.db.models import JobEvent as EventRow
 from api.db.unavailable import DATABASE_DOWN, lost_in_flight
 from api.errors import IdempotencyKeyReused, IllegalTransition, JobNotFound, SubmitInDoubt, ValidationError
-from api.jobs import repository
+from api.jobs import gang_size, repository
 from api.jobs.ranks import Older, QueueRanks, Stamp
 from api.jobs.status import JOB_CHANNEL, record_event, transition
 from api.limits.service import WriteLimits
-from trainmaster.models import Attempt, Job, JobControl, JobEvent, JobEventIn, JobSpec, JobStatus, Scaling
+from trainmaster.models import Attempt, Job, JobControl, JobEvent, JobEventIn, JobSpec, JobStatus
 
 MAX_IDEMPOTENCY_KEY = 256
 log = logging.getLogger("trainmaster.api")
@@ -291,15 +291,14 @@ async def add_event(
 
 def resized(job: JobRow, workers: object) -> None:
     """An elastic gang's new size, reported by its controller: what the job holds (and so its
-    project's usage, its quota and admission's book) follows it, kept within the job's {min, max}.
-    Only while it holds resources; any other report changes nothing."""
-    scaling = Scaling.model_validate(job.spec.get("scaling", {}))  # validated when submitted
-    if not scaling.elastic or job.status not in repository.ACTIVE or type(workers) is not int:
+    project's usage, its quota and admission's book) follows it. Hostile like all a job reports: a
+    size outside the gang's {min, max} is refused (422, nothing recorded), and the dispatcher never
+    counts fewer workers than Ray shows (api/jobs/gang_size.py). Only while it holds resources; any
+    other report changes nothing."""
+    scaling = gang_size.elastic_scaling(job)
+    if scaling is None or job.status not in repository.ACTIVE:
         return
-    size = min(max(workers, scaling.min_workers), scaling.max_workers)
-    per_worker = scaling.worker_resources()
-    job.gang_cpus = per_worker.get("CPU", 0.0) * size
-    job.gang_gpus = per_worker.get("GPU", 0.0) * size
+    gang_size.hold(job, scaling, gang_size.checked(scaling, workers))
 
 
 def encode_cursor(job: JobRow) -> str:

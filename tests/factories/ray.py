@@ -28,6 +28,7 @@ class FakeRay:
     end_times: dict[str, datetime] = field(default_factory=dict)  # when Ray saw a submission end
     placed: set[str] = field(default_factory=set)  # submission ids whose placement group is CREATED
     pending: dict[str, str] = field(default_factory=dict)  # submission id -> Ray's reason its group waits
+    bundles: dict[str, int] = field(default_factory=dict)  # submission id -> its CREATED group's bundles (workers)
     final_logs_down: bool = False  # reading a finished job's whole log fails
     exit_codes: dict[str, int] = field(default_factory=dict)  # submission id -> its entrypoint's exit code
 
@@ -68,7 +69,10 @@ class FakeRay:
 
     def gang_state(self, driver_job_id: str) -> GangState:
         self._check()
-        return GangState(placed=driver_job_id in self.placed, pending=self.pending.get(driver_job_id))
+        placed = driver_job_id in self.placed or driver_job_id in self.bundles
+        return GangState(
+            placed=placed, pending=self.pending.get(driver_job_id), workers=self.bundles.get(driver_job_id)
+        )
 
     def stop(self, submission_id: str) -> None:
         self._check()

@@ -1,7 +1,8 @@
 """An elastic gang's resizes move what it holds, on a real PostgreSQL through the real API: its
-controller's `resized` event (job token) sets the job's gang to the new size, within its {min, max},
-and its project's usage (quotas, admission's book, fair share, /v1/projects) follows; a fixed gang's,
-or a finished job's, report changes nothing."""
+controller's `resized` event (job token) sets the job's gang to the new size, and its project's usage
+(quotas, admission's book, fair share, /v1/projects) follows; a size outside the gang's {min, max}, or
+not a whole number, is refused (422 naming `to`) and neither counted nor recorded; a fixed gang's, or a
+finished job's, report changes nothing."""
 
 from __future__ import annotations
 
@@ -16,12 +17,17 @@ from tests.factories.auth import job_token, scoped_token
 from tests.factories.jobs import spec
 
 
-def resize(http: TestClient, database_url: str, job_id: str, to: Any) -> None:
+def resize(http: TestClient, database_url: str, job_id: str, to: Any, *, refused: bool = False) -> None:
     body = {"kind": "resized", "message": f"? -> {to} workers", "data": {"to": to}}
     answer = http.post(
         f"/v1/jobs/{job_id}/events", json=body, headers={"Authorization": f"Bearer {job_token(database_url, job_id)}"}
     )
-    assert answer.status_code in (200, 201), answer.text
+    if refused:
+        assert answer.status_code == 422, answer.text
+        [problem] = answer.json()["detail"]
+        assert problem["loc"] == ["body", "data", "to"] and "from 2 to 4" in problem["msg"], problem
+    else:
+        assert answer.status_code in (200, 201), answer.text
 
 
 def set_status(database_url: str, job_id: str, status: str) -> None:
@@ -34,7 +40,7 @@ def holds(http: TestClient, database_url: str) -> dict[str, float]:
     return http.get("/v1/projects/alpha", headers=admin).json()["usage"]
 
 
-def test_what_an_elastic_gang_holds_follows_its_resizes_within_its_range(
+def test_what_an_elastic_gang_holds_follows_its_resizes_and_a_size_out_of_range_is_refused(
     http: TestClient, sdk: tm.Client, database_url: str
 ) -> None:
     per_worker = {"num_workers": {"min": 2, "max": 4}, "resources_per_worker": {"CPU": 2, "GPU": 1}}
@@ -46,15 +52,16 @@ def test_what_an_elastic_gang_holds_follows_its_resizes_within_its_range(
 
     resize(http, database_url, job.id, 3)
     assert holds(http, database_url) == {"CPU": 6 + 1, "GPU": 3}
-    resize(http, database_url, job.id, 64)  # past its max: held at 4
+    resize(http, database_url, job.id, 2)
+    assert holds(http, database_url) == {"CPU": 4 + 1, "GPU": 2}
+    resize(http, database_url, job.id, 4)
     assert holds(http, database_url) == {"CPU": 8 + 1, "GPU": 4}
-    resize(http, database_url, job.id, 0)  # below its min: held at 2
-    assert holds(http, database_url) == {"CPU": 4 + 1, "GPU": 2}
-    for nonsense in ("3", True, None, 2.5):
-        resize(http, database_url, job.id, nonsense)
+    for outside in (1, 0, -3, 5, 64, "3", True, None, 2.5):  # a job that would pay for less, or more
+        resize(http, database_url, job.id, outside, refused=True)
+    assert holds(http, database_url) == {"CPU": 8 + 1, "GPU": 4}  # still what it last reported within range
     resize(http, database_url, fixed.id, 8)  # a fixed gang does not resize
-    assert holds(http, database_url) == {"CPU": 4 + 1, "GPU": 2}
-    assert [e.data["to"] for e in sdk.events(job.id) if e.kind == "resized"][:3] == [3, 64, 0]  # the reports stay
+    assert holds(http, database_url) == {"CPU": 8 + 1, "GPU": 4}
+    assert [e.data["to"] for e in sdk.events(job.id) if e.kind == "resized"] == [3, 2, 4]  # no refused one
 
     set_status(database_url, job.id, "succeeded")
     resize(http, database_url, job.id, 4)  # a late report of a finished job

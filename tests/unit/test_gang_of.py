@@ -35,3 +35,12 @@ def test_without_creation_times_a_placed_group_counts_and_nothing_live_is_nothin
     assert gang_of([group("PENDING", None, "QUEUED"), group("CREATED", None)]).placed
     empty = gang_of([group("REMOVED", 1)])
     assert not empty.placed and empty.pending is None
+
+
+def test_a_placed_group_shows_its_workers_one_bundle_each() -> None:
+    """What an elastic gang is counted at, at least (api/jobs/gang_size.py), whatever the job reports."""
+    bundle = {"unit_resources": {"CPU": 1.0}}
+    newest = group("CREATED", 200) | {"bundles": [bundle] * 3}
+    assert gang_of([group("REMOVED", 100) | {"bundles": [bundle] * 4}, newest]).workers == 3
+    assert gang_of([group("CREATED", 100)]).workers is None  # Ray said nothing of its bundles
+    assert gang_of([group("PENDING", 100, "QUEUED") | {"bundles": [bundle] * 2}]).workers is None
