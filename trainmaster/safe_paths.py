@@ -16,12 +16,13 @@ process is root and the root's entry a job's folder is below (the project's fold
 cluster user, whose processes wrote everything in it; the job's folder in the older layout) is owned
 by another uid, the work runs as that owner, so it can delete nothing the owner could not; otherwise
 (not root, or a folder root owns) in this process. As the owner means a forked child that closes every
-descriptor but its job folders' and its answer pipe, drops supplementary groups, sets that gid and
-uid, works from the descriptors it inherited and leaves by os._exit. Forked, not an interpreter
-started afresh: the owner need not be able to run this Python, and a process that changed its uid
-stays non-dumpable, so that user's jobs can neither trace it nor read its memory. The child takes no
-lock another thread may hold at the fork (it imports, logs and prints nothing); the answer comes back
-as JSON through the pipe, within `timeout_s`, or the child is killed and every request is an error.
+descriptor but its job folders' and its answer pipe, drops supplementary groups, sets the owner's own
+group (its passwd entry's) and uid, works from the descriptors it inherited and leaves by os._exit.
+Forked, not an interpreter started afresh: the owner need not be able to run this Python, and a
+process that changed its uid stays non-dumpable, so that user's jobs can neither trace it nor read its
+memory. The child takes no lock another thread may hold at the fork (it imports, logs and prints
+nothing); the answer comes back as JSON through the pipe, within `timeout_s`, or the child is killed
+and every request is an error.
 
 This module imports only the standard library, and nothing of api/: workers/ use it too.
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pwd
 import selectors
 import stat
 import time
@@ -41,6 +43,7 @@ from typing import Any
 
 FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 MAX_DEPTH = 64  # folders below a checkpoint; deeper is refused rather than held open
+NOBODY_GID = 65534
 CHILD_TIMEOUT_S = 300.0  # a batch's child, then killed: a hung mount must not stop every later pass
 
 
@@ -299,7 +302,7 @@ def _open_job(top: int, below: tuple[str, ...]) -> tuple[int, tuple[int, int] | 
         return Result(refused.outcome, refused.detail)
     try:
         info = os.fstat(first)
-        owner = (info.st_uid, info.st_gid) if os.geteuid() == 0 and info.st_uid != 0 else None
+        owner = (info.st_uid, _group_of(info.st_uid)) if os.geteuid() == 0 and info.st_uid != 0 else None
         try:
             return walk(first, below[1:], below[0]), owner
         except FileNotFoundError:
@@ -308,6 +311,15 @@ def _open_job(top: int, below: tuple[str, ...]) -> tuple[int, tuple[int, int] | 
             return Result(refused.outcome, refused.detail)
     finally:
         os.close(first)
+
+
+def _group_of(uid: int) -> int:
+    """The owner's own group (its passwd entry's), never the folder's: a folder root chowned to a user
+    may still carry root's group. A uid with no entry gets the group of nobody."""
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return NOBODY_GID
 
 
 def _as_owner(owner: tuple[int, int] | None, items: list[dict[str, Any]], timeout_s: float) -> list[Result]:

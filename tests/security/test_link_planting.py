@@ -134,18 +134,19 @@ def test_the_removal_runs_as_the_project_folders_owner_not_as_root(
     sdk: tm.Client, database_url: str, tmp_path: Path, cluster_user: osusers.OsUser
 ) -> None:
     """The project's folder belongs to the cluster's user (its jobs made it): a checkpoint of that user's
-    is removed; one holding a folder only root may empty is not (its row stays live for a later pass),
-    which root would have removed."""
+    is removed; one holding a folder only root (user or group) may empty is not (its row stays live for a
+    later pass), which root, or the user in the folder's group, would have removed."""
     storage = tmp_path / "storage"
     job = submit(sdk)
     run = storage / project_id(database_url, job.id) / job.id
     for name in ("checkpoint_0", "checkpoint_1", "checkpoint_2"):
         (run / name / "shard").mkdir(parents=True)
         (run / name / "shard" / "model.pt").write_bytes(b"w" * 100)
-    for path in (run.parent, *run.parent.rglob("*")):
-        os.chown(path, cluster_user.uid, cluster_user.gid, follow_symlinks=False)
+    for path in (run.parent, *run.parent.rglob("*")):  # chowned by root, left in root's group
+        os.chown(path, cluster_user.uid, 0, follow_symlinks=False)
     rooted = run / "checkpoint_1" / "rooted"
     rooted.mkdir()
+    rooted.chmod(0o775)  # root's group may write it: the removal must not run in the folder's group
     (rooted / "root-only").write_text("only root may delete this")
     ids = reported(database_url, job.id, *(run / f"checkpoint_{n}" for n in range(3)))
 
