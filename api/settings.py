@@ -21,6 +21,11 @@ class Settings(BaseSettings):
     max_code_bytes: int = 100 * 1024 * 1024
     max_code_files: int = 5000
     max_code_unpacked_bytes: int = 1024 * 1024 * 1024
+    # Uploads one API process reads at once (each holds up to max_code_bytes), and one project's share
+    # of them; past either, the upload waits code_upload_wait_s for its turn, then 429 names the limit.
+    code_uploads_in_flight: int = Field(default=4, ge=1)
+    code_uploads_in_flight_per_project: int = Field(default=1, ge=1)
+    code_upload_wait_s: float = Field(default=10.0, ge=0)
     # What one tenant can make a shared process hold (api/dispatcher/log_cut.py, api/pages.py): a log
     # line longer than this is cut with a marker; a dispatcher's read of one job's log returns at most
     # log_read_max_chars (and a tail holds at most that); a page of logs or of any list at most

@@ -4,6 +4,7 @@ from fastapi import APIRouter, Request, Response, status
 
 from api.auth.deps import ProjectPrincipal
 from api.code_packages import repository, service
+from api.code_packages.gate import UploadGate
 from api.db.session import Session
 from api.deps import AppSettings
 from api.errors import NotFound, UnsupportedMediaType, error_responses
@@ -32,8 +33,11 @@ async def upload_code(
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in ZIP_TYPES:
         raise UnsupportedMediaType(f"send the working directory as application/zip, not {content_type or 'no type'!r}")
-    content = await request.body()
-    return await service.upload(session, principal, content, settings)
+    gate: UploadGate = getattr(request.app.state, "upload_gate", None) or UploadGate.of(settings)
+    request.app.state.upload_gate = gate  # one per API process
+    async with gate.slot(principal.project_id):
+        content = await request.body()
+        return await service.upload(session, principal, content, settings)
 
 
 @router.head("/{code_id}", status_code=status.HTTP_200_OK, response_class=Response, responses=error_responses(404))

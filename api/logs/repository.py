@@ -4,7 +4,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, func, select, text
+from sqlalchemy import Select, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
@@ -76,6 +76,6 @@ def _within(query: Select[Any], max_bytes: int | None, *, descending: bool = Fal
     row = aliased(LogLine, page)
     return (
         select(row)
-        .where(page.c.running - page.c.size < max_bytes)
+        .where(or_(page.c.running <= max_bytes, page.c.running == page.c.size))  # the first line always
         .order_by(page.c.seq.desc() if descending else page.c.seq)
     )

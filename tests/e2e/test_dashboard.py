@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import textwrap
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -113,9 +114,16 @@ class Dashboard:
             return str(response.json()["id"])
 
     def post_points(self, job_id: str, points: list[dict[str, Any]], batch: int = 20_000) -> None:
+        """Posted as a well-behaved client does: a batch past the job's write rate (429) is sent again
+        after the Retry-After the API names, within a deadline."""
         with self.http() as http:
             for start in range(0, len(points), batch):
-                response = http.post(f"/v1/jobs/{job_id}/metrics", json={"points": points[start : start + batch]})
+                deadline = time.monotonic() + 120
+                while True:
+                    response = http.post(f"/v1/jobs/{job_id}/metrics", json={"points": points[start : start + batch]})
+                    if response.status_code != 429 or time.monotonic() > deadline:
+                        break
+                    time.sleep(float(response.headers.get("Retry-After", "1")))
                 assert response.status_code == 201, response.text
 
     def extra_api(self, name: str, ray_address: str, port: int | None = None) -> ApiProcess:
