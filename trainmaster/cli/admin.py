@@ -52,8 +52,12 @@ def _labels(pairs: list[str]) -> dict[str, str]:
 def cluster_add(
     name: Annotated[str, typer.Argument(help="the cluster's name")],
     address: Annotated[str, typer.Option(help="the Ray dashboard address (Jobs API), e.g. http://ray-a:8265")],
-    token_file: Annotated[str | None, typer.Option(help="file on the dispatcher's host holding its Ray token")] = None,
-    token_env: Annotated[str | None, typer.Option(help="environment variable of the dispatcher holding it")] = None,
+    token_file: Annotated[
+        str | None, typer.Option(help="its Ray token's file, in the API's and dispatcher's TRAINMASTER_SECRETS_PATH")
+    ] = None,
+    token_env: Annotated[
+        str | None, typer.Option(help="their environment variable holding it, named TRAINMASTER_CLUSTER_TOKEN_*")
+    ] = None,
     label: Annotated[list[str], typer.Option(help="KEY=VALUE, repeatable")] = [],  # noqa: B006
     api_url: ApiUrl = None,
     token: Token = None,

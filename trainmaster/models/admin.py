@@ -150,7 +150,7 @@ class TokenList(ResponseModel):
 
 
 class JobTokenClaim(RequestModel):
-    """A job's single-use claim (its launch's TRAINMASTER_JOB_CLAIM), exchanged once by its driver."""
+    """A job's single-use claim (in its launch's Ray job metadata), exchanged once by its driver."""
 
     job_id: Annotated[str, StringConstraints(min_length=36, max_length=36)]
     claim: Annotated[str, StringConstraints(min_length=1, max_length=128)]
