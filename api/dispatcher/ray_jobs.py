@@ -26,6 +26,7 @@ _CLIENT_ERROR = re.compile(r"status code 4\d\d")
 # as the Jobs API's whole-log read gives for it.
 _NO_LOG_FILE = re.compile(r"no driver node id|could not resolve file|not found|does not exist|no such file", re.I)
 FINAL_LOG_TRIES = 3  # reads of a finished job's whole log before its absence is an error
+DRIVER_NODES_KEPT = 10_000  # submissions whose driver node a backend remembers
 LOG_STREAM_TIMEOUT_S = 600  # Ray's deadline for streaming one job's log file to the end
 
 
@@ -74,6 +75,7 @@ class RayJobsBackend:
         self._client: Any = None
         self._http: httpx.Client | None = None
         self._tails: LogTails | None = None
+        self._driver_nodes: dict[str, str] = {}
 
     @property
     def tails(self) -> LogTails:
@@ -244,9 +246,17 @@ class RayJobsBackend:
     def read_log(self, submission_id: str, offset: int) -> str:
         """The cut log after `offset` (at most `read_max_chars`), streamed from the job's log file by
         Ray's state API in blocks (Ray reads 64 KiB at a time), not the Jobs API's one JSON string."""
+        node_id = self._driver_node(submission_id)
+        if node_id is None:  # no driver ever ran: nothing was printed
+            return ""
         if self._http is None:
             self._http = httpx.Client(headers=self.headers, timeout=self.timeout_s)
-        params = {"submission_id": submission_id, "lines": "-1", "timeout": str(LOG_STREAM_TIMEOUT_S)}
+        params = {
+            "submission_id": submission_id,
+            "node_id": node_id,  # Ray's state API finds a job's log file only on the node named
+            "lines": "-1",
+            "timeout": str(LOG_STREAM_TIMEOUT_S),
+        }
         try:
             with self._http.stream("GET", f"{self.address}/api/v0/logs/file", params=params) as response:
                 if response.status_code != 200:
@@ -263,6 +273,24 @@ class RayJobsBackend:
                 return text
         except httpx.HTTPError as exc:
             raise RayUnavailable(f"log of {submission_id}: {_short(exc)}") from exc
+
+
+    def _driver_node(self, submission_id: str) -> str | None:
+        """The node whose log folder holds the job's driver log (None: no driver started), remembered
+        once known: a job's driver never moves."""
+        if (known := self._driver_nodes.get(submission_id)) is not None:
+            return known
+        try:
+            node_id = self._get(f"/api/jobs/{submission_id}").get("driver_node_id") or None
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code == 404:
+                return None
+            raise RayUnavailable(f"the driver node of {submission_id}: {_short(exc)}") from exc
+        if node_id is not None:
+            if len(self._driver_nodes) >= DRIVER_NODES_KEPT:
+                self._driver_nodes.clear()
+            self._driver_nodes[submission_id] = node_id
+        return node_id
 
 
 def gang_of(groups: list[dict[str, Any]]) -> GangState:

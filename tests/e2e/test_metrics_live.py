@@ -48,6 +48,14 @@ def test_metrics_arrive_over_sse_before_the_job_ends(stack: Stack) -> None:
     replay = httpx.post(f"{stack.api.url}/v1/tokens/claim", json={"job_id": job.id, "claim": claim}, timeout=30)
     assert replay.status_code == 401
 
+    # The dispatcher's final read of a finished job's log, from the real Ray: the whole log, streamed
+    # from the driver's node, as the Jobs API's one string has it (lines this short are never cut).
+    from api.dispatcher.ray_jobs import RayJobsBackend
+
+    token = stack.ray.token_path.read_text().strip()
+    whole = JobSubmissionClient(stack.ray.dashboard, headers=stack.ray.headers()).get_job_logs(f"tm-{job.id}-1")
+    assert whole and RayJobsBackend(stack.ray.dashboard, token=token).logs(f"tm-{job.id}-1", 0, final=True) == whole
+
 
 def test_api_killed_and_restarted_mid_job_loses_no_point(stack: Stack) -> None:
     epochs, steps_per_epoch, workers = 8, 4, 2  # 512 samples / 2 workers / batch 64

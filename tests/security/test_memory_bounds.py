@@ -41,8 +41,13 @@ class FakeRay:
         await socket.close()
         return socket
 
+    async def job(self, request: web.Request) -> web.Response:
+        return web.json_response({"submission_id": request.match_info["job"], "driver_node_id": "node-1"})
+
     async def file(self, request: web.Request) -> web.StreamResponse:
         assert request.query["submission_id"] == "tm-flood" and request.query["lines"] == "-1"
+        if request.query.get("node_id") != "node-1":  # as Ray's state API: no node, no log file
+            raise web.HTTPInternalServerError(text="node_id or node_ip must be provided")
         response = web.StreamResponse()
         response.content_type = "text/plain"
         await response.prepare(request)
@@ -62,6 +67,7 @@ def fake_ray() -> Iterator[str]:
     app = web.Application()
     app.router.add_get("/api/jobs/{job}/logs/tail", fake.tail)
     app.router.add_get("/api/v0/logs/file", fake.file)
+    app.router.add_get("/api/jobs/{job}", fake.job)
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app, shutdown_timeout=5.0)
     loop.run_until_complete(runner.setup())
