@@ -106,7 +106,7 @@ def test_one_dispatcher_serves_every_cluster_and_a_slow_one_delays_only_its_own(
             rays = {"slow": SlowRay(cpus=8), "fast": FakeRay(cpus=8)}
             made: list[str] = []
 
-            def backend_for(row: Cluster, default_address: str, timeout_s: float = 10.0) -> Any:
+            def backend_for(row: Cluster, default_address: str, timeout_s: float = 10.0, **_: Any) -> Any:
                 made.append(row.name)
                 return rays[row.name]
 
