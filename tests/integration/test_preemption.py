@@ -195,13 +195,14 @@ async def resize(world: World, job_id: uuid.UUID, to: int) -> None:
     """What the job's controller posts when Ray Train restarted its group at `to` workers."""
     from api.auth.principal import Principal
     from api.jobs import service as jobs
+    from api.limits.service import WriteLimits
     from trainmaster.models import JobEventIn
 
     async def post(session: Any) -> None:
         job = await session.get(Job, job_id)
         principal = Principal(project_id=job.project_id, project_name="alpha")
         event = JobEventIn(kind="resized", message=f"-> {to}", data={"to": to})
-        await jobs.add_event(session, principal, str(job_id), event)
+        await jobs.add_event(session, principal, str(job_id), event, WriteLimits(world.settings))
 
     await world.execute(post)
 
