@@ -115,7 +115,7 @@ class AsyncClient:
         return await self._send(calls.cancel_job(job_id))
 
     async def events(self, job_id: str) -> builtins.list[JobEvent]:
-        return await self._send(calls.job_events(job_id))
+        return [event async for event in self._pages(calls.job_events(job_id))]
 
     @takes(calls.job_wait)
     async def wait(self, wait: JobWait) -> Job:

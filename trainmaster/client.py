@@ -109,7 +109,7 @@ class Client:
         return self._send(calls.cancel_job(job_id))
 
     def events(self, job_id: str) -> builtins.list[JobEvent]:
-        return self._send(calls.job_events(job_id))
+        return builtins.list(self._pages(calls.job_events(job_id)))
 
     @takes(calls.job_wait)
     def wait(self, wait: JobWait) -> Job:

@@ -274,7 +274,6 @@ class RayJobsBackend:
         except httpx.HTTPError as exc:
             raise RayUnavailable(f"log of {submission_id}: {_short(exc)}") from exc
 
-
     def _driver_node(self, submission_id: str) -> str | None:
         """The node whose log folder holds the job's driver log (None: no driver started), remembered
         once known: a job's driver never moves."""

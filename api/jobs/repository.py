@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, String, cast, select, text, tuple_
+from sqlalchemy import Select, String, Text, cast, func, or_, select, text, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
@@ -255,18 +255,36 @@ async def list_jobs(
     limit: int,
     after: tuple[datetime, uuid.UUID] | None,
     id_prefix: str | None = None,
-) -> list[Job]:
-    query = _with_relations(select(Job).where(Job.project_id == project_id))
+    max_bytes: int | None = None,
+) -> tuple[list[Job], bool]:
+    """The page's jobs, newest first: at most `limit`, and with `max_bytes` only those whose stored
+    spec and labels fit in it (the first always). The sizes are read first, so no more is loaded.
+    With whether the byte bound left some of the `limit` out."""
+    where = [Job.project_id == project_id]
     if id_prefix:
-        query = query.where(cast(Job.id, String).startswith(id_prefix, autoescape=True))
+        where.append(cast(Job.id, String).startswith(id_prefix, autoescape=True))
     if statuses:
-        query = query.where(Job.status.in_(statuses))
+        where.append(Job.status.in_(statuses))
     if labels:
-        query = query.where(Job.labels.contains(labels))
+        where.append(Job.labels.contains(labels))
     if after is not None:
-        query = query.where(tuple_(Job.created_at, Job.id) < tuple_(*after))
-    query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
-    return list((await session.execute(query)).scalars())
+        where.append(tuple_(Job.created_at, Job.id) < tuple_(*after))
+    order = (Job.created_at.desc(), Job.id.desc())
+    query = _with_relations(select(Job).where(*where)).order_by(*order)
+    if max_bytes is None:
+        return list((await session.execute(query.limit(limit))).scalars()), False
+    # Their text's length, not pg_column_size: that is the compressed size, and the page holds the text.
+    size = func.octet_length(cast(Job.spec, Text)) + func.octet_length(cast(Job.labels, Text))
+    sizes = (await session.execute(select(Job.id, size).where(*where).order_by(*order).limit(limit))).all()
+    ids: list[uuid.UUID] = []
+    held = 0
+    for job_id, bytes_ in sizes:
+        held += bytes_ or 0
+        if ids and held > max_bytes:
+            break
+        ids.append(job_id)
+    rows = list((await session.execute(query.where(Job.id.in_(ids)))).scalars()) if ids else []
+    return rows, len(ids) < len(sizes)
 
 
 ACTIVE = (JobStatus.starting, JobStatus.running, JobStatus.cancelling)
@@ -468,9 +486,39 @@ async def group_ranks(direct: Direct, project_id: uuid.UUID, priority: int, limi
     return [(int(created_us), job_id, (int(n), int(cpus), int(gpus))) for created_us, job_id, n, cpus, gpus in rows]
 
 
-async def list_events(session: AsyncSession, job_id: uuid.UUID) -> list[JobEvent]:
-    query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
-    return list((await session.execute(query)).scalars())
+async def list_events(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    after_id: int = 0,
+    limit: int | None = None,
+    max_bytes: int | None = None,
+) -> tuple[list[JobEvent], bool]:
+    """The job's events after `after_id`, oldest first: at most `limit`, and with `max_bytes` only those
+    whose stored message and data fit in it (the first always), summed by PostgreSQL so no more is
+    loaded. With whether events follow the page."""
+    where = (JobEvent.job_id == job_id, JobEvent.id > after_id)
+    if max_bytes is None:
+        query = select(JobEvent).where(*where).order_by(JobEvent.id).limit(limit)
+        rows = list((await session.execute(query)).scalars())
+    else:
+        size = func.octet_length(cast(JobEvent.data, Text)) + func.coalesce(func.octet_length(JobEvent.message), 0)
+        sized = (
+            select(JobEvent.id, size.label("size"), func.sum(size).over(order_by=JobEvent.id).label("running"))
+            .where(*where)
+            .order_by(JobEvent.id)
+            .limit(limit)
+            .subquery()
+        )
+        fits = select(sized.c.id).where(or_(sized.c.running <= max_bytes, sized.c.running == sized.c.size))
+        query = select(JobEvent).where(JobEvent.id.in_(fits)).order_by(JobEvent.id)
+        rows = list((await session.execute(query)).scalars())
+    if not rows:
+        return rows, False
+    if limit is not None and len(rows) == limit:
+        return rows, True
+    following = select(JobEvent.id).where(JobEvent.job_id == job_id, JobEvent.id > rows[-1].id).limit(1)
+    return rows, (await session.execute(following)).first() is not None
 
 
 async def project_name_and_max_priority(session: AsyncSession, project_id: uuid.UUID) -> tuple[str, int]:

@@ -56,7 +56,14 @@ async def list_jobs(
 ) -> JobList:
     page_size = min(limit or settings.page_limit_default, settings.page_limit_max)
     items, next_cursor = await service.list_page(
-        session, principal, statuses=status_filter, labels=label, limit=page_size, cursor=cursor, id_prefix=id_prefix
+        session,
+        principal,
+        statuses=status_filter,
+        labels=label,
+        limit=page_size,
+        cursor=cursor,
+        id_prefix=id_prefix,
+        max_bytes=settings.page_max_bytes,
     )
     return JobList(items=items, next_cursor=next_cursor)
 
@@ -75,8 +82,19 @@ async def cancel_job(job_id: str, session: Session, principal: ProjectPrincipal)
 
 
 @router.get("/{job_id}/events", response_model=EventList)
-async def job_events(job_id: str, session: Session, principal: ProjectPrincipal) -> EventList:
-    return EventList(items=await service.events(session, principal, job_id))
+async def job_events(
+    job_id: str,
+    session: Session,
+    principal: ProjectPrincipal,
+    settings: AppSettings,
+    after_id: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+) -> EventList:
+    """The job's events, oldest first: a page holds at most TRAINMASTER_PAGE_MAX_BYTES of messages and
+    data; `next_after_id` says where the next one starts."""
+    return await service.events(
+        session, principal, job_id, after_id=after_id, limit=limit, max_bytes=settings.page_max_bytes
+    )
 
 
 @router.post(

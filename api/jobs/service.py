@@ -29,7 +29,7 @@ from api.jobs import gang_size, repository
 from api.jobs.ranks import Older, QueueRanks, Stamp
 from api.jobs.status import JOB_CHANNEL, record_event, transition
 from api.limits.service import WriteLimits
-from trainmaster.models import Attempt, Job, JobControl, JobEvent, JobEventIn, JobSpec, JobStatus
+from trainmaster.models import Attempt, EventList, Job, JobControl, JobEvent, JobEventIn, JobSpec, JobStatus
 
 MAX_IDEMPOTENCY_KEY = 256
 log = logging.getLogger("trainmaster.api")
@@ -344,9 +344,12 @@ async def list_page(
     limit: int,
     cursor: str | None,
     id_prefix: str | None = None,
+    max_bytes: int | None = None,
 ) -> tuple[list[Job], str | None]:
+    """A page of the project's jobs, newest first: at most `limit`, at most `max_bytes` of specs and
+    labels (the first always); the cursor reaches the rest."""
     after = decode_cursor(cursor) if cursor else None
-    rows = await repository.list_jobs(
+    rows, trimmed = await repository.list_jobs(
         session,
         principal.project_id,
         statuses=statuses,
@@ -354,8 +357,9 @@ async def list_page(
         limit=limit + 1,
         after=after,
         id_prefix=parse_id_prefix(id_prefix) if id_prefix is not None else None,
+        max_bytes=max_bytes,
     )
-    page, more = rows[:limit], len(rows) > limit
+    page, more = rows[:limit], len(rows) > limit or trimmed
     positions = await repository.queue_positions(session, page)
     items = [to_wire(job, principal.project_name, positions.get(job.id), principal.cluster_name) for job in page]
     return items, encode_cursor(page[-1]) if more and page else None
@@ -366,9 +370,13 @@ async def describe(session: AsyncSession, principal: Principal, job: JobRow) -> 
     return to_wire(job, principal.project_name, positions.get(job.id), principal.cluster_name)
 
 
-async def events(session: AsyncSession, principal: Principal, raw_id: str) -> list[JobEvent]:
+async def events(
+    session: AsyncSession, principal: Principal, raw_id: str, *, after_id: int = 0, limit: int, max_bytes: int
+) -> EventList:
+    """A page of the job's events: at most `limit`, at most `max_bytes` of messages and data."""
     job = await get_owned(session, principal, raw_id)
-    return [_event_to_wire(row) for row in await repository.list_events(session, job.id)]
+    rows, more = await repository.list_events(session, job.id, after_id=after_id, limit=limit, max_bytes=max_bytes)
+    return EventList(items=[_event_to_wire(row) for row in rows], next_after_id=rows[-1].id if more else None)
 
 
 def _event_to_wire(row: EventRow) -> JobEvent:

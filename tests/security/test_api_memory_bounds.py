@@ -1,6 +1,6 @@
 """What one request makes the shared API process hold, through the real app on a real PostgreSQL:
-a page of logs holds at most TRAINMASTER_PAGE_MAX_BYTES of text whatever `limit` asks, and says where
-the next page starts, so the SDK still reads every line; code uploads are read a bounded number at a
+a page of logs, of a job's events or of jobs holds at most TRAINMASTER_PAGE_MAX_BYTES whatever `limit`
+asks, and says where the next page starts, so the SDK still reads every row; code uploads are read a bounded number at a
 time, one project's past its share refused with 429 naming the setting while another project's goes
 through."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -134,3 +135,33 @@ def test_the_gate_lets_in_flight_uploads_through_in_turn_and_refuses_past_the_wa
         assert order[-1] == "c1" and not gate.held
 
     asyncio.run(scenario())
+
+
+def test_event_and_job_pages_hold_at_most_page_max_bytes_and_the_sdk_reads_them_all(
+    http: TestClient, database_url: str
+) -> None:
+    token = project_token(database_url, "alpha")
+    auth = {"Authorization": f"Bearer {token}"}
+    big = {"blob": "y" * 15_000}  # an event's data may hold 16 KiB
+    jobs = [http.post("/v1/jobs", json=spec(config={"blob": "z" * 60_000, "n": n}), headers=auth) for n in range(12)]
+    assert all(job.status_code == 201 for job in jobs), jobs[0].text
+    job_id = jobs[0].json()["id"]
+    with psycopg.connect(libpq(database_url)) as conn:
+        conn.execute(
+            "INSERT INTO job_events (job_id, kind, message, data)"
+            " SELECT %s, 'note', 'note ' || n, jsonb_build_object('n', n, 'blob', %s::text)"
+            " FROM generate_series(1, 60) n",
+            (job_id, big["blob"]),
+        )
+
+    events = http.get(f"/v1/jobs/{job_id}/events", headers=auth).json()
+    assert 0 < sum(len(json.dumps(e["data"])) for e in events["items"]) <= PAGE_MAX  # not all 60 (900 KB)
+    assert events["next_after_id"] == events["items"][-1]["id"]
+    page = http.get("/v1/jobs", params={"limit": 500}, headers=auth).json()
+    assert 0 < len(page["items"]) < 12 and page["next_cursor"]  # 12 specs of 60 KB: 720 KB, past the page
+
+    with Client("http://testserver", token, transport=http._transport) as sdk:
+        notes = [e.data["n"] for e in sdk.events(job_id) if e.kind == "note"]
+        listed = list(sdk.list(limit=500))
+    assert notes == list(range(1, 61))  # every event once, in order
+    assert sorted(job.id for job in listed) == sorted(job.json()["id"] for job in jobs)  # every job once

@@ -160,8 +160,16 @@ def cancel_job(job_id: str) -> Call[Job]:
     return Call("POST", f"/v1/jobs/{job_id}/cancel", Job.model_validate)
 
 
-def job_events(job_id: str) -> Call[list[JobEvent]]:
-    return Call("GET", f"/v1/jobs/{job_id}/events", lambda data: EventList.model_validate(data).items)
+def job_events(job_id: str, after_id: int = 0) -> Call[Page[JobEvent]]:
+    """Every event of the job, oldest first, a page at a time: the API ends a page at the bytes one may
+    hold and says where the next starts (`next_after_id`)."""
+
+    def page(data: Any) -> Page[JobEvent]:
+        listed = EventList.model_validate(data)
+        following = listed.next_after_id
+        return Page(listed.items, None if following is None else job_events(job_id, following))
+
+    return Call("GET", f"/v1/jobs/{job_id}/events", page, params={"after_id": after_id})
 
 
 def checkpoints(job_id: str) -> Call[list[CheckpointInfo]]:

@@ -367,7 +367,11 @@ class JobEventIn(StoredRequestModel):
 
 
 class EventList(ResponseModel):
+    """A page of a job's events, oldest first. `next_after_id`: where the next page starts (pass it as
+    `after_id`) when this one may not be the last: it stopped at `limit` or at the bytes a page holds."""
+
     items: list[JobEvent]
+    next_after_id: int | None = None
 
 
 class CheckpointIn(StoredRequestModel):

@@ -163,7 +163,7 @@ export function jobPage(view, jobId, params) {
 
   async function refresh() {
     try {
-      [job, events] = await Promise.all([api(`/v1/jobs/${jobId}`), api(`/v1/jobs/${jobId}/events`).then((r) => r.items)]);
+      [job, events] = await Promise.all([api(`/v1/jobs/${jobId}`), allEvents(jobId)]);
       renderHeader();
       renderSummary();
       renderAttempts();
@@ -196,6 +196,18 @@ export function jobPage(view, jobId, params) {
     metrics.stop();
     tabs.forEach((tab) => tab.stop && tab.stop());
   };
+}
+
+// Every event of the job: the API ends a page at the bytes one may hold and says where the next starts.
+async function allEvents(jobId) {
+  const events = [];
+  let after = 0;
+  for (;;) {
+    const page = await api(`/v1/jobs/${jobId}/events`, { params: { after_id: after } });
+    events.push(...page.items);
+    if (page.next_after_id == null) return events;
+    after = page.next_after_id;
+  }
 }
 
 function checkpointsTab(jobId) {
