@@ -168,7 +168,7 @@ class AsyncClient:
         return self._follow(reading) if isinstance(reading, Stream) else self._pages(reading)
 
     async def checkpoints(self, job_id: str) -> builtins.list[CheckpointInfo]:
-        return await self._send(calls.checkpoints(job_id))
+        return [checkpoint async for checkpoint in self._pages(calls.checkpoints(job_id))]
 
     async def pin_checkpoint(self, job_id: str, checkpoint_id: int, pinned: bool = True) -> CheckpointInfo:
         """Keep checkpoint `checkpoint_id` (its `id` in `checkpoints`) whatever the job's policy and its

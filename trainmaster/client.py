@@ -162,7 +162,7 @@ class Client:
         return self._follow(reading) if isinstance(reading, Stream) else self._pages(reading)
 
     def checkpoints(self, job_id: str) -> builtins.list[CheckpointInfo]:
-        return self._send(calls.checkpoints(job_id))
+        return builtins.list(self._pages(calls.checkpoints(job_id)))
 
     def pin_checkpoint(self, job_id: str, checkpoint_id: int, pinned: bool = True) -> CheckpointInfo:
         """Keep checkpoint `checkpoint_id` (its `id` in `checkpoints`) whatever the job's policy and its

@@ -3,10 +3,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Text, cast, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from api import pages
 from api.db.models import Checkpoint
 from trainmaster.models import CheckpointIn
 
@@ -40,9 +41,15 @@ async def record(
     return inserted.scalar_one_or_none() is not None
 
 
-async def list_for_job(session: AsyncSession, job_id: uuid.UUID) -> list[Checkpoint]:
-    query = select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.id)
-    return list((await session.execute(query)).scalars())
+async def list_for_job(
+    session: AsyncSession, job_id: uuid.UUID, *, after_id: int, limit: int, max_bytes: int
+) -> tuple[list[Checkpoint], bool]:
+    """A page of the job's checkpoints after `after_id` (api/pages.py), with whether more follow."""
+    size = func.octet_length(Checkpoint.path) + func.octet_length(cast(Checkpoint.metrics, Text))
+    where = [Checkpoint.job_id == job_id]
+    return await pages.after_key(
+        session, Checkpoint, where, Checkpoint.id, size, after=after_id, limit=limit, max_bytes=max_bytes
+    )
 
 
 async def find_for_update(session: AsyncSession, job_id: uuid.UUID, checkpoint_id: int) -> Checkpoint | None:

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Depends, Path, Query, Response, status
 from api.auth.deps import AnyPrincipal, ProjectPrincipal
 from api.checkpoints import service
 from api.db.session import Session
+from api.deps import AppSettings
 from api.errors import domain_error_response, error_responses
 from api.jobs.routes import require_json
 from api.limits.service import Limits
@@ -21,9 +22,19 @@ router = APIRouter(
 
 
 @router.get("", response_model=CheckpointList)
-async def list_checkpoints(job_id: str, session: Session, principal: ProjectPrincipal) -> CheckpointList:
-    """Checkpoints the job reported, oldest first: path, step and the metrics reported with each."""
-    return CheckpointList(items=await service.list_for_job(session, principal, job_id))
+async def list_checkpoints(
+    job_id: str,
+    session: Session,
+    principal: ProjectPrincipal,
+    settings: AppSettings,
+    after_id: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+) -> CheckpointList:
+    """Checkpoints the job reported, oldest first: path, step and the metrics reported with each. A
+    page holds at most TRAINMASTER_PAGE_MAX_BYTES of them; `next_after_id` says where the next starts."""
+    return await service.list_for_job(
+        session, principal, job_id, after_id=after_id, limit=limit, max_bytes=settings.page_max_bytes
+    )
 
 
 @router.post("", status_code=status.HTTP_204_NO_CONTENT, dependencies=[Depends(require_json)])

@@ -12,7 +12,7 @@ from api.jobs import service as jobs
 from api.jobs.status import record_event
 from api.limits.service import WriteLimits
 from api.storage import service as storage
-from trainmaster.models import CheckpointIn, CheckpointInfo
+from trainmaster.models import CheckpointIn, CheckpointInfo, CheckpointList
 
 
 class CheckpointNotFound(NotFound):
@@ -47,9 +47,14 @@ async def record(
     return refused
 
 
-async def list_for_job(session: AsyncSession, principal: Principal, raw_id: str) -> list[CheckpointInfo]:
+async def list_for_job(
+    session: AsyncSession, principal: Principal, raw_id: str, *, after_id: int, limit: int, max_bytes: int
+) -> CheckpointList:
+    """A page of the job's checkpoints, oldest first: at most `limit`, at most `max_bytes` of paths and
+    metrics; `next_after_id` says where the next starts."""
     job = await jobs.get_owned(session, principal, raw_id)
-    return [to_wire(row) for row in await repository.list_for_job(session, job.id)]
+    rows, more = await repository.list_for_job(session, job.id, after_id=after_id, limit=limit, max_bytes=max_bytes)
+    return CheckpointList(items=[to_wire(row) for row in rows], next_after_id=rows[-1].id if more else None)
 
 
 async def pin(

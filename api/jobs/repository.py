@@ -7,10 +7,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, String, Text, cast, func, or_, select, text, tuple_
+from sqlalchemy import Select, String, Text, cast, func, select, text, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
+from api import pages
 from api.db.direct import Direct, pyformat
 from api.db.models import Job, JobEvent, Project
 from api.jobs.ranks import Older
@@ -487,38 +488,14 @@ async def group_ranks(direct: Direct, project_id: uuid.UUID, priority: int, limi
 
 
 async def list_events(
-    session: AsyncSession,
-    job_id: uuid.UUID,
-    *,
-    after_id: int = 0,
-    limit: int | None = None,
-    max_bytes: int | None = None,
+    session: AsyncSession, job_id: uuid.UUID, *, after_id: int, limit: int, max_bytes: int
 ) -> tuple[list[JobEvent], bool]:
-    """The job's events after `after_id`, oldest first: at most `limit`, and with `max_bytes` only those
-    whose stored message and data fit in it (the first always), summed by PostgreSQL so no more is
-    loaded. With whether events follow the page."""
-    where = (JobEvent.job_id == job_id, JobEvent.id > after_id)
-    if max_bytes is None:
-        query = select(JobEvent).where(*where).order_by(JobEvent.id).limit(limit)
-        rows = list((await session.execute(query)).scalars())
-    else:
-        size = func.octet_length(cast(JobEvent.data, Text)) + func.coalesce(func.octet_length(JobEvent.message), 0)
-        sized = (
-            select(JobEvent.id, size.label("size"), func.sum(size).over(order_by=JobEvent.id).label("running"))
-            .where(*where)
-            .order_by(JobEvent.id)
-            .limit(limit)
-            .subquery()
-        )
-        fits = select(sized.c.id).where(or_(sized.c.running <= max_bytes, sized.c.running == sized.c.size))
-        query = select(JobEvent).where(JobEvent.id.in_(fits)).order_by(JobEvent.id)
-        rows = list((await session.execute(query)).scalars())
-    if not rows:
-        return rows, False
-    if limit is not None and len(rows) == limit:
-        return rows, True
-    following = select(JobEvent.id).where(JobEvent.job_id == job_id, JobEvent.id > rows[-1].id).limit(1)
-    return rows, (await session.execute(following)).first() is not None
+    """A page of the job's events after `after_id` (api/pages.py), with whether more follow."""
+    size = func.octet_length(cast(JobEvent.data, Text)) + func.coalesce(func.octet_length(JobEvent.message), 0)
+    where = [JobEvent.job_id == job_id]
+    return await pages.after_key(
+        session, JobEvent, where, JobEvent.id, size, after=after_id, limit=limit, max_bytes=max_bytes
+    )
 
 
 async def project_name_and_max_priority(session: AsyncSession, project_id: uuid.UUID) -> tuple[str, int]:

@@ -1,5 +1,5 @@
 """What one request makes the shared API process hold, through the real app on a real PostgreSQL:
-a page of logs, of a job's events or of jobs holds at most TRAINMASTER_PAGE_MAX_BYTES whatever `limit`
+a page of logs, of a job's events or checkpoints, or of jobs holds at most TRAINMASTER_PAGE_MAX_BYTES whatever `limit`
 asks, and says where the next page starts, so the SDK still reads every row; code uploads are read a bounded number at a
 time, one project's past its share refused with 429 naming the setting while another project's goes
 through."""
@@ -154,6 +154,16 @@ def test_event_and_job_pages_hold_at_most_page_max_bytes_and_the_sdk_reads_them_
             (job_id, big["blob"]),
         )
 
+        conn.execute(
+            "INSERT INTO checkpoints (job_id, path, step, metrics)"
+            " SELECT %s, '/ckpt/' || n, n, jsonb_build_object('blob', %s::text) FROM generate_series(1, 60) n",
+            (job_id, big["blob"]),
+        )
+
+    for listed in ("events", "checkpoints"):
+        page = http.get(f"/v1/jobs/{job_id}/{listed}", headers=auth).json()
+        held = sum(len(json.dumps(row.get("data") or row.get("metrics"))) for row in page["items"])
+        assert 0 < held <= PAGE_MAX and page["next_after_id"] == page["items"][-1]["id"], listed  # not 900 KB
     events = http.get(f"/v1/jobs/{job_id}/events", headers=auth).json()
     assert 0 < sum(len(json.dumps(e["data"])) for e in events["items"]) <= PAGE_MAX  # not all 60 (900 KB)
     assert events["next_after_id"] == events["items"][-1]["id"]
@@ -163,5 +173,7 @@ def test_event_and_job_pages_hold_at_most_page_max_bytes_and_the_sdk_reads_them_
     with Client("http://testserver", token, transport=http._transport) as sdk:
         notes = [e.data["n"] for e in sdk.events(job_id) if e.kind == "note"]
         listed = list(sdk.list(limit=500))
+        steps = [checkpoint.step for checkpoint in sdk.checkpoints(job_id)]
+    assert steps == list(range(1, 61))
     assert notes == list(range(1, 61))  # every event once, in order
     assert sorted(job.id for job in listed) == sorted(job.json()["id"] for job in jobs)  # every job once

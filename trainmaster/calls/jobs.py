@@ -172,8 +172,15 @@ def job_events(job_id: str, after_id: int = 0) -> Call[Page[JobEvent]]:
     return Call("GET", f"/v1/jobs/{job_id}/events", page, params={"after_id": after_id})
 
 
-def checkpoints(job_id: str) -> Call[list[CheckpointInfo]]:
-    return Call("GET", f"/v1/jobs/{job_id}/checkpoints", lambda data: CheckpointList.model_validate(data).items)
+def checkpoints(job_id: str, after_id: int = 0) -> Call[Page[CheckpointInfo]]:
+    """Every checkpoint of the job, oldest first, a page at a time (as `job_events`)."""
+
+    def page(data: Any) -> Page[CheckpointInfo]:
+        listed = CheckpointList.model_validate(data)
+        following = listed.next_after_id
+        return Page(listed.items, None if following is None else checkpoints(job_id, following))
+
+    return Call("GET", f"/v1/jobs/{job_id}/checkpoints", page, params={"after_id": after_id})
 
 
 def pin_checkpoint(job_id: str, checkpoint_id: int, pinned: bool = True) -> Call[CheckpointInfo]:

@@ -380,6 +380,13 @@ class CheckpointIn(StoredRequestModel):
     metrics: dict[str, Any] = Field(default_factory=dict)
     size_bytes: int | None = Field(default=None, ge=0, le=2**62)  # what its folder holds (local storage)
 
+    @field_validator("metrics")
+    @classmethod
+    def _metrics_size(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if len(json.dumps(value, default=str)) > 16 * 1024:
+            raise ValueError("metrics must be at most 16 KiB as JSON")
+        return value
+
 
 class CheckpointInfo(ResponseModel):
     id: int
@@ -396,7 +403,10 @@ class CheckpointInfo(ResponseModel):
 
 
 class CheckpointList(ResponseModel):
+    """A page of a job's checkpoints, oldest first; `next_after_id` as EventList's."""
+
     items: list[CheckpointInfo]
+    next_after_id: int | None = None
 
 
 class CodeUpload(ResponseModel):

@@ -198,22 +198,25 @@ export function jobPage(view, jobId, params) {
   };
 }
 
-// Every event of the job: the API ends a page at the bytes one may hold and says where the next starts.
-async function allEvents(jobId) {
-  const events = [];
+// Every row of a job's list (events, checkpoints): the API ends a page at the bytes one may hold and
+// says where the next starts.
+async function allOf(path) {
+  const rows = [];
   let after = 0;
   for (;;) {
-    const page = await api(`/v1/jobs/${jobId}/events`, { params: { after_id: after } });
-    events.push(...page.items);
-    if (page.next_after_id == null) return events;
+    const page = await api(path, { params: { after_id: after } });
+    rows.push(...page.items);
+    if (page.next_after_id == null) return rows;
     after = page.next_after_id;
   }
 }
 
+const allEvents = (jobId) => allOf(`/v1/jobs/${jobId}/events`);
+
 function checkpointsTab(jobId) {
   const root = el("div", { class: "checkpoints-tab" }, el("p", { class: "muted" }, "loading…"));
   const load = async () => {
-    const list = await api(`/v1/jobs/${jobId}/checkpoints`);
+    const list = { items: await allOf(`/v1/jobs/${jobId}/checkpoints`) };
     replace(
       root,
       list.items.length
