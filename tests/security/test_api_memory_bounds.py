@@ -22,7 +22,7 @@ from api.code_packages.gate import UploadGate
 from api.errors import LimitExceeded
 from api.settings import Settings
 from api.settings import libpq_url as libpq
-from tests.factories.auth import project_token
+from tests.factories.auth import job_token, project_token
 from tests.factories.jobs import spec
 from trainmaster import Client
 
@@ -177,3 +177,25 @@ def test_event_and_job_pages_hold_at_most_page_max_bytes_and_the_sdk_reads_them_
     assert steps == list(range(1, 61))
     assert notes == list(range(1, 61))  # every event once, in order
     assert sorted(job.id for job in listed) == sorted(job.json()["id"] for job in jobs)  # every job once
+
+
+def test_what_a_job_attaches_to_an_event_or_a_checkpoint_is_at_most_16_kib(
+    http: TestClient, database_url: str
+) -> None:
+    job_id = http.post("/v1/jobs", json=spec(), headers=bearer_of(database_url)).json()["id"]
+    auth = {"Authorization": f"Bearer {job_token(database_url, job_id)}"}
+    large = {"blob": "w" * 17_000}
+    for path, body, field in (
+        ("events", {"kind": "note", "data": large}, "data"),
+        ("checkpoints", {"path": "/ckpt/1", "metrics": large}, "metrics"),
+    ):
+        refused = http.post(f"/v1/jobs/{job_id}/{path}", json=body, headers=auth)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["detail"][0]["loc"][-1] == field, refused.json()
+    with psycopg.connect(libpq(database_url)) as conn:
+        row = conn.execute("SELECT count(*) FROM checkpoints WHERE job_id = %s", (job_id,)).fetchone()
+    assert row is not None and row[0] == 0
+
+
+def bearer_of(database_url: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {project_token(database_url, 'alpha')}"}

@@ -344,6 +344,15 @@ class JobControl(ResponseModel):
     max_workers: int | None = None
 
 
+REPORTED_JSON_MAX = 16 * 1024  # what a job attaches to one event or checkpoint: every list of them holds it
+
+
+def _small_json(field: str, value: dict[str, Any]) -> dict[str, Any]:
+    if len(json.dumps(value, default=str)) > REPORTED_JSON_MAX:
+        raise ValueError(f"{field} must be at most 16 KiB as JSON")
+    return value
+
+
 class JobEventIn(StoredRequestModel):
     """A notable event reported from inside a job (runtime placement, topology, dropped points)."""
 
@@ -361,9 +370,7 @@ class JobEventIn(StoredRequestModel):
     @field_validator("data")
     @classmethod
     def _data_size(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if len(json.dumps(value, default=str)) > 16 * 1024:
-            raise ValueError("data must be at most 16 KiB as JSON")
-        return value
+        return _small_json("data", value)
 
 
 class EventList(ResponseModel):
@@ -383,9 +390,7 @@ class CheckpointIn(StoredRequestModel):
     @field_validator("metrics")
     @classmethod
     def _metrics_size(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if len(json.dumps(value, default=str)) > 16 * 1024:
-            raise ValueError("metrics must be at most 16 KiB as JSON")
-        return value
+        return _small_json("metrics", value)
 
 
 class CheckpointInfo(ResponseModel):
