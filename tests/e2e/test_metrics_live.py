@@ -73,7 +73,8 @@ def test_api_killed_and_restarted_mid_job_loses_no_point(stack: Stack) -> None:
         with pytest.raises(tm.ConnectionFailed):
             client.get(job.id)
         # Restarting takes the API a few seconds; meanwhile the senders buffer and retry.
-        same_ray = {k: stack.api.env[k] for k in ("TRAINMASTER_RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
+        keep = ("TRAINMASTER_RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "TRAINMASTER_SECRETS_PATH")
+        same_ray = {k: stack.api.env[k] for k in keep}  # the session stack's API, as it was started
         restarted = start_api(stack.api.env["TRAINMASTER_DATABASE_URL"], stack.api.log_path, same_ray, port=port)
         stack.api.process = restarted.process
         done = wait_for(client, job.id, TERMINAL, timeout=300)

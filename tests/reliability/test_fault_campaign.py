@@ -227,7 +227,8 @@ class Campaign:
             api.process.wait(30)
             if fault.kind == "api_outage":  # the outage's length is the plan's: every connection refused meanwhile
                 time.sleep(2 + 6 * fault.draw)
-            ray_env = {k: v for k, v in api.env.items() if k.startswith(("RAY_", "TRAINMASTER_RAY"))}
+            kept = ("RAY_", "TRAINMASTER_RAY", "TRAINMASTER_SECRETS")
+            ray_env = {k: v for k, v in api.env.items() if k.startswith(kept)}
             port = int(api.url.rsplit(":", 1)[1])
             # A loaded machine may take a minute to import the app; the jobs ride that out too.
             self.stack.api = start_api(self.database_url, api.log_path, extra_env=ray_env, port=port, ready_s=180)
