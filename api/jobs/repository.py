@@ -259,8 +259,9 @@ async def list_jobs(
     max_bytes: int | None = None,
 ) -> tuple[list[Job], bool]:
     """The page's jobs, newest first: at most `limit`, and with `max_bytes` only those whose stored
-    spec and labels fit in it (the first always). The sizes are read first, so no more is loaded.
-    With whether the byte bound left some of the `limit` out."""
+    spec and labels fit in it (the first always), with whether the byte bound left some of the `limit`
+    out. One statement: PostgreSQL sums the sizes in page order and returns the rows within the
+    budget and the first past it (so its caller knows the page was cut), which is dropped here."""
     where = [Job.project_id == project_id]
     if id_prefix:
         where.append(cast(Job.id, String).startswith(id_prefix, autoescape=True))
@@ -271,21 +272,25 @@ async def list_jobs(
     if after is not None:
         where.append(tuple_(Job.created_at, Job.id) < tuple_(*after))
     order = (Job.created_at.desc(), Job.id.desc())
-    query = _with_relations(select(Job).where(*where)).order_by(*order)
     if max_bytes is None:
-        return list((await session.execute(query.limit(limit))).scalars()), False
+        query = _with_relations(select(Job).where(*where)).order_by(*order).limit(limit)
+        return list((await session.execute(query)).scalars()), False
     # Their text's length, not pg_column_size: that is the compressed size, and the page holds the text.
     size = func.octet_length(cast(Job.spec, Text)) + func.octet_length(cast(Job.labels, Text))
-    sizes = (await session.execute(select(Job.id, size).where(*where).order_by(*order).limit(limit))).all()
-    ids: list[uuid.UUID] = []
-    held = 0
-    for job_id, bytes_ in sizes:
-        held += bytes_ or 0
-        if ids and held > max_bytes:
-            break
-        ids.append(job_id)
-    rows = list((await session.execute(query.where(Job.id.in_(ids)))).scalars()) if ids else []
-    return rows, len(ids) < len(sizes)
+    running = func.sum(size).over(order_by=order, rows=(None, 0))
+    sized = (
+        select(Job.id, size.label("size"), running.label("running")).where(*where).order_by(*order).limit(limit)
+    ).subquery()
+    query = (
+        _with_relations(select(Job, sized.c.running))
+        .join(sized, sized.c.id == Job.id)
+        .where(sized.c.running - sized.c.size <= max_bytes)
+        .order_by(*order)
+    )
+    rows = (await session.execute(query)).all()
+    if len(rows) > 1 and rows[-1].running > max_bytes:
+        return [row[0] for row in rows[:-1]], True
+    return [row[0] for row in rows], False
 
 
 ACTIVE = (JobStatus.starting, JobStatus.running, JobStatus.cancelling)
