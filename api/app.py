@@ -19,6 +19,7 @@ from api.checkpoints.routes import router as checkpoints_router
 from api.cluster.routes import router as cluster_router
 from api.cluster.service import ClusterReaders
 from api.clusters.routes import router as clusters_router
+from api.code_packages.gate import UploadGate
 from api.code_packages.routes import router as code_router
 from api.db.direct import Direct
 from api.db.session import create_engine, session_factory
@@ -72,6 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.tokens = TokenCache(settings.auth_cache_s)
         app.state.broker = Broker(settings.database_url, app.state.tokens, app.state.ranks)
         app.state.broker.start()  # the token cache is trusted only while it listens
+        app.state.upload_gate = UploadGate.of(settings)  # code uploads this process reads at once
         app.state.stream_limiter = StreamLimiter(
             settings.max_streams_per_token, settings.stream_slots_dir, per_project=settings.max_streams_per_project
         )

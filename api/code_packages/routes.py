@@ -33,8 +33,7 @@ async def upload_code(
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in ZIP_TYPES:
         raise UnsupportedMediaType(f"send the working directory as application/zip, not {content_type or 'no type'!r}")
-    gate: UploadGate = getattr(request.app.state, "upload_gate", None) or UploadGate.of(settings)
-    request.app.state.upload_gate = gate  # one per API process
+    gate: UploadGate = request.app.state.upload_gate
     async with gate.slot(principal.project_id):
         content = await request.body()
         return await service.upload(session, principal, content, settings)

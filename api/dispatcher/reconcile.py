@@ -25,13 +25,12 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.models import Job, JobAttempt
-from api.dispatcher import launch
+from api.dispatcher import gang_count, launch
 from api.dispatcher import repository as repo
 from api.dispatcher.backend import RayBackend, RayJobInfo, RayJobState, RayUnavailable
 from api.dispatcher.context import RoundContext
 from api.dispatcher.ending import finish, release
 from api.dispatcher.placement import describe, nodes_free
-from api.jobs import gang_size
 from api.jobs.status import record_event, transition
 from api.logs import repository as logs_repository
 from trainmaster.control import CHECKPOINT_READER, PREEMPT_SEEN
@@ -148,13 +147,11 @@ async def reconcile_job(context: RoundContext, job_id: uuid.UUID, nodes: NodesFr
                 if not gang.placed:
                     await asyncio.to_thread(context.ray.stop, sub_id)
     if not starting and info is not None and info.state is RayJobState.RUNNING and info.driver_job_id:
-        gang.ray_workers = await _ray_workers(context, spec, info.driver_job_id)
+        gang.ray_workers = await gang_count.ray_workers(context, spec, info.driver_job_id)
     async with context.leased(job_id, sub_id) as held:
         if held is None or held.attempt is None:
             return
-        if gang.ray_workers is not None and (change := gang_size.at_least_what_ray_shows(held.job, gang.ray_workers)):
-            message = f"counted at {change[1]} workers, not {change[0]}: its placement group in Ray holds {change[1]}"
-            await record_event(held.session, held.job, "gang_counted", message, {"from": change[0], "to": change[1]})
+        await gang_count.count_at_least(held.session, held.job, gang.ray_workers)
         if held.attempt.log_offset == log_offset:  # else another round stored this output already
             max_lines = context.settings.log_lines_per_job
             ending = final and not more
@@ -189,17 +186,6 @@ class Gang:
     starting_for: float = 0.0
     logs_missing: str | None = None  # why the end of a finished attempt's log could not be read
     ray_workers: int | None = None  # a running elastic gang's workers, as its placement group shows them
-
-
-async def _ray_workers(context: RoundContext, spec: dict[str, Any], driver_job_id: str) -> int | None:
-    """A running elastic gang's workers as Ray's placement group shows them (None: not elastic, or
-    Ray did not say): what the gang is counted at, at least, whatever the job reports."""
-    if not JobSpec.model_validate(spec).scaling.elastic:
-        return None
-    try:
-        return (await asyncio.to_thread(context.ray.gang_state, driver_job_id)).workers
-    except RayUnavailable:
-        return None
 
 
 class NodesFree:

@@ -12,6 +12,8 @@ over-count costs only the job itself).
 
 from __future__ import annotations
 
+from typing import Any
+
 from api.db.models import Job
 from api.errors import ValidationError
 from trainmaster.models import Scaling
@@ -19,7 +21,12 @@ from trainmaster.models import Scaling
 
 def elastic_scaling(job: Job) -> Scaling | None:
     """The job's gang when it is elastic (its spec was validated when submitted)."""
-    scaling = Scaling.model_validate(job.spec.get("scaling", {}))
+    return elastic_of(job.spec)
+
+
+def elastic_of(spec: dict[str, Any]) -> Scaling | None:
+    """A stored spec's gang when it is elastic: only its `scaling` is read."""
+    scaling = Scaling.model_validate(spec.get("scaling", {}))
     return scaling if scaling.elastic else None
 
 

@@ -25,7 +25,7 @@ from api.db.models import Job as JobRow
 from api.db.models import JobEvent as EventRow
 from api.db.unavailable import DATABASE_DOWN, lost_in_flight
 from api.errors import IdempotencyKeyReused, IllegalTransition, JobNotFound, SubmitInDoubt, ValidationError
-from api.jobs import gang_size, repository
+from api.jobs import gang_size, listing, repository
 from api.jobs.ranks import Older, QueueRanks, Stamp
 from api.jobs.status import JOB_CHANNEL, record_event, transition
 from api.limits.service import WriteLimits
@@ -349,7 +349,7 @@ async def list_page(
     """A page of the project's jobs, newest first: at most `limit`, at most `max_bytes` of specs and
     labels (the first always); the cursor reaches the rest."""
     after = decode_cursor(cursor) if cursor else None
-    rows, trimmed = await repository.list_jobs(
+    rows, trimmed = await listing.list_jobs(
         session,
         principal.project_id,
         statuses=statuses,
@@ -375,7 +375,7 @@ async def events(
 ) -> EventList:
     """A page of the job's events: at most `limit`, at most `max_bytes` of messages and data."""
     job = await get_owned(session, principal, raw_id)
-    rows, more = await repository.list_events(session, job.id, after_id=after_id, limit=limit, max_bytes=max_bytes)
+    rows, more = await listing.list_events(session, job.id, after_id=after_id, limit=limit, max_bytes=max_bytes)
     return EventList(items=[_event_to_wire(row) for row in rows], next_after_id=rows[-1].id if more else None)
 
 

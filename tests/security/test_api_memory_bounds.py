@@ -93,7 +93,7 @@ def test_an_upload_past_its_projects_share_is_429_naming_the_setting_and_another
 ) -> None:
     alpha = {"Authorization": f"Bearer {project_token(database_url, 'alpha')}", "Content-Type": "application/zip"}
     beta = {"Authorization": f"Bearer {project_token(database_url, 'beta')}", "Content-Type": "application/zip"}
-    assert http.post("/v1/code", content=package(), headers=alpha).status_code == 201  # the gate made, then freed
+    assert http.post("/v1/code", content=package(), headers=alpha).status_code == 201  # a slot taken, then freed
     gate: UploadGate = http.app.state.upload_gate  # type: ignore[attr-defined]
     gate.wait_s = 0.2
     gate.held[project_id(database_url, "alpha")] = 1  # an upload of alpha's is being read
@@ -122,9 +122,11 @@ def test_the_gate_lets_in_flight_uploads_through_in_turn_and_refuses_past_the_wa
 
         first = [asyncio.create_task(upload(a, "a1")), asyncio.create_task(upload(b, "b1"))]
         waiting = asyncio.create_task(upload(c, "c1"))  # the process's 2 are taken: it waits its turn
-        await asyncio.sleep(0)
-        while len(order) < 2:
-            await asyncio.sleep(0.01)
+        async def both_in() -> None:
+            while len(order) < 2:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(both_in(), 5)  # polled, with a deadline
         assert sorted(order) == ["a1", "b1"] and not waiting.done()
         gate.wait_s = 0.05
         with pytest.raises(LimitExceeded, match="TRAINMASTER_CODE_UPLOADS_IN_FLIGHT_PER_PROJECT"):

@@ -160,27 +160,26 @@ def cancel_job(job_id: str) -> Call[Job]:
     return Call("POST", f"/v1/jobs/{job_id}/cancel", Job.model_validate)
 
 
-def job_events(job_id: str, after_id: int = 0) -> Call[Page[JobEvent]]:
-    """Every event of the job, oldest first, a page at a time: the API ends a page at the bytes one may
-    hold and says where the next starts (`next_after_id`)."""
-
-    def page(data: Any) -> Page[JobEvent]:
-        listed = EventList.model_validate(data)
-        following = listed.next_after_id
-        return Page(listed.items, None if following is None else job_events(job_id, following))
-
-    return Call("GET", f"/v1/jobs/{job_id}/events", page, params={"after_id": after_id})
+def job_events(job_id: str) -> Call[Page[JobEvent]]:
+    """Every event of the job, oldest first, a page at a time (`_id_pages`)."""
+    return _id_pages(f"/v1/jobs/{job_id}/events", lambda data: EventList.model_validate(data), 0)
 
 
-def checkpoints(job_id: str, after_id: int = 0) -> Call[Page[CheckpointInfo]]:
-    """Every checkpoint of the job, oldest first, a page at a time (as `job_events`)."""
+def checkpoints(job_id: str) -> Call[Page[CheckpointInfo]]:
+    """Every checkpoint of the job, oldest first, a page at a time (`_id_pages`)."""
+    return _id_pages(f"/v1/jobs/{job_id}/checkpoints", lambda data: CheckpointList.model_validate(data), 0)
 
-    def page(data: Any) -> Page[CheckpointInfo]:
-        listed = CheckpointList.model_validate(data)
-        following = listed.next_after_id
-        return Page(listed.items, None if following is None else checkpoints(job_id, following))
 
-    return Call("GET", f"/v1/jobs/{job_id}/checkpoints", page, params={"after_id": after_id})
+def _id_pages(path: str, listed: Callable[[Any], EventList | CheckpointList], after_id: int) -> Call[Page[Any]]:
+    """Pages of a job's rows by id: the API ends a page at `limit` or at the bytes one may hold and says
+    where the next starts (`next_after_id`); none said, this page is the last."""
+
+    def page(data: Any) -> Page[Any]:
+        rows = listed(data)
+        following = rows.next_after_id
+        return Page(list(rows.items), None if following is None else _id_pages(path, listed, following))
+
+    return Call("GET", path, page, params={"after_id": after_id})
 
 
 def pin_checkpoint(job_id: str, checkpoint_id: int, pinned: bool = True) -> Call[CheckpointInfo]:
