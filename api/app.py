@@ -26,7 +26,6 @@ from api.db.session import create_engine, session_factory
 from api.db.unavailable import DATABASE_DOWN, database_unavailable
 from api.errors import DomainError, domain_error_response, error_response, request_invalid_response
 from api.jobs.fast import FastLane
-from api.jobs.ranks import QueueRanks
 from api.jobs.routes import router as jobs_router
 from api.logs.routes import router as logs_router
 from api.metrics.routes import router as metrics_router
@@ -35,6 +34,7 @@ from api.ops.parent import end_with_parent
 from api.ops.prometheus import PlatformSnapshot, RequestMetricsMiddleware, ServiceMetrics
 from api.ops.routes import router as ops_router
 from api.projects.routes import router as projects_router
+from api.queues.ranks import QueueRanks
 from api.queues.routes import router as queues_router
 from api.retention.service import start_retention
 from api.settings import Settings, get_settings

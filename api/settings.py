@@ -95,7 +95,7 @@ class Settings(BaseSettings):
     metrics_public: bool = False  # serve /metrics without a token (a private scrape network)
     metrics_snapshot_s: float = 10.0  # /metrics reads the database at most this often; 0: at every scrape
     # Queued jobs whose count of older jobs of their project an API process keeps for queue positions
-    # (api/jobs/ranks.py: exact, dropped by a NOTIFY from migration 0008 when it may change); 0: off.
+    # (api/queues/ranks.py: exact, dropped by a NOTIFY from migration 0008 when it may change); 0: off.
     queue_rank_cache_jobs: int = 200_000
     db_connect_timeout_s: float = 5.0
     page_limit_default: int = 50

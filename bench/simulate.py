@@ -76,10 +76,11 @@ from typing import Any, NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.dispatcher import victims
-from api.dispatcher.decide import ROUND_BATCHES, Verdict, admission_key, decayed, decide, dominant_share, read_on, seen
+from api.dispatcher.decide import ROUND_BATCHES, Verdict, decayed, decide, read_on, seen
 from api.dispatcher.placement import Cluster, Node
 from api.dispatcher.quotas import Book, Standing
 from api.dispatcher.service import freeze_heap
+from api.queues.order import admission_key, dominant_share
 from api.settings import Settings
 
 DAY_S, TICK_S, GPUS, CPUS, RACK = 86_400, 30, 8, 64, 100

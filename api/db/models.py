@@ -35,6 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from api.queues.sql import SHARE_COLUMN
 from trainmaster.models import AttemptStatus, JobStatus, SweepStatus
 
 NAMING_CONVENTION = {
@@ -341,7 +342,7 @@ class ProjectUsage(Base):
     cpus: Mapped[float] = mapped_column(Numeric(asdecimal=False))
     # Fair sharing (0020): the project's share of the cluster's CPUs and GPUs averaged with a half-life,
     # sampled by admission rounds (SAMPLE_FAIR_SHARE, api/dispatcher/repository.py) against the
-    # capacities then; `share`, its dominant share (history plus what it holds now), orders admission.
+    # capacities then; `share`, its dominant share (history plus what it holds now: api/queues/sql.py).
     history_cpus: Mapped[float] = mapped_column(Double, server_default=text("0"))
     history_gpus: Mapped[float] = mapped_column(Double, server_default=text("0"))
     # How much of a full history the samples cover (0025): the histories average over that time alone.
@@ -352,10 +353,7 @@ class ProjectUsage(Base):
     share: Mapped[float] = mapped_column(
         Double,
         Computed(
-            "greatest(history_cpus + CASE WHEN cpu_capacity IS NULL THEN CAST(cpus AS double precision)"
-            " WHEN cpu_capacity > 0 THEN CAST(cpus / cpu_capacity AS double precision) ELSE 0 END,"
-            " history_gpus + CASE WHEN gpu_capacity IS NULL THEN CAST(gpus AS double precision)"
-            " WHEN gpu_capacity > 0 THEN CAST(gpus / gpu_capacity AS double precision) ELSE 0 END)",
+            SHARE_COLUMN,
             persisted=True,
         ),
     )

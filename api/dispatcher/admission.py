@@ -24,8 +24,9 @@ from api.dispatcher.context import RoundContext
 from api.dispatcher.decide import ROUND_BATCHES, Decisions, Outcome, Verdict, decide, read_on, seen
 from api.dispatcher.placement import Cluster
 from api.dispatcher.quotas import Book
-from api.dispatcher.repository import QueuedJob
 from api.jobs.status import record_event, transition
+from api.queues import repository as queues
+from api.queues.repository import QueuedJob
 from trainmaster.models import JobStatus
 
 log = logging.getLogger("trainmaster.dispatcher")
@@ -55,7 +56,7 @@ async def admit_round(context: RoundContext) -> int:
         looked: set[uuid.UUID] = set()  # the projects of the batches read so far
         for _ in range(ROUND_BATCHES):
             more = decide(
-                await repo.lock_queued(session, settings.admit_batch, ours, looked),
+                await queues.lock_queued(session, settings.admit_batch, ours, looked),
                 cluster,
                 book,
                 held,
@@ -167,6 +168,6 @@ async def _infeasible(session: AsyncSession, outcome: Outcome[QueuedJob], now: d
 async def _set_reasons_unreachable(context: RoundContext, error: str) -> None:
     reason = f"the Ray cluster {context.cluster_name!r} is unreachable ({error}); waiting for it to come back"
     async with context.sessions() as session, session.begin():
-        queued = await repo.lock_queued(session, context.settings.admit_batch, context.cluster_id)
+        queued = await queues.lock_queued(session, context.settings.admit_batch, context.cluster_id)
         changed = {job.id: reason for job in queued if job.pending_reason != reason}
         await repo.write_round(session, reasons=changed, clear_infeasible=False)

@@ -41,64 +41,12 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic
 
 from api.dispatcher.placement import Cluster, Decision, Resources, admit
 from api.dispatcher.quotas import Book
+from api.queues.order import Job, Queued, admission_key
 from trainmaster.models import Scaling
-
-
-class Running(Protocol):
-    """What preemption's rules read of a job (api/dispatcher/victims.py: api.db.models.Job there)."""
-
-    @property
-    def project_id(self) -> uuid.UUID: ...
-    @property
-    def priority(self) -> int: ...
-    @property
-    def gang_cpus(self) -> float: ...
-    @property
-    def gang_gpus(self) -> float: ...
-
-
-class Queued(Running, Protocol):
-    """What `decide` reads of a queued job (repository.QueuedJob; bench/simulate.py's own jobs)."""
-
-    @property
-    def id(self) -> uuid.UUID: ...
-    @property
-    def spec(self) -> Mapping[str, Any]: ...
-    @property
-    def created_at(self) -> datetime: ...
-    @property
-    def share(self) -> float: ...
-    @property
-    def infeasible_since(self) -> datetime | None: ...
-    @property
-    def bypassed_since(self) -> datetime | None: ...
-
-
-Job = TypeVar("Job", bound=Queued)
-
-
-def admission_key(job: Queued) -> tuple[int, float, datetime, uuid.UUID]:
-    """Admission order: priority (highest first), then the job's fair share (`dominant_share` of its
-    project with the gangs of its project ahead of it, lowest first), then submission order.
-    repository.lock_queued's ORDER BY is the same key in SQL: it picks the round's batch, `decide` orders
-    it with this."""
-    return (-job.priority, job.share, job.created_at, job.id)
-
-
-def dominant_share(history: Mapping[str, float], held: Mapping[str, float], capacity: Mapping[str, float]) -> float:
-    """A project's fair share (dominant-resource fairness): over CPU and GPU, the largest of its
-    decayed history plus what it holds now as a fraction of the cluster's capacity. The same formula
-    as the computed column `project_usage.share` (api/db/models.py) and as `tm_share` (migration 0026),
-    which orders the queue in SQL with the gangs of a job's project ahead of it added to what it holds
-    (DRF's progressive filling: repository.lock_queued; `Queued.share` is that share)."""
-    return max(
-        history.get(r, 0.0) + (held.get(r, 0.0) / capacity[r] if capacity.get(r, 0.0) > 0 else 0.0)
-        for r in ("CPU", "GPU")
-    )
 
 
 def decayed(

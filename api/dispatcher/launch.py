@@ -24,8 +24,8 @@ from api.db.models import Job
 from api.dispatcher import repository as repo
 from api.dispatcher.backend import Launch, LaunchRefused, RayBackend, RayUnavailable
 from api.dispatcher.context import RoundContext
-from api.dispatcher.repository import QueuedJob
 from api.jobs.status import JOB_CHANNEL, record_event
+from api.queues.repository import QueuedJob
 from api.settings import Settings
 from trainmaster.context import ENV_ELASTIC_RESIZE_S, ENV_LABEL_SELECTOR, JobContext, project_storage
 from trainmaster.models import AttemptStatus, JobSpec

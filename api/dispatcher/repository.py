@@ -1,26 +1,25 @@
-"""Queries the dispatcher runs: claims in queue order, leases, attempts.
+"""Queries the dispatcher runs: the admission lock, quotas, a round's writes, leases, attempts.
 
-Over 400 lines on purpose: most of it is SQL text, and a round's statements (the claim, the bulk write
-of its outcomes under the status machine's rules, the lease checks) stay side by side so that what a
-round locks and writes reads in one place."""
+The claim a round takes its batch with belongs to the queue (api/queues/sql.py)."""
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
-from sqlalchemy import Double, Integer, Uuid, bindparam, column, func, or_, select, text, update
+from sqlalchemy import Uuid, bindparam, func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
 from api.db.models import ApiToken, Checkpoint, Job, JobAttempt, JobEvent, LogLine, Project, ProjectUsage
 from api.dispatcher.quotas import Book, Standing
-from api.jobs.repository import ACTIVE, CLUSTER_CAPACITY, gang_millis, project_share, standing
+from api.jobs.repository import ACTIVE
 from api.jobs.status import can_transition, sources
+from api.queues.repository import QueuedJob
 from trainmaster.models import JobStatus
 
 ADMISSION_LOCK = 0x746D_6164  # "tmad": one admission round at a time per cluster across every dispatcher
@@ -151,94 +150,6 @@ async def quota_book(session: AsyncSession, cluster: uuid.UUID | None = None) ->
             for project, cpus, gpus, hc, hg in rows
         }
     )
-
-
-class QueuedJob(NamedTuple):
-    """A queued job as an admission round reads it: plain values, no ORM object (a round reads up
-    to `admit_batch` of them and writes its decisions back in one statement, ROUND_WRITES)."""
-
-    id: uuid.UUID
-    project_id: uuid.UUID
-    name: str
-    spec: dict[str, Any]
-    priority: int
-    gang_cpus: float
-    gang_gpus: float
-    pending_reason: str | None
-    infeasible_since: datetime | None
-    created_at: datetime
-    bypassed_since: datetime | None
-    share: float  # its project's fair share with the gangs of its project ahead of it (QUEUED): admission_key
-    attempts: int  # the highest attempt number so far, 0 for none
-
-
-# The round's batch in admission order (decide.admission_key), DRF's progressive filling: each queued job
-# carries its project's share with the gangs of the project's queued jobs before it (higher priority, then
-# older) added to what the project holds (`tm_share`, migration 0026; api/jobs/repository.py's positions
-# count the same order). Within a project that share only grows along its order, so the project's jobs
-# come in its own (priority, age) order and the first `limit` of all are among the first `limit` of each
-# project: those are read per project on ix_jobs_queued_by_project, gangs included (an index-only scan,
-# the running sums streamed beside it), only those narrow rows are sorted, and only the first `limit`
-# are fetched and locked, so a round reads projects x limit index entries and `limit` rows however long
-# the queue is. A project's share is of its own cluster's capacity, the one its last fair-share sample
-# read (or any project's of the cluster, before its first).
-QUEUED = text(
-    """
-    WITH ours AS (
-        SELECT id FROM projects WHERE CAST(:cluster AS uuid) IS NULL OR cluster_id = CAST(:cluster AS uuid)
-    ),
-    cap AS ({capacity}),
-    standing AS MATERIALIZED (
-        SELECT p.id, {standing}
-        FROM ours p
-        LEFT JOIN project_usage u ON u.project_id = p.id
-        CROSS JOIN cap
-        WHERE NOT (p.id = ANY(CAST(:seen AS uuid[])))
-    ),
-    head AS (
-        SELECT f.id, f.priority, f.created_at, {share} AS share
-        FROM standing s
-        CROSS JOIN LATERAL (
-            SELECT q.id, q.priority, q.created_at,
-                   sum({cpus}) OVER ahead - {cpus} AS cpu_millis_ahead,
-                   sum({gpus}) OVER ahead - {gpus} AS gpu_millis_ahead
-            FROM jobs q
-            WHERE q.project_id = s.id AND q.status = 'queued'
-            WINDOW ahead AS (ORDER BY q.priority DESC, q.created_at, q.id ROWS UNBOUNDED PRECEDING)
-            ORDER BY q.priority DESC, q.created_at, q.id
-            LIMIT :limit
-        ) f
-        ORDER BY f.priority DESC, share, f.created_at, f.id
-        LIMIT :limit
-    )
-    SELECT {fields}, head.share,
-           (SELECT coalesce(max(a.n), 0) FROM job_attempts a WHERE a.job_id = j.id) AS attempts
-    FROM jobs j JOIN head ON head.id = j.id
-    WHERE j.status = 'queued'
-    ORDER BY head.priority DESC, head.share, head.created_at, head.id
-    FOR UPDATE OF j SKIP LOCKED
-    """.format(
-        capacity=CLUSTER_CAPACITY.format(projects="SELECT id FROM ours"),
-        standing=standing("u", "cap"),
-        share=project_share("s", "f.cpu_millis_ahead", "f.gpu_millis_ahead"),
-        cpus=gang_millis("q.gang_cpus"),
-        gpus=gang_millis("q.gang_gpus"),
-        fields=", ".join(f"j.{name}" for name in QueuedJob._fields[:-2]),
-    )
-).columns(
-    *(Job.__table__.c[name] for name in QueuedJob._fields[:-2]), column("share", Double), column("attempts", Integer)
-)
-
-
-async def lock_queued(
-    session: AsyncSession, limit: int, cluster: uuid.UUID | None = None, seen: Iterable[uuid.UUID] = ()
-) -> list[QueuedJob]:
-    """The cluster's first `limit` queued jobs in admission order (decide.admission_key, here in SQL:
-    QUEUED), each with its progressive share, locked, of the projects not in `seen` (the round's earlier
-    batches: decide.read_on); rows another dispatcher holds are skipped."""
-    params = {"limit": limit, "cluster": cluster, "seen": list(seen)}
-    rows = (await session.execute(QUEUED, params)).all()
-    return [QueuedJob(*row) for row in rows]
 
 
 # What an admission round decided, in one statement: the admitted gangs (`gangs`) move to starting

@@ -15,7 +15,7 @@ uses), and choose nothing unless what they choose, with the free room, covers th
   LessThanOrEqualToFinalShare strategy: a job is taken only while its project's share without it stays
   at least the waiting project's share with the gang, so two projects never take turns preempting
   each other; the highest share gives first, and never a job of a higher priority than the gang's. A
-  share is `decide.dominant_share`: the project's decayed history plus what it holds now, of the
+  share is `api.queues.order.dominant_share`: the project's decayed history plus what it holds now, of the
   cluster's capacity.
 """
 
@@ -25,14 +25,10 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
-from api.dispatcher.decide import Running, dominant_share
 from api.dispatcher.quotas import EPSILON, RESOURCES, Book, Standing
+from api.queues.order import Running, dominant_share, gang
 
 Victim = TypeVar("Victim", bound=Running)
-
-
-def gang(job: Running) -> dict[str, float]:
-    return {"CPU": job.gang_cpus, "GPU": job.gang_gpus}
 
 
 def covers(room: Mapping[str, float], need: Mapping[str, float]) -> bool:

@@ -26,9 +26,10 @@ from api.db.models import JobEvent as EventRow
 from api.db.unavailable import DATABASE_DOWN, lost_in_flight
 from api.errors import IdempotencyKeyReused, IllegalTransition, JobNotFound, SubmitInDoubt, ValidationError
 from api.jobs import gang_size, listing, repository
-from api.jobs.ranks import Older, QueueRanks, Stamp
 from api.jobs.status import JOB_CHANNEL, record_event, transition
 from api.limits.service import WriteLimits
+from api.queues import repository as queues
+from api.queues.ranks import Older, QueueRanks, Stamp
 from trainmaster.models import Attempt, EventList, Job, JobControl, JobEvent, JobEventIn, JobSpec, JobStatus
 
 MAX_IDEMPOTENCY_KEY = 256
@@ -130,7 +131,7 @@ async def submit(
     values = _queued_values(principal, spec, idempotency_key)
     if spec.code is not None and not await code_repository.exists(session, principal.project_id, spec.code):
         raise _no_code(spec)
-    inserted = await repository.insert_queued(session, values, JOB_CHANNEL, _queued_payload(values["id"]))
+    inserted = await queues.insert_queued(session, values, JOB_CHANNEL, _queued_payload(values["id"]))
     if inserted is not None:
         return _submitted(principal, spec, inserted), True
     assert idempotency_key is not None
@@ -150,7 +151,7 @@ async def submit_direct(
     if spec.code is not None and not await code_repository.exists_direct(direct, principal.project_id, spec.code):
         raise _no_code(spec)
     try:
-        inserted = await repository.insert_queued_direct(direct, values, JOB_CHANNEL, _queued_payload(values["id"]))
+        inserted = await queues.insert_queued_direct(direct, values, JOB_CHANNEL, _queued_payload(values["id"]))
     except DATABASE_DOWN as exc:
         if not lost_in_flight(exc):
             raise  # nothing was sent, nothing stored: the plain 503
@@ -185,12 +186,12 @@ async def read(
     direct: Direct, principal: Principal, raw_id: str, ranks: QueueRanks | None = None, arrived: float = 0.0
 ) -> Job:
     """One job as answered, read in one statement (attempts and queue position included). With `ranks`
-    (this process's cache, api/jobs/ranks.py), a queued job's count of its own project's older jobs
+    (this process's cache, api/queues/ranks.py), a queued job's count of its own project's older jobs
     (and their gangs) come from there when known as of `arrived` (the loop's clock when the request came)."""
     job_id = parse_job_id(raw_id)
     older = await ranks.older(str(job_id), arrived) if ranks is not None else None
     stamp = ranks.stamp() if ranks is not None else None  # before the read: what arrives during it applies
-    row = await repository.read_job(direct, job_id, principal.project_id, older)
+    row = await queues.read_job(direct, job_id, principal.project_id, older)
     if row is None:
         raise JobNotFound(f"no job {raw_id!r} in project {principal.project_name!r}")
     (job_id, name, status, spec, created_at, started_at, finished_at, pending, error, latest, attempts, position,
@@ -233,7 +234,7 @@ async def _keep_rank(
     """Keep a count just made; of a group this process holds nothing of, number the whole group once."""
     project = str(project_id)
     if ranks.cold(project, priority):
-        head = await repository.group_ranks(direct, project_id, priority, GROUP_RANKS_LIMIT)
+        head = await queues.group_ranks(direct, project_id, priority, GROUP_RANKS_LIMIT)
         ranks.put(project, priority, head, stamp, whole=True)
     ranks.put(project, priority, [counted], stamp)
 
@@ -360,13 +361,13 @@ async def list_page(
         max_bytes=max_bytes,
     )
     page, more = rows[:limit], len(rows) > limit or trimmed
-    positions = await repository.queue_positions(session, page)
+    positions = await queues.queue_positions(session, page)
     items = [to_wire(job, principal.project_name, positions.get(job.id), principal.cluster_name) for job in page]
     return items, encode_cursor(page[-1]) if more and page else None
 
 
 async def describe(session: AsyncSession, principal: Principal, job: JobRow) -> Job:
-    positions = await repository.queue_positions(session, [job])
+    positions = await queues.queue_positions(session, [job])
     return to_wire(job, principal.project_name, positions.get(job.id), principal.cluster_name)
 
 

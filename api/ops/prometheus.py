@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.jobs.ranks import QueueRanks
+from api.queues.ranks import QueueRanks
 from api.telemetry import repository as telemetry_repository
 from api.telemetry.repository import Gauges
 from trainmaster.models import JobStatus
@@ -85,7 +85,7 @@ class PlatformSnapshot:
 
 
 class RankCacheCollector(Collector):
-    """How the queue-rank cache of this process answered (api/jobs/ranks.py): a poll of a queued job it
+    """How the queue-rank cache of this process answered (api/queues/ranks.py): a poll of a queued job it
     knew (hit), did not (miss: counted in PostgreSQL), and the groups it numbered whole (warm)."""
 
     def __init__(self, ranks: QueueRanks) -> None:

@@ -13,7 +13,6 @@ from api.auth.principal import Principal
 from api.clusters import repository as clusters
 from api.dispatcher.quotas import RESOURCES, Book, Standing
 from api.errors import ValidationError
-from api.jobs.repository import queue_positions_of
 from api.queues import repository
 from trainmaster.models import ProjectQueue, QueuedJobInfo, Queues
 
@@ -29,7 +28,7 @@ async def read(session: AsyncSession, principal: Principal, cluster: str | None,
     lent = _lent(book)
     waits = [row.project.id for row in rows if row.waiting > 0]
     queued = await repository.first_queued(session, waits, limit)
-    positions = await queue_positions_of(session, [job.id for job in queued])
+    positions = await repository.queue_positions_of(session, [job.id for job in queued])
     jobs: dict[uuid.UUID, list[QueuedJobInfo]] = defaultdict(list)
     for job in queued:
         jobs[job.project_id].append(

@@ -3,7 +3,7 @@
 One LISTEN connection per process (per uvicorn worker) serves every stream; a notification only says
 "job X has something new", and each stream reads what it has not sent yet by sequence number. So a
 lost or coalesced notification, or a reconnect, never loses data: on reconnect every stream re-reads.
-The same connection hears `tm_queue` (a job entered or left the queue: api/jobs/ranks.py, held to the
+The same connection hears `tm_queue` (a job entered or left the queue: api/queues/ranks.py, held to the
 same rules) and `tm_auth` (a token revoked, api/auth/cache.py): the token cache is trusted
 only while this connection is up, is emptied whenever it is lost or made again, and a cached token is
 used only after a round trip on this connection that began after the request arrived (`synced`), so
@@ -24,8 +24,8 @@ import psycopg
 from psycopg.generators import notifies
 
 from api.auth.cache import TokenCache
-from api.jobs.ranks import QueueRanks
 from api.jobs.status import JOB_CHANNEL
+from api.queues.ranks import QueueRanks
 from api.settings import libpq_url
 
 log = logging.getLogger("trainmaster.api.broker")
@@ -33,7 +33,7 @@ log = logging.getLogger("trainmaster.api.broker")
 METRICS_CHANNEL = "tm_metrics"
 LOGS_CHANNEL = "tm_logs"
 AUTH_CHANNEL = "tm_auth"  # migration 0006: the hash of a revoked or deleted token, or "*"
-QUEUE_CHANNEL = "tm_queue"  # migration 0008: a job entered or left the queue (api/jobs/ranks.py)
+QUEUE_CHANNEL = "tm_queue"  # migration 0008: a job entered or left the queue (api/queues/ranks.py)
 CHANNELS = (JOB_CHANNEL, METRICS_CHANNEL, LOGS_CHANNEL, AUTH_CHANNEL, QUEUE_CHANNEL)
 
 

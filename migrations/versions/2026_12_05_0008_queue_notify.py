@@ -5,7 +5,7 @@ Revises: 0007_jobs_autovacuum
 Create Date: 2026-12-05 09:00:00
 
 Each API process keeps, per queued job, how many queued jobs of its own project and priority are older
-(api/jobs/ranks.py), instead of counting them on every poll. The jobs counters trigger (0005), which
+(api/queues/ranks.py), instead of counting them on every poll. The jobs counters trigger (0005), which
 already runs for exactly the changes that move a job into or out of the queue (insert, status,
 priority, project), now also sends `NOTIFY tm_queue, '<project> <priority> <created_at µs> <id>'` for
 the job that left and the one that entered, and the TRUNCATE trigger '*': every way the queue changes

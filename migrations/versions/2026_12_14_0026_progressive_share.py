@@ -8,7 +8,7 @@ Before, every queued job of a project carried its project's share (`project_usag
 project lowest in fair share had its whole batch considered before any other project's: it could take
 all the room a round had, borrow past its quota and be reclaimed by its cohort (bench/README.md, stop 46:
 8,991 reclaims in the simulated day). Now a job's share is its project's with the gangs of the project's
-queued jobs before it added (api/dispatcher/repository.py, `lock_queued`; api/jobs/repository.py, positions):
+queued jobs before it added (api/queues/sql.py: the claim and the positions):
 
 - `tm_share(...)`: the dominant share of a project's history and what it holds (or would hold): the
   formula of decide.dominant_share, in one place for every statement that orders the queue, over whole
@@ -30,33 +30,16 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from api.queues.sql import TM_SHARE_FUNCTION, gang_millis
+
 revision: str = "0026_progressive_share"
 down_revision: str | None = "0025_history_weight"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# decide.dominant_share in SQL, over whole thousandths of a CPU or GPU ("millis"): `cpu_millis` is what the
-# project holds plus the gangs ahead, summed as integers (exact in any order, so two statements summing the
-# same gangs compute the same share to the bit), `cpu_capacity_millis` the cluster's (NULL: counted as they
-# are, as the computed column `project_usage.share` does). All float8 and bigint: a numeric sum or a
-# numeric-to-float8 cast on every row a scan reads cost several times the scan.
-TM_SHARE = """
-CREATE OR REPLACE FUNCTION tm_share(
-    history_cpus float8, history_gpus float8, cpu_millis bigint, gpu_millis bigint,
-    cpu_capacity_millis float8, gpu_capacity_millis float8
-) RETURNS float8 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT greatest(
-        history_cpus + CASE WHEN cpu_capacity_millis IS NULL THEN CAST(cpu_millis AS float8) / 1000
-                            WHEN cpu_capacity_millis > 0 THEN CAST(cpu_millis AS float8) / cpu_capacity_millis
-                            ELSE 0 END,
-        history_gpus + CASE WHEN gpu_capacity_millis IS NULL THEN CAST(gpu_millis AS float8) / 1000
-                            WHEN gpu_capacity_millis > 0 THEN CAST(gpu_millis AS float8) / gpu_capacity_millis
-                            ELSE 0 END)
-$$
-"""
-
-# A gang in millis: what every running sum adds (the trigger, and the statements that read the queue).
-MILLIS = "CAST(round({gang} * 1000) AS integer)"
+# The order's SQL lives with the queue (api/queues/sql.py), written once: `tm_share` is created from there,
+# and a gang in millis is what every running sum adds (the trigger, and the statements that read the queue).
+MILLIS = gang_millis("{gang}")
 
 PLACE = "{row}.project_id || ' ' || {row}.priority || ' ' || (extract(epoch FROM {row}.created_at) * 1000000)::bigint || ' ' || {row}.id"  # noqa: E501
 
@@ -126,7 +109,7 @@ WHERE (q.priority, q.project_id, q.shard) = (s.priority, s.project_id, s.shard)
 
 def upgrade() -> None:
     op.execute("SET LOCAL lock_timeout = '10s'")
-    op.execute(TM_SHARE)
+    op.execute(TM_SHARE_FUNCTION)
     for name in ("cpu_millis", "gpu_millis"):  # IF NOT EXISTS: an upgrade stopped in the index build runs again
         op.execute(f"ALTER TABLE queue_counts ADD COLUMN IF NOT EXISTS {name} bigint DEFAULT 0 NOT NULL")
     op.execute("LOCK TABLE jobs IN SHARE MODE")

@@ -636,7 +636,7 @@ def test_a_round_never_starts_a_job_that_left_queued_after_the_claim(
     starting, so it stays cancelled with no attempt, job token, event or launch; the other gang of the
     round starts as usual."""
     from api.db.models import ApiToken
-    from api.dispatcher import repository
+    from api.queues import repository
 
     async def scenario() -> None:
         async with World(database_url) as world:

@@ -1,4 +1,4 @@
-"""Queue positions read through each API process's rank cache (api/jobs/ranks.py) stay the admission
+"""Queue positions read through each API process's rank cache (api/queues/ranks.py) stay the admission
 order whatever moves the queue, with the cache warm: submissions, cancellation, a priority or status
 changed by hand, a job with an older created_at arriving late, TRUNCATE. Every read is compared to
 the dispatcher's own claim order, and the cache is shown to answer (its hit count grows)."""
@@ -14,16 +14,15 @@ from fastapi.testclient import TestClient
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.direct import Direct
-from api.dispatcher import repository as dispatcher_repository
-from api.jobs import repository as jobs_repository
-from api.jobs.ranks import QueueRanks
+from api.queues import repository as queues_repository
+from api.queues.ranks import QueueRanks
 from api.settings import Settings
 from tests.integration.test_scale import in_session, sql, submit
 
 
 def claim_order(database_url: str) -> list[str]:
     async def claim(session: AsyncSession) -> list[str]:
-        return [str(row.id) for row in await dispatcher_repository.lock_queued(session, 1000)]
+        return [str(row.id) for row in await queues_repository.lock_queued(session, 1000)]
 
     return in_session(database_url, claim)
 
@@ -109,7 +108,9 @@ def test_a_count_made_in_postgresql_from_either_end_is_the_claim_order(
         try:
             found = {}
             for job_id in ids:
-                row = await jobs_repository.read_job(direct, uuid.UUID(job_id), project_of[job_id], newer_cap=newer_cap)
+                row = await queues_repository.read_job(
+                    direct, uuid.UUID(job_id), project_of[job_id], newer_cap=newer_cap
+                )
                 assert row is not None
                 found[job_id] = row[11]
             return found

@@ -18,10 +18,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.session import create_engine, session_factory
-from api.dispatcher import repository as dispatcher_repository
-from api.dispatcher.decide import admission_key
-from api.jobs import repository as jobs_repository
 from api.metrics import repository as metrics_repository
+from api.queues import repository as queues_repository
+from api.queues.order import admission_key
 from api.retention.repository import RETENTION_LOCK
 from api.retention.service import Purged, purge_round
 from api.settings import Settings
@@ -102,13 +101,13 @@ def test_queue_position_equals_admission_order_under_fair_share(http: TestClient
     sql(database_url, "UPDATE jobs SET status = 'starting' WHERE id = %s", (started,))  # usage changes too
 
     async def claim_order(session: AsyncSession) -> list[str]:
-        return [str(job.id) for job in await dispatcher_repository.lock_queued(session, 1000)]
+        return [str(job.id) for job in await queues_repository.lock_queued(session, 1000)]
 
     order = in_session(database_url, claim_order)
     assert sorted(order) == sorted(queued)
 
     async def python_order(session: AsyncSession) -> list[str]:  # decide's key over the rows the SQL read
-        claimed = await dispatcher_repository.lock_queued(session, 1000)
+        claimed = await queues_repository.lock_queued(session, 1000)
         assert len({job.share for job in claimed}) > 2  # the projects' shares differ: the key's 2nd part counts
         return [str(job.id) for job in sorted(reversed(claimed), key=admission_key)]
 
@@ -153,7 +152,7 @@ def test_positions_follow_progressive_filling_with_fractional_gangs_and_sampled_
     )
 
     async def claim_order(session: AsyncSession) -> list[Any]:
-        return list(await dispatcher_repository.lock_queued(session, 1000))
+        return list(await queues_repository.lock_queued(session, 1000))
 
     claimed = in_session(database_url, claim_order)
     order = [str(job.id) for job in claimed]
@@ -201,7 +200,7 @@ def test_a_submission_answers_the_position_a_read_gives(http: TestClient, databa
         assert http.get(f"/v1/jobs/{job['id']}", headers=headers).json()["queue_position"] == job["queue_position"]
 
         async def claim_order(session: AsyncSession) -> list[str]:
-            return [str(row.id) for row in await dispatcher_repository.lock_queued(session, 1000)]
+            return [str(row.id) for row in await queues_repository.lock_queued(session, 1000)]
 
         assert in_session(database_url, claim_order).index(job["id"]) + 1 == job["queue_position"]
 
@@ -214,7 +213,7 @@ def test_positions_of_a_page_deep_in_a_tied_queue(http: TestClient, database_url
         submit(http, tokens[(i * 5) % 3], priority=(i * 7) % 2)
 
     async def claim_order(session: AsyncSession) -> list[str]:
-        return [str(job.id) for job in await dispatcher_repository.lock_queued(session, 1000)]
+        return [str(job.id) for job in await queues_repository.lock_queued(session, 1000)]
 
     place = {job_id: n for n, job_id in enumerate(in_session(database_url, claim_order), start=1)}
     headers = {"Authorization": f"Bearer {tokens[1]}"}
@@ -241,7 +240,7 @@ def test_positions_counted_from_either_end_of_a_tied_queue_agree(http: TestClien
     http.post(f"/v1/jobs/{queued[7]}/cancel", headers={"Authorization": f"Bearer {tokens[7 % 3]}"})
 
     async def claim_order(session: AsyncSession) -> list[str]:
-        return [str(job.id) for job in await dispatcher_repository.lock_queued(session, 1000)]
+        return [str(job.id) for job in await queues_repository.lock_queued(session, 1000)]
 
     place = {job_id: n for n, job_id in enumerate(in_session(database_url, claim_order), start=1)}
     assert len(place) == 35
@@ -252,7 +251,7 @@ def test_positions_counted_from_either_end_of_a_tied_queue_agree(http: TestClien
             pages = [ids[n : n + 4] for n in range(0, len(ids), 4)]
             found: dict[str, int] = {}
             for page in pages:
-                got = await jobs_repository.queue_positions_of(session, page, newer_cap=cap)
+                got = await queues_repository.queue_positions_of(session, page, newer_cap=cap)
                 found.update({str(job_id): position for job_id, position in got.items()})
             return found
 
@@ -267,7 +266,7 @@ def test_claim_reads_a_few_per_project_yet_keeps_the_global_order(database_url: 
 
     async def claim(limit: int) -> Callable[[AsyncSession], Awaitable[list[str]]]:
         async def go(session: AsyncSession) -> list[str]:
-            return [str(job.id) for job in await dispatcher_repository.lock_queued(session, limit)]
+            return [str(job.id) for job in await queues_repository.lock_queued(session, limit)]
 
         return go
 

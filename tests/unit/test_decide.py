@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from api.dispatcher.decide import Verdict, admission_key, decayed, decide, dominant_share
+from api.dispatcher.decide import Verdict, decayed, decide
 from api.dispatcher.placement import Cluster, Node
 from api.dispatcher.quotas import Book, Standing
+from api.queues.order import admission_key, dominant_share
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 A, B, C = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from api.jobs.ranks import Older, QueueRanks
+from api.queues.ranks import Older, QueueRanks
 
 P = "11111111-1111-1111-1111-111111111111"
 
