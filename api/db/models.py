@@ -218,6 +218,8 @@ class JobAttempt(Base):
     lost_s: Mapped[float | None] = mapped_column(Double)
     # The node-label domain admission placed the gang inside (`scaling.topology`, 0021), e.g. {"rack": "r2"}.
     selector: Mapped[dict[str, str] | None] = mapped_column(JSONB)
+    # Why it ended where that is not the job's failure (0030; api/dispatcher/ending.py, AttemptEnd).
+    ended_as: Mapped[str | None] = mapped_column(Text)
 
     job: Mapped[Job] = relationship(lazy="raise", back_populates="attempts")
 

@@ -17,7 +17,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.models import Job
-from api.dispatcher import launch, preemption
+from api.dispatcher import launch, preemption, round_writes
 from api.dispatcher import repository as repo
 from api.dispatcher.backend import Launch, RayUnavailable
 from api.dispatcher.context import RoundContext
@@ -170,4 +170,4 @@ async def _set_reasons_unreachable(context: RoundContext, error: str) -> None:
     async with context.sessions() as session, session.begin():
         queued = await queues.lock_queued(session, context.settings.admit_batch, context.cluster_id)
         changed = {job.id: reason for job in queued if job.pending_reason != reason}
-        await repo.write_round(session, reasons=changed, clear_infeasible=False)
+        await round_writes.write_round(session, reasons=changed, clear_infeasible=False)

@@ -21,7 +21,7 @@ from api.auth.service import create_job_token, hash_token, new_token
 from api.code_packages import archive
 from api.code_packages import repository as code_repository
 from api.db.models import Job
-from api.dispatcher import repository as repo
+from api.dispatcher import round_writes
 from api.dispatcher.backend import Launch, LaunchRefused, RayBackend, RayUnavailable
 from api.dispatcher.context import RoundContext
 from api.jobs.status import JOB_CHANNEL, record_event
@@ -65,7 +65,7 @@ async def start_attempts(
     submit) and the launches that go with them. Each job's status change to starting, attempt, events
     (the round's storage `warning` first) and job token, the waiting jobs' new `reasons`, and every
     NOTIFY, the jobs that fail before a launch (`failures`: job id -> (error, event message)), are one
-    statement for the whole round (repository.ROUND_WRITES). It moves only the jobs
+    statement for the whole round (round_writes.ROUND_WRITES). It moves only the jobs
     the status machine lets become starting; one that may not (it left `queued` after the claim) gets
     nothing and is not launched, and the round goes on with the others. Nothing here reads or unpacks
     code (that waits for the commit: `submit_all`), and a launch that cannot be built is returned
@@ -75,7 +75,7 @@ async def start_attempts(
     selectors = selectors or {}
     claims = [new_token() for _ in admitted]  # each job token row is written with its claim's hash
     gangs = [
-        repo.Gang(
+        round_writes.AdmittedGang(
             job,
             job.attempts + 1,
             submission_id(job.id, job.attempts + 1),
@@ -86,7 +86,7 @@ async def start_attempts(
         )
         for job, claim in zip(admitted, claims, strict=True)
     ]
-    started = await repo.write_round(
+    started = await round_writes.write_round(
         session,
         gangs=gangs,
         warning=warning,
@@ -251,9 +251,9 @@ async def submit_all(context: RoundContext, launches: Sequence[Launch]) -> None:
     """Hand committed attempts to Ray one after another (one worker thread for them all), then
     record the answers. Each launch is on its own: its code is unpacked (`with_code`) and Ray asked,
     and whatever goes wrong is that job's alone.
-    - accepted: marked submitted in one statement under the lease check (repository.mark_submitted);
+    - accepted: marked submitted in one statement under the lease check (round_writes.mark_submitted);
     - refused for good (its code package, Ray calls it invalid): the attempt and the job fail with
-      the reason, in one statement beside the accepted ones' (repository.fail_launches);
+      the reason, in one statement beside the accepted ones' (round_writes.fail_launches);
     - refused for now (Ray busy or unreachable, the disk, a bug): the attempt stays pending and
       reconcile submits it again under the same id, after a backoff, until launch_timeout_s.
     An admission round commits once for all its launches, not once per launch. A crash in between
@@ -288,10 +288,10 @@ async def submit_all(context: RoundContext, launches: Sequence[Launch]) -> None:
             # Each statement is its own transaction: no BEGIN and COMMIT round trips around them.
             await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
             if accepted:
-                await repo.mark_submitted(session, accepted, context.owner)
-            if permanent:  # their jobs end, in one statement (repository.FAIL_LAUNCHES)
+                await round_writes.mark_submitted(session, accepted, context.owner)
+            if permanent:  # their jobs end, in one statement (round_writes.FAIL_LAUNCHES)
                 failures = {job_id: (o.launch.submission_id, str(o.error)) for job_id, o in permanent.items()}
-                await repo.fail_launches(session, failures, context.owner, JOB_CHANNEL)
+                await round_writes.fail_launches(session, failures, context.owner, JOB_CHANNEL)
     passing = {o.job_id: o for o in outcomes.values() if o.error is not None and not o.permanent}
     if passing:
         await _retry_later(context, passing)

@@ -4,8 +4,7 @@ copy of the Ray job's output into PostgreSQL so logs outlive the cluster.
 
 Ray is asked outside any transaction; its answer is applied under the lease again (`leased`).
 
-Over 400 lines on purpose: it is one state machine from Ray's answer to the job's next status, and its
-cases (ended, lost, pending past its bound, cancelled, timed out, retried) are read together.
+What each end writes (a retry, back to the queue, the job's end) is ending.py's.
 """
 
 from __future__ import annotations
@@ -14,13 +13,10 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
-import signal
 import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -29,7 +25,17 @@ from api.dispatcher import gang_count, launch
 from api.dispatcher import repository as repo
 from api.dispatcher.backend import RayBackend, RayJobInfo, RayJobState, RayUnavailable
 from api.dispatcher.context import RoundContext
-from api.dispatcher.ending import finish, release
+from api.dispatcher.ending import (
+    AttemptEnd,
+    after_failure,
+    clean,
+    driver_crash,
+    driver_crashed,
+    error_text,
+    finish,
+    preempted,
+    requeue_at_most,
+)
 from api.dispatcher.placement import describe, nodes_free
 from api.jobs.status import record_event, transition
 from api.logs import repository as logs_repository
@@ -95,7 +101,7 @@ async def _ray_down(context: RoundContext, job_ids: list[uuid.UUID], error: str)
                 continue
             held.attempt.status, held.attempt.finished_at = AttemptStatus.lost, held.now
             held.attempt.error = f"lost: the Ray cluster has been unreachable for {down_for:.0f} s ({error})"
-            await _after_failure(held.session, held.job, held.attempt.error)
+            await after_failure(held.session, held.job, held.attempt.error)
 
 
 async def reconcile_job(context: RoundContext, job_id: uuid.UUID, nodes: NodesFree) -> None:
@@ -219,7 +225,7 @@ async def _resubmit_pending(context: RoundContext, job_id: uuid.UUID, sub_id: st
         if waited > context.settings.launch_timeout_s:
             attempt.status, attempt.finished_at = AttemptStatus.failed, held.now
             attempt.error = f"not launched within {waited:.0f} s: {attempt.error or 'Ray did not accept it'}"
-            await _after_failure(held.session, job, attempt.error)
+            await after_failure(held.session, job, attempt.error)
             return
         again = await launch.prepare(context.settings, held.session, job, spec, attempt.n, attempt.selector)
     await launch.submit(context, again)
@@ -272,7 +278,7 @@ async def _copy_logs(
         new = new[: new.rfind("\n") + 1]  # complete lines only; the rest comes next round
     if not new:
         return
-    lines = [_clean(line) for line in new.splitlines()]
+    lines = [clean(line) for line in new.splitlines()]
     await logs_repository.append(session, job.id, attempt.n, "ray", lines, max_lines=max_lines)
     attempt.log_offset += len(new)
 
@@ -289,7 +295,7 @@ async def _apply(
     if info is None:
         attempt.status, attempt.finished_at = AttemptStatus.lost, now
         attempt.error = "lost: Ray no longer knows this attempt (the cluster restarted or the job was deleted)"
-        await _after_failure(session, job, attempt.error)
+        await after_failure(session, job, attempt.error)
         return
     if info.state is RayJobState.RUNNING:
         if attempt.status in (AttemptStatus.pending, AttemptStatus.submitted):
@@ -318,7 +324,7 @@ async def _apply(
                     f"the gang was not placed within starting_timeout_s ({gang.starting_for:.0f} s): "
                     f"{gang.pending_reason}; the Ray job was stopped"
                 )
-                await _after_failure(session, job, attempt.error)
+                await after_failure(session, job, attempt.error)
             else:
                 job.pending_reason = gang.pending_reason
         return
@@ -331,7 +337,7 @@ async def _apply(
         attempt.status = AttemptStatus.stopped
         await finish(session, job, JobStatus.cancelled, None, "cancelled; Ray job stopped")
     elif wants_stop == "preempt" and info.state is not RayJobState.SUCCEEDED:  # finishing first wins
-        await _preempted(session, job, attempt)
+        await preempted(session, job, attempt)
     elif wants_stop == "timeout" and not (info.state is RayJobState.SUCCEEDED and _in_time(job, attempt, info)):
         attempt.status = AttemptStatus.timed_out
         error = f"timed out after timeout_s={job.spec.get('timeout_s')} s; the Ray job was stopped"
@@ -342,36 +348,14 @@ async def _apply(
     else:
         logs = "\n".join(await repo.last_log_lines(session, job.id, attempt.n))
         if (crash := driver_crash(info, logs)) is not None:
-            await _driver_crashed(session, job, attempt, crash, error_text(info, logs))
+            await driver_crashed(session, job, attempt, crash, error_text(info, logs))
             return
         attempt.status = AttemptStatus.failed
         attempt.error = error_text(info, logs)
         lost = await repo.last_event(session, job.id, attempt.n, "workers_lost")
         if lost is not None and lost.message and not lost.data.get("restarts", True):
             attempt.error = f"{attempt.error} ({lost.message})"
-        await _after_failure(session, job, attempt.error)
-
-
-async def _after_failure(session: AsyncSession, job: Job, error: str) -> None:
-    """Retry (a new attempt later, resuming from the latest checkpoint) while retries are left."""
-    spec = JobSpec.model_validate(job.spec)
-    if job.status is JobStatus.cancelling:
-        await finish(session, job, JobStatus.cancelled, None, "cancelled")
-        return
-    # Preempted attempts end `stopped` and are not retries, nor are drivers' crashes queued again:
-    # only failures and losses count.
-    retries_used = sum(_a_retry(a) for a in job.attempts) - 1
-    if retries_used < spec.max_retries:
-        await release(session, job)
-        await transition(
-            session,
-            job,
-            JobStatus.queued,
-            message=f"retry {retries_used + 1} of {spec.max_retries} after: {error}",
-            data={"retry": retries_used + 1},
-        )
-        return
-    await finish(session, job, JobStatus.failed, error, error)
+        await after_failure(session, job, attempt.error)
 
 
 # A gang Ray leaves pending goes back to the queue this many times; the next time, its attempt fails
@@ -386,116 +370,17 @@ async def _unplaced(session: AsyncSession, job: Job, attempt: JobAttempt, gang: 
     reason instead of holding its place in `starting` (not a retry)."""
     attempt.status, attempt.finished_at = AttemptStatus.stopped, now
     attempt.error = f"{UNPLACED} within {gang.starting_for:.0f} s ({gang.requeue}); {gang.pending_reason}"
-    await _requeue_at_most(
+    await requeue_at_most(
         session,
         job,
         attempt,
-        UNPLACED,
+        AttemptEnd.unplaced,
         PLACEMENT_REQUEUES,
         f"attempt {attempt.n}: {UNPLACED} within {gang.starting_for:.0f} s ({gang.requeue}); "
         "stopped and queued again (not a retry)",
         {"requeued": "unplaced", "ray": gang.requeue},
         f"Ray left its gang pending ({gang.requeue}); queued again, waiting for room",
     )
-
-
-async def _requeue_at_most(
-    session: AsyncSession,
-    job: Job,
-    attempt: JobAttempt,
-    marker: str,
-    times: int,
-    message: str,
-    data: dict[str, Any],
-    reason: str,
-) -> None:
-    """`_requeue`, while fewer than `times` attempts before this one ended the same way (their error
-    starts with `marker`: UNPLACED, DRIVER_CRASHED); after that the attempt fails, and the job retries
-    or fails as for any failure."""
-    if sum(1 for a in job.attempts if (a.error or "").startswith(marker)) > times:
-        attempt.status = AttemptStatus.failed
-        await _after_failure(session, job, f"{attempt.error}; back in the queue {times} times already")
-        return
-    await _requeue(session, job, message, data, reason)
-
-
-def _a_retry(attempt: JobAttempt) -> bool:
-    crashed = attempt.status is AttemptStatus.lost and (attempt.error or "").startswith(DRIVER_CRASHED)
-    return attempt.status in (AttemptStatus.failed, AttemptStatus.lost) and not crashed
-
-
-# A driver that crashed (below) is queued again this many times; the next time, its attempt fails (and
-# the job retries or fails as for any failure): what crashes it then is the job's, or the node's for good.
-DRIVER_CRASH_REQUEUES = 2
-DRIVER_CRASHED = "the job's driver crashed"
-# What a native crash leaves in a process's output: Ray's fatal-error report (a failed check), absl's
-# and Ray's signal handlers, Python's fatal error (faulthandler).
-CRASH_MARKERS = (
-    "*** StackTrace Information ***",
-    "*** Check failure stack trace: ***",
-    " received at time=",
-    "Fatal Python error: ",
-)
-
-
-def driver_crash(info: RayJobInfo, logs: str) -> str | None:
-    """How the attempt's driver crashed, when it did: it ended without saying why (no `[trainmaster]
-    error:` line, which the driver prints for every failure of the job's: workers/driver.py), killed by
-    a signal nobody asked for (stops are handled before this) or with a native crash in its own output.
-    That is Ray's or the node's fault, not the job's: it is queued again, not retried. None otherwise."""
-    if driver_error(logs) is not None:
-        return None
-    if (signum := _killed_by(info.exit_code)) is not None:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(signum).name}, exit code {info.exit_code}"
-        return f"killed by signal {signum}, exit code {info.exit_code}"
-    own = [line for line in logs.splitlines() if not line.startswith("(")]  # workers' lines: "(name pid=...) ..."
-    found = next((marker for marker in CRASH_MARKERS if any(marker in line for line in own)), None)
-    return None if found is None else f"a native crash: {found.strip()!r} in its output"
-
-
-def _killed_by(exit_code: int | None) -> int | None:
-    """The signal an exit code says killed the process: Python's negative code, or a shell's 128 + n
-    (Ray runs the entrypoint through `sh -c`)."""
-    if exit_code is None:
-        return None
-    if exit_code < 0:
-        return -exit_code
-    return exit_code - 128 if 128 < exit_code < 160 else None
-
-
-async def _driver_crashed(session: AsyncSession, job: Job, attempt: JobAttempt, crash: str, tail: str) -> None:
-    """The driver (platform code and Ray's) crashed: the attempt is lost and the job goes back to
-    `queued`, not as a retry, and resumes from its latest checkpoint, at most DRIVER_CRASH_REQUEUES times."""
-    attempt.status = AttemptStatus.lost
-    attempt.error = f"{DRIVER_CRASHED} ({crash}), not an error of the job's code; its output ends: {tail}"[:2000]
-    await _requeue_at_most(
-        session,
-        job,
-        attempt,
-        DRIVER_CRASHED,
-        DRIVER_CRASH_REQUEUES,
-        f"attempt {attempt.n}: {DRIVER_CRASHED} ({crash}); queued again (not a retry)",
-        {"requeued": "driver_crashed", "crash": crash},
-        f"its driver crashed ({crash}); queued again, waiting to be admitted",
-    )
-
-
-async def _preempted(session: AsyncSession, job: Job, attempt: JobAttempt) -> None:
-    """Back to the queue, priority kept; the next attempt resumes from the latest checkpoint."""
-    by = str(job.preempted_by)
-    attempt.status = AttemptStatus.stopped
-    attempt.error = f"preempted by {by}"
-    message = f"preempted by {by}; resumes from its latest checkpoint (not a retry)"
-    await _requeue(session, job, message, {"preempted_by": by}, f"preempted by {by}; waits to be admitted again")
-
-
-async def _requeue(session: AsyncSession, job: Job, message: str, data: dict[str, Any], reason: str) -> None:
-    """Its attempt stopped, not failed (a preemption, a gang Ray would not place): back to the queue,
-    priority kept, not a retry; the next attempt resumes from the latest checkpoint."""
-    await release(session, job)
-    await transition(session, job, JobStatus.queued, message=message, data=data)
-    job.pending_reason = reason
 
 
 def _timed_out(job: Job, attempt: JobAttempt, now: datetime) -> bool:
@@ -520,30 +405,3 @@ def _ended_at(info: RayJobInfo | None, now: datetime) -> datetime:
 def _in_time(job: Job, attempt: JobAttempt, info: RayJobInfo) -> bool:
     """The attempt ended, by Ray's clock, within the job's limit (it finished before the stop)."""
     return info.end_time is not None and not _timed_out(job, attempt, info.end_time)
-
-
-ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-def _clean(line: str) -> str:
-    # The cutter (api/dispatcher/log_cut.py) bounds lines read from Ray; this bounds any other source.
-    return ANSI_ESCAPE.sub("", line).replace("\x00", "")[: 2 * 65536]
-
-
-# What the driver prints before every failure of the job's (workers/driver.py): the error a person reads.
-DRIVER_ERROR = "[trainmaster] error: "
-
-
-def driver_error(logs: str) -> str | None:
-    """The last error the driver itself printed (its `DRIVER_ERROR` line), if any."""
-    marked = [line.split(DRIVER_ERROR, 1)[1] for line in logs.splitlines() if DRIVER_ERROR in line]
-    return marked[-1] if marked else None
-
-
-def error_text(info: RayJobInfo, logs: str) -> str:
-    """The end of the driver's log, where the actionable error is; Ray's message otherwise."""
-    if (said := driver_error(logs)) is not None:
-        return said[:2000]
-    lines = [line for line in logs.splitlines() if line.strip()]
-    tail = "\n".join(lines[-15:])
-    return (tail or info.message or "the Ray job failed without output")[-2000:]

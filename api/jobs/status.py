@@ -3,7 +3,7 @@ admission round starts at once, through a statement that asks `sources` which st
 
 `transition` writes the `job_events` row in the caller's transaction and queues a NOTIFY that
 PostgreSQL delivers only when that transaction commits, so listeners never hear of a change that
-rolled back. The bulk write (api/dispatcher/repository.py, ROUND_WRITES) changes only the rows whose
+rolled back. The bulk write (api/dispatcher/round_writes.py, ROUND_WRITES) changes only the rows whose
 current status is one of `sources(target)`, and writes the event and NOTIFY of exactly the rows it
 changed: both paths refuse what `ALLOWED` refuses.
 """

@@ -375,7 +375,7 @@ def test_a_final_log_read_that_fails_is_retried_then_recorded(database_url: str)
 
 
 def test_launches_that_can_never_be_made_end_in_one_write_that_keeps_the_status_rules(database_url: str) -> None:
-    """repository.FAIL_LAUNCHES: a job being cancelled ends cancelled, a job another dispatcher took
+    """round_writes.FAIL_LAUNCHES: a job being cancelled ends cancelled, a job another dispatcher took
     over is left alone, the rest fail with the reason, an event, no lease and no live job token."""
     from api.dispatcher import launch
 

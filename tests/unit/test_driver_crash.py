@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from api.dispatcher.backend import RayJobInfo, RayJobState
-from api.dispatcher.reconcile import driver_crash
+from api.dispatcher.ending import driver_crash
 
 FRAMES = "/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0(+0x1c1461) [0x7fea9f3c1461] type_call\n"
 

@@ -28,7 +28,7 @@ def test_selected_rules() -> None:
 
 
 def test_the_bulk_writes_sources_are_the_table_read_backwards() -> None:
-    """What a bulk status write (api/dispatcher/repository.py, ROUND_WRITES) may move comes from
+    """What a bulk status write (api/dispatcher/round_writes.py, ROUND_WRITES) may move comes from
     ALLOWED, so it refuses exactly what `transition` refuses."""
     for target in S:
         assert set(sources(target)) == {current.value for current in S if can_transition(current, target)}
