@@ -24,6 +24,7 @@ from api.dispatcher.context import RoundContext
 from api.dispatcher.decide import ROUND_BATCHES, Decisions, Outcome, Verdict, decide, read_on, seen
 from api.dispatcher.placement import Cluster
 from api.dispatcher.quotas import Book
+from api.dispatcher.reasons import Code, Reason, render
 from api.jobs.status import record_event, transition
 from api.queues import repository as queues
 from api.queues.repository import QueuedJob
@@ -125,8 +126,7 @@ async def _write(
             quotas = book if reclaim or fair else None
             if room := await preemption.make_room(settings, session, row, cluster, now, quotas, fair=fair):
                 reason = room
-        if reason != job.pending_reason or job.infeasible_since is not None:
-            reasons[job.id] = reason
+        reasons[job.id] = reason  # written where it changed (round_writes.ROUND_WRITES)
     bypassed = [o.job.id for o in waiting if o.bypassed and o.job.bypassed_since is None]
     launches += await launch.start_attempts(
         context, session, admitted, now, warning, reasons, failures, selectors=selectors, bypassed=bypassed
@@ -166,8 +166,7 @@ async def _infeasible(session: AsyncSession, outcome: Outcome[QueuedJob], now: d
 
 
 async def _set_reasons_unreachable(context: RoundContext, error: str) -> None:
-    reason = f"the Ray cluster {context.cluster_name!r} is unreachable ({error}); waiting for it to come back"
+    reason = render(Reason(Code.ray_unreachable, {"cluster": context.cluster_name, "error": error}))
     async with context.sessions() as session, session.begin():
         queued = await queues.lock_queued(session, context.settings.admit_batch, context.cluster_id)
-        changed = {job.id: reason for job in queued if job.pending_reason != reason}
-        await round_writes.write_round(session, reasons=changed, clear_infeasible=False)
+        await round_writes.write_round(session, reasons={job.id: reason for job in queued}, clear_infeasible=False)

@@ -45,6 +45,7 @@ from typing import Any, Generic
 
 from api.dispatcher.placement import Cluster, Decision, Resources, admit
 from api.dispatcher.quotas import Book
+from api.dispatcher.reasons import Code, Reason, render
 from api.queues.order import Job, Queued, admission_key
 from trainmaster.models import Scaling
 
@@ -75,16 +76,17 @@ class Verdict(str, enum.Enum):
 @dataclass
 class Outcome(Generic[Job]):
     """What became of one job. admit: `placement` (node id -> bundles) and `selector` (the label
-    domain, for a gang with a topology). wait: `reason`, and whether the round should ask for room by
+    domain, for a gang with a topology). wait: `why` (a reasons.Reason: a code and its parameters;
+    `reason` renders it), and whether the round should ask for room by
     priority preemption (`preempt`), quota reclaim (`reclaim`) or fair share (`fair`), and whether a
-    later job of its project was admitted while it waited (`bypassed`). infeasible: `reason` (its event's
-    text), `message` (what the job shows while it waits) or, once `infeasible_timeout_s` has passed,
-    `error` (it fails). fail: `error` and the event's `message`; `exception` when placement raised
-    (the round logs it)."""
+    later job of its project was admitted while it waited (`bypassed`). infeasible: `reason` (placement's
+    account, its event's text), `message` (what the job shows while it waits) or, once
+    `infeasible_timeout_s` has passed, `error` (it fails). fail: `error` and the event's `message`;
+    `exception` when placement raised (the round logs it)."""
 
     job: Job
     verdict: Verdict
-    reason: str = ""
+    detail: str = ""  # placement's account (admit, infeasible)
     placement: dict[str, list[Resources]] = field(default_factory=dict)
     selector: dict[str, str] | None = None
     preempt: bool = False
@@ -98,6 +100,12 @@ class Outcome(Generic[Job]):
     error: str | None = None
     message: str = ""
     exception: BaseException | None = None
+    why: Reason | None = None  # wait: why, as data
+
+    @property
+    def reason(self) -> str:
+        """The sentence a person reads: a wait's `why` rendered, else placement's account."""
+        return render(self.why) if self.why is not None else self.detail
 
 
 @dataclass
@@ -185,7 +193,7 @@ def decide(
             continue
         if hold is not None:
             # Behind a starving gang that waits for resources: nothing after it is placed this round.
-            passable.append(Outcome(job, Verdict.wait, _behind(*hold)))
+            passable.append(Outcome(job, Verdict.wait, why=_behind(*hold)))
             decisions.outcomes.append(passable[-1])
             continue
         try:
@@ -205,13 +213,15 @@ def decide(
         if first is not None and first[0].id != job.id:
             if admission_key(first[0]) < admission_key(job):
                 # A later job of a project whose starving job waits: it takes neither quota nor resources.
-                passable.append(Outcome(job, Verdict.wait, _behind(*first), own=True))
+                passable.append(Outcome(job, Verdict.wait, why=_behind(*first), own=True))
                 decisions.outcomes.append(passable[-1])
                 continue
             first = None  # this job comes before its project's starving one
         if (kept := book.kept_for(job.project_id, need)) is not None:
             # Another member's starving gang waits for the cohort's lending: this one would borrow it.
-            passable.append(Outcome(job, Verdict.wait, _behind_lending(*kept), own=True))
+            job_id, project, passed = kept
+            behind = Reason(Code.behind_lending, {"job": job_id, "project": project, "passed_s": passed})
+            passable.append(Outcome(job, Verdict.wait, why=behind, own=True))
             decisions.outcomes.append(passable[-1])
             continue
         if refusal := book.refusal(job.project_id, need):
@@ -219,27 +229,34 @@ def decide(
             # unless other members borrow what its cohort would lend it and fair share may take it back.
             # Whether its cohort's lending holds it: asked only where it is used (it sums over the cohort).
             lending = (
-                not refusal[1] and (fair_share or first is not None) and bool(book.lending_short(job.project_id, need))
+                not refusal.always
+                and (fair_share or first is not None)
+                and bool(book.lending_short(job.project_id, need))
             )
-            outcome = Outcome(job, Verdict.wait, refusal[0], fair=fair_share and lending, own=True)
+            outcome = Outcome(job, Verdict.wait, why=refusal, fair=fair_share and lending, own=True)
             if first is not None:
-                outcome.reason += _holds(first[1])
+                outcome.why = refusal.holding(first[1])
                 if lending:  # its cohort's lending is kept for it from now on (Book.keep_lending)
                     book.keep_lending(job.project_id, job.id, first[1])
             decisions.outcomes.append(outcome)
-            if not refusal[1]:
+            if not refusal.always:
                 passable.append(outcome)
             continue
+        wait = Reason(Code.resources, {"detail": admission.reason})
         if admission.decision is Decision.admit and not _within(budget, need):
             admission.decision = Decision.wait
-            admission.reason = (
-                f"waiting for resources: trainmaster jobs that are starting hold {held.get('CPU', 0.0):g} CPU "
-                f"and {held.get('GPU', 0.0):g} GPU of the cluster's {total.get('CPU', 0):g} CPU / "
-                f"{total.get('GPU', 0):g} GPU"
+            wait = Reason(
+                Code.starting,
+                {
+                    "cpus": held.get("CPU", 0.0),
+                    "gpus": held.get("GPU", 0.0),
+                    "total_cpus": total.get("CPU", 0.0),
+                    "total_gpus": total.get("GPU", 0.0),
+                },
             )
         if admission.decision is Decision.wait and first is not None:
             hold, decisions.held = first, True
-            admission.reason += _holds(first[1])
+            wait = wait.holding(first[1])
         if admission.decision is Decision.admit:
             if first is not None:  # its project's first starving job: the next one holds from now
                 starving[job.project_id].pop(0)
@@ -255,33 +272,15 @@ def decide(
         else:
             reclaim = book.reclaims(job.project_id, need)
             fair = fair_share and not reclaim and book.in_cohort(job.project_id)
-            outcome = Outcome(job, Verdict.wait, admission.reason, preempt=preemption, reclaim=reclaim, fair=fair)
+            outcome = Outcome(job, Verdict.wait, why=wait, preempt=preemption, reclaim=reclaim, fair=fair)
             decisions.outcomes.append(outcome)
             passable.append(outcome)
     _mark_bypassed(decisions, passable)
     return decisions
 
 
-def _behind(first: Queued, passed: float) -> str:
-    return (
-        f"waiting behind job {first.id}, which later jobs of its project have passed for {passed / 60:.0f} min: "
-        "nothing after it is admitted until it fits (bounded waits)"
-    )
-
-
-def _behind_lending(first: uuid.UUID, project: str, passed: float) -> str:
-    return (
-        f"waiting behind job {first} of project {project}, which waits for what their cohort lends and which "
-        f"later jobs of its project have passed for {passed / 60:.0f} min: no later job of the cohort borrows "
-        "until it fits (bounded waits)"
-    )
-
-
-def _holds(passed: float) -> str:
-    return (
-        f". Later jobs of its project have passed it for {passed / 60:.0f} min: nothing after it is admitted "
-        "until it fits (bounded waits)"
-    )
+def _behind(first: Queued, passed: float) -> Reason:
+    return Reason(Code.behind_starving, {"job": first.id, "passed_s": passed})
 
 
 def _starving(job: Queued, now: datetime, starvation_s: float) -> float:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from api.db.models import Project
+from api.dispatcher.reasons import Code, Reason
 
 EPSILON = 1e-9
 RESOURCES = ("CPU", "GPU")
@@ -130,8 +131,8 @@ class Book:
         lent = sums.lendable[resource] - standing.lendable(resource)
         return max(0.0, lent - (sums.borrowed[resource] - standing.borrowed(resource)))
 
-    def refusal(self, project_id: uuid.UUID, need: dict[str, float]) -> tuple[str, bool] | None:
-        """Why the project's quota holds a gang of `need` now (and whether it always will, as the
+    def refusal(self, project_id: uuid.UUID, need: dict[str, float]) -> Reason | None:
+        """Why the project's quota holds a gang of `need` now (`Reason.always`: whatever ends, as the
         quotas are), or None when it may be admitted."""
         standing = self.projects.get(project_id)
         if standing is None:
@@ -148,32 +149,21 @@ class Book:
             if standing.cohort is not None:
                 most = self._sums(standing.cohort).most_lent[resource] - standing.most_lent(resource)
             ceiling = nominal + min(most, limit if limit is not None else most)
-            held = f"project {standing.name} holds {used:g} of its quota of {nominal:g} {resource}"
+            held = {"amount": amount, "resource": resource, "project": standing.name, "used": used, "quota": nominal}
             if amount > ceiling + EPSILON:
-                return (
-                    f"can never fit its project's quota as it is: needs {amount:g} {resource}; project "
-                    f"{standing.name} may hold at most {ceiling:g} {resource} ({_ceiling_parts(standing, most)})."
-                    " Raise it with `trainmaster project set --quota`, or ask for fewer.",
-                    True,
-                )
+                parts = _ceiling_parts(standing, most)
+                return Reason(Code.quota_never, {**held, "ceiling": ceiling, "parts": parts})
             if standing.cohort is None:
-                return f"waiting for its project's quota: needs {amount:g} {resource}; {held}.", False
+                return Reason(Code.quota, held)
             borrow = used + amount - nominal
+            already = standing.borrowed(resource)
             if limit is not None and borrow > limit + EPSILON:
-                return (
-                    f"waiting for its project's quota: needs {amount:g} {resource}; {held} and may borrow "
-                    f"at most {limit:g} beyond it (it borrows {standing.borrowed(resource):g}).",
-                    False,
-                )
+                return Reason(Code.borrowing_limit, {**held, "limit": limit, "borrowed": already})
             free = self.free_to_borrow(project_id, resource)
             if borrow > free + EPSILON:
-                already = standing.borrowed(resource)
-                return (
-                    f"waiting for its project's quota: needs {amount:g} {resource}; {held}, borrows "
-                    f"{already:g} from cohort {standing.cohort}, which has {max(0.0, free - already):g} "
-                    f"{resource} left to lend.",
-                    False,
-                )
+                left = max(0.0, free - already)
+                lending = {"borrowed": already, "cohort": standing.cohort, "left": left}
+                return Reason(Code.cohort_lending, {**held, **lending})
         return None
 
     def borrows(self, project_id: uuid.UUID, need: dict[str, float]) -> bool:

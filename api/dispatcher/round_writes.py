@@ -29,9 +29,9 @@ FAILED_SOURCES = sources(JobStatus.failed)  # and to failed
 # each status change with the status it left) and NOTIFY (sent by PostgreSQL at commit). The jobs the
 # round could not place or knows cannot launch (`failures`) fail, each with its error, status event
 # and NOTIFY, as `transition` would write them one at a time. The waiting jobs get their new reasons
-# (`reasons`). The rows come as JSON documents, one parameter each. The self-join on `jobs AS old`
-# reads each row as it was before the UPDATE (its status left). Returns the ids of the jobs that moved,
-# each with whether it started (else it failed).
+# (`reasons`), written only where one changed (a round repeats most). The rows come as JSON documents,
+# one parameter each. The self-join on `jobs AS old` reads each row as it was before the UPDATE (its
+# status left). Returns the ids of the jobs that moved, each with whether it started (else it failed).
 ROUND_WRITES = text(
     """
     WITH started AS (
@@ -85,6 +85,9 @@ ROUND_WRITES = text(
                                                 THEN coalesce(j.bypassed_since, now()) ELSE j.bypassed_since END
         FROM jsonb_to_recordset(CAST(:reasons AS jsonb)) AS r(job_id uuid, reason text, bypassed boolean)
         WHERE j.id = r.job_id
+          AND (j.pending_reason IS DISTINCT FROM coalesce(r.reason, j.pending_reason)
+               OR (:clear_infeasible AND r.reason IS NOT NULL AND j.infeasible_since IS NOT NULL)
+               OR (r.bypassed AND j.status = 'queued' AND j.bypassed_since IS NULL))
     )
     SELECT s.job_id, true, pg_notify(:channel, s.payload) FROM started s
     UNION ALL

@@ -12,6 +12,7 @@ from typing import Any
 from api.dispatcher.decide import Verdict, decayed, decide
 from api.dispatcher.placement import Cluster, Node
 from api.dispatcher.quotas import Book, Standing
+from api.dispatcher.reasons import Code
 from api.queues.order import admission_key, dominant_share
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -87,6 +88,7 @@ def test_the_budget_counts_what_active_jobs_hold() -> None:
     job = gang(A, 4)
     [outcome] = decide([job], cluster(8), Book(), {"CPU": 0.0, "GPU": 6.0}, now=NOW).outcomes
     assert outcome.verdict is Verdict.wait
+    assert outcome.why is not None and outcome.why.code is Code.starting and outcome.why.params["gpus"] == 6.0
     assert outcome.reason == (
         "waiting for resources: trainmaster jobs that are starting hold 0 CPU and 6 GPU of the cluster's 16 CPU / 8 GPU"
     )
@@ -97,6 +99,7 @@ def test_a_quota_refuses_before_resources_and_never_preempts() -> None:
     job = gang(A, 4)
     [outcome] = decide([job], full(8), book, {}, now=NOW, preemption=True).outcomes  # no GPU free either
     assert outcome.verdict is Verdict.wait and not outcome.preempt and not outcome.reclaim
+    assert outcome.why is not None and outcome.why.code is Code.quota
     assert outcome.reason == "waiting for its project's quota: needs 4 GPU; project a holds 2 of its quota of 4 GPU."
 
 
@@ -174,9 +177,11 @@ def test_a_gang_passed_by_later_jobs_of_its_project_is_marked_then_holds_admissi
     assert [o.verdict for o in decisions.outcomes] == [Verdict.wait] * 3
     assert decisions.held  # the round reads no further batch (read_on)
     first, *held = decisions.outcomes
+    assert first.why is not None and first.why.code is Code.resources and first.why.holds_s == 7200
     assert "Later jobs of its project have passed it for 120 min: nothing after it is admitted" in first.reason
     assert first.preempt and not first.own  # the cluster's room holds it, not its project
     for outcome in held:
+        assert outcome.why is not None and outcome.why.code is Code.behind_starving
         assert outcome.reason.startswith(f"waiting behind job {big.id}, which later jobs of its project have passed")
         assert not outcome.preempt and not outcome.bypassed
     # Not yet starvation_s, or the setting off: it is passed as before.

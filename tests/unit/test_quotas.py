@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 
 from api.dispatcher.quotas import Book, Standing
+from api.dispatcher.reasons import Code, render
 
 A, B, C = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
 
@@ -28,16 +29,16 @@ def test_within_quota_admits_and_take_counts_the_gang() -> None:
     book.take(A, gpus(4))
     refusal = book.refusal(A, gpus(1))
     assert refusal is not None
-    reason, never = refusal
-    assert not never
-    assert "project a holds 8 of its quota of 8 GPU" in reason
+    assert refusal.code is Code.quota and not refusal.always
+    assert refusal.params == {"amount": 1, "resource": "GPU", "project": "a", "used": 8, "quota": 8}
+    assert "project a holds 8 of its quota of 8 GPU" in render(refusal)
 
 
 def test_a_gang_larger_than_quota_and_cohort_can_never_fit() -> None:
     book = Book({A: Standing("a", {"GPU": 4}), B: Standing("b", {"GPU": 2}, cohort=None)})
     refusal = book.refusal(A, gpus(5))
-    assert refusal is not None and refusal[1]
-    assert "may hold at most 4 GPU" in refusal[0] and "project set --quota" in refusal[0]
+    assert refusal is not None and refusal.always and refusal.code is Code.quota_never
+    assert "may hold at most 4 GPU" in render(refusal) and "project set --quota" in render(refusal)
 
 
 def test_borrowing_from_a_cohort_up_to_what_the_others_leave_unused() -> None:
@@ -51,8 +52,8 @@ def test_borrowing_from_a_cohort_up_to_what_the_others_leave_unused() -> None:
     assert book.free_to_borrow(A, "GPU") == 3
     assert book.refusal(A, gpus(3)) is None
     refusal = book.refusal(A, gpus(4))
-    assert refusal is not None and not refusal[1]
-    assert "borrows 0 from cohort research, which has 3 GPU left to lend" in refusal[0]
+    assert refusal is not None and not refusal.always and refusal.code is Code.cohort_lending
+    assert "borrows 0 from cohort research, which has 3 GPU left to lend" in render(refusal)
     book.take(A, gpus(3))
     assert book.free_to_borrow(B, "GPU") == 0  # b's own quota is now lent out: b may not borrow back
     assert book.refusal(B, gpus(3)) is None  # but b's nominal quota is still b's (reclaim frees it)
@@ -67,9 +68,10 @@ def test_borrowing_and_lending_limits() -> None:
     )
     assert book.refusal(A, gpus(1)) is None
     refusal = book.refusal(A, gpus(2))
-    assert refusal is not None and "may borrow at most 1 beyond it" in refusal[0]
+    assert refusal is not None and refusal.code is Code.borrowing_limit
+    assert "may borrow at most 1 beyond it" in render(refusal)
     never = book.refusal(A, gpus(4))
-    assert never is not None and never[1]  # 2 of its own + at most 1 borrowed
+    assert never is not None and never.always  # 2 of its own + at most 1 borrowed
     assert book.free_to_borrow(A, "GPU") == 3  # b lends at most 3 of its 8
     unlimited = Book(
         {
