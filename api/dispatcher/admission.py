@@ -17,7 +17,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.models import Job
-from api.dispatcher import launch, preemption, round_writes
+from api.dispatcher import launch, preemption, room, round_writes
 from api.dispatcher import repository as repo
 from api.dispatcher.backend import Launch, RayUnavailable
 from api.dispatcher.context import RoundContext
@@ -27,6 +27,7 @@ from api.dispatcher.quotas import Book
 from api.dispatcher.reasons import Code, Reason, render
 from api.jobs.status import record_event, transition
 from api.queues import repository as queues
+from api.queues.order import gang
 from api.queues.repository import QueuedJob
 from trainmaster.models import JobStatus
 
@@ -91,10 +92,10 @@ async def _write(
     now: datetime,
 ) -> list[Launch]:
     """Write a round's decisions: the admitted gangs' attempts, the failures and the waiting jobs'
-    reasons in one statement (launch.start_attempts), the infeasible jobs one at a time. Each waiting
-    job that may preempt, reclaim or preempt for fair share asks preemption.make_room, in admission order, and shows its
-    answer: priority preemption counts what active jobs hold in the database, so the round's admitted
-    gangs are written before it asks (reclaim reads the book, which holds them already)."""
+    reasons in one statement (launch.start_attempts), the infeasible jobs one at a time. Where a waiting
+    job may preempt, reclaim or preempt for fair share, the cluster's active jobs are read and room.choose
+    decides each one's room over them, in admission order (`Decisions.rooms`); preemption.apply writes it
+    and the job shows it as its reason."""
     settings = context.settings
     warning = storage_warning(settings.storage_path, cluster)  # the same for every job of the round
     admitted = [o.job for o in decisions.of(Verdict.admit)]
@@ -108,25 +109,26 @@ async def _write(
         failures[failed.job.id] = (failed.error or "", failed.message)
     for infeasible in decisions.of(Verdict.infeasible):
         await _infeasible(session, infeasible, now)
-    launches: list[Launch] = []
     waiting = decisions.of(Verdict.wait)
-    if settings.preemption and any(o.preempt for o in waiting):
-        launches += await launch.start_attempts(context, session, admitted, now, warning, selectors=selectors)
-        admitted = []
-    reasons: dict[uuid.UUID, str] = {}  # the waiting jobs' new reasons, written together
-    for outcome in waiting:
-        job, reason = outcome.job, outcome.reason
-        # A reclaim or fair-share preemption earlier in this round found too little for a gang as large: not
-        # tried again.
-        need = {"CPU": job.gang_cpus, "GPU": job.gang_gpus}
-        reclaim = outcome.reclaim and not book.gave_up(job.project_id, need)
-        fair = outcome.fair and not book.fair_share_gave_up(job.project_id, need)
-        if outcome.preempt or reclaim or fair:
-            row = await session.get_one(Job, job.id)  # locked already, by lock_queued
-            quotas = book if reclaim or fair else None
-            if room := await preemption.make_room(settings, session, row, cluster, now, quotas, fair=fair):
-                reason = room
-        reasons[job.id] = reason  # written where it changed (round_writes.ROUND_WRITES)
+    if any(o.preempt or o.reclaim or o.fair for o in waiting):
+        decisions.rooms = room.choose(
+            waiting,
+            await preemption.snapshot(session, context.cluster_id),
+            cluster,
+            book,
+            now,
+            preemption=settings.preemption,
+            grace_s=settings.preemption_grace_s,
+            guaranteed_shares=settings.guaranteed_shares,
+            margin=settings.fair_share_preemption_margin,
+            admitted=[(o.job.project_id, gang(o.job)) for o in decisions.of(Verdict.admit)],
+        )
+        for job_id, targets in decisions.rooms.items():
+            await preemption.apply(settings, session, job_id, targets, now)
+    # The waiting jobs' reasons, written together where they changed (round_writes.ROUND_WRITES).
+    shown = {job_id: render(targets.reason) for job_id, targets in decisions.rooms.items()}
+    reasons = {o.job.id: shown.get(o.job.id, o.reason) for o in waiting}
+    launches: list[Launch] = []
     bypassed = [o.job.id for o in waiting if o.bypassed and o.job.bypassed_since is None]
     launches += await launch.start_attempts(
         context, session, admitted, now, warning, reasons, failures, selectors=selectors, bypassed=bypassed

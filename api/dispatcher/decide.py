@@ -41,13 +41,16 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic
+from typing import TYPE_CHECKING, Any, Generic
 
 from api.dispatcher.placement import Cluster, Decision, Resources, admit
 from api.dispatcher.quotas import Book
 from api.dispatcher.reasons import Code, Reason, render
 from api.queues.order import Job, Queued, admission_key
 from trainmaster.models import Scaling
+
+if TYPE_CHECKING:
+    from api.dispatcher.room import Room
 
 
 def decayed(
@@ -114,6 +117,8 @@ class Decisions(Generic[Job]):
 
     outcomes: list[Outcome[Job]] = field(default_factory=list)
     held: bool = False  # a starving gang that waits for resources held the round: nothing after it was placed
+    # The room made for waiting jobs (room.choose, over the cluster's active jobs): job id -> its targets.
+    rooms: dict[uuid.UUID, Room] = field(default_factory=dict)
 
     def of(self, verdict: Verdict) -> list[Outcome[Job]]:
         return [o for o in self.outcomes if o.verdict is verdict]

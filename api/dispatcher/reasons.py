@@ -20,6 +20,12 @@ class Code(str, enum.Enum):
     behind_starving = "behind_starving"  # behind its project's starving job (`job`, `passed_s`)
     behind_lending = "behind_lending"  # lending kept for another's starving job (`job`, `project`, `passed_s`)
     ray_unreachable = "ray_unreachable"  # the cluster's Ray is down (`cluster`, `error`)
+    # Room being made for it (api/dispatcher/room.py), each with `count` and `jobs` (their short ids):
+    shrinking = "shrinking"  # elastic gangs asked to shrink
+    preempting = "preempting"  # lower-priority jobs asked to go
+    preempting_asked = "preempting_asked"  # jobs asked to go in an earlier round, still stopping
+    reclaiming = "reclaiming"  # borrowers asked to give its project's quota back (`cohort`)
+    preempting_fair = "preempting_fair"  # borrowers above it in fair share asked to go (`cohort`, `project`)
 
 
 @dataclass(frozen=True)
@@ -95,5 +101,22 @@ _TEXT = {
     ),
     Code.ray_unreachable: lambda p: (
         f"the Ray cluster {p['cluster']!r} is unreachable ({p['error']}); waiting for it to come back"
+    ),
+    Code.shrinking: lambda p: (
+        f"shrinking {p['count']} elastic job(s) to make room ({p['jobs']}): waiting for them to resize"
+    ),
+    Code.preempting: lambda p: (
+        f"preempting {p['count']} lower-priority job(s) ({p['jobs']}): waiting for them to checkpoint and stop"
+    ),
+    Code.preempting_asked: lambda p: (
+        f"preempting {p['count']} job(s) to make room ({p['jobs']}): waiting for them to checkpoint and stop"
+    ),
+    Code.reclaiming: lambda p: (
+        f"reclaiming its quota from cohort {p['cohort']}: preempting {p['count']} job(s) on borrowed quota "
+        f"({p['jobs']}): waiting for them to checkpoint and stop"
+    ),
+    Code.preempting_fair: lambda p: (
+        f"preempting {p['count']} job(s) on borrowed quota for fair share in cohort {p['cohort']} ({p['jobs']}): "
+        f"their projects' shares are above {p['project']}'s; waiting for them to checkpoint and stop"
     ),
 }
