@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.db.direct import Direct, pyformat
+from api.db.direct import Runner
 from api.db.models import CodePackage
 
 
@@ -27,30 +27,20 @@ async def store(session: AsyncSession, project_id: uuid.UUID, code_id: str, cont
 # hour has its retention clock (created_at) restarted by the same statement. Retention deletes only
 # packages older than code_retention_days, and skips rows locked by this update: so a package is never
 # deleted between this check and the insert of the job that names it (it is refused here instead).
-_NAMED = text(
-    """
+_NAMED = """
     WITH touched AS (
         UPDATE code_packages SET created_at = now()
-        WHERE project_id = :project AND id = :code AND created_at < now() - interval '1 hour'
+        WHERE project_id = %(project)s AND id = %(code)s AND created_at < now() - interval '1 hour'
         RETURNING 1
     )
-    SELECT 1 FROM touched UNION ALL SELECT 1 FROM code_packages WHERE project_id = :project AND id = :code
+    SELECT 1 FROM touched UNION ALL SELECT 1 FROM code_packages WHERE project_id = %(project)s AND id = %(code)s
     LIMIT 1
-    """
-)
+"""
 
 
-_NAMED_DIRECT = pyformat(_NAMED)
-
-
-async def exists(session: AsyncSession, project_id: uuid.UUID, code_id: str) -> bool:
+async def exists(runner: Runner, project_id: uuid.UUID, code_id: str) -> bool:
     """Whether the project stores this package (and it is now safe from retention: `_NAMED`)."""
-    return (await session.execute(_NAMED, {"project": project_id, "code": code_id})).first() is not None
-
-
-async def exists_direct(direct: Direct, project_id: uuid.UUID, code_id: str) -> bool:
-    """`exists` on a direct connection (the fast submit path)."""
-    return await direct.one(_NAMED_DIRECT, {"project": project_id, "code": code_id}) is not None
+    return await runner.one(_NAMED, {"project": project_id, "code": code_id}) is not None
 
 
 async def content(session: AsyncSession, project_id: uuid.UUID, code_id: str) -> bytes | None:

@@ -5,6 +5,7 @@ from fastapi import APIRouter, Request, Response, status
 from api.auth.deps import ProjectPrincipal
 from api.code_packages import repository, service
 from api.code_packages.gate import UploadGate
+from api.db.direct import OnSession
 from api.db.session import Session
 from api.deps import AppSettings
 from api.errors import NotFound, UnsupportedMediaType, error_responses
@@ -43,6 +44,6 @@ async def upload_code(
 async def code_exists(code_id: str, session: Session, principal: ProjectPrincipal) -> Response:
     """200 when this project holds the package `sha256:<hex>` already, 404 when not: a client that
     hashed its zip skips uploading it again (`trainmaster run`)."""
-    if not await repository.exists(session, principal.project_id, code_id):
+    if not await repository.exists(OnSession(session), principal.project_id, code_id):
         raise NotFound(f"no uploaded code {code_id}")
     return Response(status_code=status.HTTP_200_OK)

@@ -9,6 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.principal import Principal
 from api.code_packages import archive, repository
+from api.db.direct import OnSession
 from api.errors import PayloadTooLarge, ValidationError
 from api.settings import Settings
 from api.storage import service as storage
@@ -20,7 +21,7 @@ async def upload(session: AsyncSession, principal: Principal, content: bytes, se
     # Reading every member and hashing take about a second per 100 MB: off the event loop.
     code_id, info = await asyncio.to_thread(_checked, content, settings)
     # A package the project stores already adds nothing (content-addressed).
-    adding = 0 if await repository.exists(session, principal.project_id, code_id) else len(content)
+    adding = 0 if await repository.exists(OnSession(session), principal.project_id, code_id) else len(content)
     if (refused := await storage.refusal(session, principal.project_id, adding, "this upload")) is not None:
         raise StorageQuotaExceeded(refused)
     await repository.store(session, principal.project_id, code_id, content, info.file_count)

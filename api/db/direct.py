@@ -1,6 +1,9 @@
 """Plain psycopg connections for the hottest requests, beside SQLAlchemy's engine.
 
-A request that is one statement (check a token, read a job, submit a job) needs no ORM session. On
+A request that is one statement (check a token, read a job, submit a job) needs no ORM session. Such a
+statement is written once, in psycopg's `%(name)s` style, and runs either here or inside a session's
+transaction (`OnSession`, for callers that write more in the same transaction): the same text reaches
+the driver either way, nothing rewrites it. On
 this project's 2-core machine an `AsyncSession` cost about 650 µs of CPU for a `SELECT 1` in a
 transaction, psycopg on an autocommit connection 85 µs (the figures are in bench/README.md). These
 connections autocommit: every statement is its own transaction, so a path that writes several rows
@@ -13,14 +16,13 @@ broken while in use fails its request with 503 and is discarded when it comes ba
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
-from sqlalchemy import TextClause
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.session import PING_IDLE_S
 from api.settings import Settings, libpq_url
@@ -32,12 +34,30 @@ from api.settings import Settings, libpq_url
 # lookups whose best plan does not depend on the values: always the generic plan (bench/README.md).
 GENERIC_PLANS = "-c plan_cache_mode=force_generic_plan"
 
-_BIND = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+class Runner(Protocol):
+    """Runs one statement (psycopg's `%(name)s` binds): `Direct` or `OnSession`."""
+
+    async def one(self, query: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None: ...
+
+    async def all(self, query: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]: ...
 
 
-def pyformat(statement: TextClause) -> str:
-    """A SQLAlchemy `text()` statement (`:name` binds) as psycopg runs it (`%(name)s`): one SQL text for both."""
-    return _BIND.sub(r"%(\1)s", statement.text.replace("%", "%%"))
+class OnSession:
+    """A session's connection, inside its transaction, as a `Runner`: the SQL text goes to the driver as
+    written (`exec_driver_sql`), so it is the same statement the direct pool runs."""
+
+    def __init__(self, session: AsyncSession):
+        self.session = session
+
+    async def one(self, query: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        connection = await self.session.connection()
+        row = (await connection.exec_driver_sql(query, dict(params))).first()
+        return None if row is None else tuple(row)
+
+    async def all(self, query: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        connection = await self.session.connection()
+        return [tuple(row) for row in (await connection.exec_driver_sql(query, dict(params))).all()]
 
 
 class Direct:

@@ -106,7 +106,7 @@ class FastLane:
 
     async def _submit(self, scope: Scope, headers: Headers, principal: Principal, spec: JobSpec) -> Response:
         key = headers.get("idempotency-key")
-        job, created = await service.submit_direct(scope["app"].state.direct, principal, spec, key)
+        job, created = await service.submit(scope["app"].state.direct, principal, spec, key)
         answer = {"Location": f"/v1/jobs/{job.id}"}
         if not created:
             answer["Idempotent-Replayed"] = "true"

@@ -9,7 +9,7 @@ from sqlalchemy import Select, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from api.db.direct import Direct
+from api.db.direct import Runner
 from api.db.models import Job, Project
 from trainmaster.models import JobStatus
 
@@ -21,14 +21,9 @@ def with_relations(query: Select[Any]) -> Select[Any]:
 IDEMPOTENT_MATCH = "SELECT id, request_hash FROM jobs WHERE project_id = %(project)s AND idempotency_key = %(key)s"
 
 
-async def idempotent_match(direct: Direct, project_id: uuid.UUID, key: str) -> tuple[Any, ...] | None:
+async def idempotent_match(runner: Runner, project_id: uuid.UUID, key: str) -> tuple[Any, ...] | None:
     """(id, request hash) of the project's job submitted with this idempotency key."""
-    return await direct.one(IDEMPOTENT_MATCH, {"project": project_id, "key": key})
-
-
-async def find_by_idempotency_key(session: AsyncSession, project_id: uuid.UUID, key: str) -> Job | None:
-    query = with_relations(select(Job).where(Job.project_id == project_id, Job.idempotency_key == key))
-    return (await session.execute(query)).scalar_one_or_none()
+    return await runner.one(IDEMPOTENT_MATCH, {"project": project_id, "key": key})
 
 
 async def get_job(

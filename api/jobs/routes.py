@@ -34,7 +34,7 @@ async def submit_job(
     principal: ProjectPrincipal,
     idempotency_key: Annotated[str | None, Header()] = None,
 ) -> Response:
-    job, created = await service.submit_direct(request.app.state.direct, principal, spec, idempotency_key)
+    job, created = await service.submit(request.app.state.direct, principal, spec, idempotency_key)
     headers = {"Location": f"/v1/jobs/{job.id}"}
     if not created:
         headers["Idempotent-Replayed"] = "true"

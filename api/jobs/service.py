@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.principal import Principal
 from api.code_packages import repository as code_repository
-from api.db.direct import Direct
+from api.db.direct import Direct, Runner
 from api.db.models import Job as JobRow
 from api.db.models import JobEvent as EventRow
 from api.db.unavailable import DATABASE_DOWN, lost_in_flight
@@ -121,52 +121,35 @@ def _key_vanished() -> ValidationError:  # the conflicting row was deleted in be
 
 
 async def submit(
-    session: AsyncSession, principal: Principal, spec: JobSpec, idempotency_key: str | None
+    runner: Runner, principal: Principal, spec: JobSpec, idempotency_key: str | None
 ) -> tuple[Submitted, bool]:
-    """Store a new queued job with its first event, in the caller's transaction; returns (the job, created).
+    """Store a new queued job with its first event in one statement; returns (the job, created). On a
+    direct connection (`POST /v1/jobs`) it commits when it returns; on a session (`OnSession`, a sweep's
+    trials) it is part of the caller's transaction.
 
     With an Idempotency-Key, a second request with the same spec gets the first job back, whatever
     order concurrent requests commit in; the same key with another spec is refused.
     """
     values = _queued_values(principal, spec, idempotency_key)
-    if spec.code is not None and not await code_repository.exists(session, principal.project_id, spec.code):
-        raise _no_code(spec)
-    inserted = await queues.insert_queued(session, values, JOB_CHANNEL, _queued_payload(values["id"]))
-    if inserted is not None:
-        return _submitted(principal, spec, inserted), True
-    assert idempotency_key is not None
-    existing = await repository.find_by_idempotency_key(session, principal.project_id, idempotency_key)
-    if existing is None:  # pragma: no cover
-        raise _key_vanished()
-    if existing.request_hash != values["request_hash"]:
-        raise _reused_key()
-    return Submitted(existing.id, existing.status, await describe(session, principal, existing)), False
-
-
-async def submit_direct(
-    direct: Direct, principal: Principal, spec: JobSpec, idempotency_key: str | None
-) -> tuple[Submitted, bool]:
-    """`submit` for `POST /v1/jobs`: one statement on a direct connection, committed when it returns."""
-    values = _queued_values(principal, spec, idempotency_key)
-    if spec.code is not None and not await code_repository.exists_direct(direct, principal.project_id, spec.code):
+    if spec.code is not None and not await code_repository.exists(runner, principal.project_id, spec.code):
         raise _no_code(spec)
     try:
-        inserted = await queues.insert_queued_direct(direct, values, JOB_CHANNEL, _queued_payload(values["id"]))
+        inserted = await queues.insert_queued(runner, values, JOB_CHANNEL, _queued_payload(values["id"]))
     except DATABASE_DOWN as exc:
-        if not lost_in_flight(exc):
-            raise  # nothing was sent, nothing stored: the plain 503
+        if not isinstance(runner, Direct) or not lost_in_flight(exc):
+            raise  # nothing was committed: the plain 503 (or the caller's transaction fails whole)
         log.warning(json.dumps({"event": "submit_in_doubt", "job_id": str(values["id"]), "error": type(exc).__name__}))
         raise SubmitInDoubt(str(values["id"])) from exc
     if inserted is not None:
         return _submitted(principal, spec, inserted), True
     assert idempotency_key is not None
-    found = await repository.idempotent_match(direct, principal.project_id, idempotency_key)
+    found = await repository.idempotent_match(runner, principal.project_id, idempotency_key)
     if found is None:  # pragma: no cover
         raise _key_vanished()
     job_id, request_hash = found
     if request_hash != values["request_hash"]:
         raise _reused_key()
-    job = await read(direct, principal, str(job_id))
+    job = await read(runner, principal, str(job_id))
     return Submitted(job_id, job.status, job), False
 
 
@@ -183,7 +166,7 @@ async def get_owned(session: AsyncSession, principal: Principal, raw_id: str, *,
 
 
 async def read(
-    direct: Direct, principal: Principal, raw_id: str, ranks: QueueRanks | None = None, arrived: float = 0.0
+    runner: Runner, principal: Principal, raw_id: str, ranks: QueueRanks | None = None, arrived: float = 0.0
 ) -> Job:
     """One job as answered, read in one statement (attempts and queue position included). With `ranks`
     (this process's cache, api/queues/ranks.py), a queued job's count of its own project's older jobs
@@ -191,14 +174,14 @@ async def read(
     job_id = parse_job_id(raw_id)
     older = await ranks.older(str(job_id), arrived) if ranks is not None else None
     stamp = ranks.stamp() if ranks is not None else None  # before the read: what arrives during it applies
-    row = await queues.read_job(direct, job_id, principal.project_id, older)
+    row = await queues.read_job(runner, job_id, principal.project_id, older)
     if row is None:
         raise JobNotFound(f"no job {raw_id!r} in project {principal.project_name!r}")
     (job_id, name, status, spec, created_at, started_at, finished_at, pending, error, latest, attempts, position,
      counted, counted_cpus, counted_gpus, priority, created_us) = row  # fmt: skip
     if ranks is not None and stamp is not None and older is None and counted is not None:
         rank = (created_us, str(job_id), (counted, counted_cpus, counted_gpus))
-        await _keep_rank(direct, ranks, stamp, principal.project_id, priority, rank)
+        await _keep_rank(runner, ranks, stamp, principal.project_id, priority, rank)
     status = JobStatus(status)
     wire = Job(
         id=str(job_id),
@@ -224,7 +207,7 @@ GROUP_RANKS_LIMIT = 20_000  # a group's head read whole at most this deep (about
 
 
 async def _keep_rank(
-    direct: Direct,
+    runner: Runner,
     ranks: QueueRanks,
     stamp: Stamp,
     project_id: uuid.UUID,
@@ -234,7 +217,7 @@ async def _keep_rank(
     """Keep a count just made; of a group this process holds nothing of, number the whole group once."""
     project = str(project_id)
     if ranks.cold(project, priority):
-        head = await queues.group_ranks(direct, project_id, priority, GROUP_RANKS_LIMIT)
+        head = await queues.group_ranks(runner, project_id, priority, GROUP_RANKS_LIMIT)
         ranks.put(project, priority, head, stamp, whole=True)
     ranks.put(project, priority, [counted], stamp)
 

@@ -8,19 +8,15 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Double, Integer, column, func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.db.direct import Direct, pyformat
+from api.db.direct import OnSession, Runner
 from api.db.models import Job, Project, ProjectUsage, QueueCount
 from api.queues import sql
 from api.queues.ranks import Older
 from trainmaster.models import JobStatus
 
-INSERT_QUEUED = text(sql.INSERT_QUEUED)
-INSERT_QUEUED_DIRECT = pyformat(INSERT_QUEUED)
-QUEUE_POSITIONS = text(sql.QUEUE_POSITIONS)
-READ_JOB_DIRECT = pyformat(text(sql.READ_JOB))
 NEWER_CAP = 1000  # a group with fewer jobs at or after one counts those, not the ones before (older_in_group)
 
 
@@ -43,11 +39,6 @@ class QueuedJob(NamedTuple):
     attempts: int  # the highest attempt number so far, 0 for none
 
 
-CLAIM = text(sql.CLAIM).columns(
-    *(Job.__table__.c[name] for name in QueuedJob._fields[:-2]), column("share", Double), column("attempts", Integer)
-)
-
-
 async def lock_queued(
     session: AsyncSession, limit: int, cluster: uuid.UUID | None = None, seen: Iterable[uuid.UUID] = ()
 ) -> list[QueuedJob]:
@@ -55,21 +46,15 @@ async def lock_queued(
     locked, of the projects not in `seen` (the round's earlier batches: decide.read_on); rows another
     dispatcher holds are skipped."""
     params = {"limit": limit, "cluster": cluster, "seen": list(seen)}
-    rows = (await session.execute(CLAIM, params)).all()
-    return [QueuedJob(*row) for row in rows]
+    return [QueuedJob(*row) for row in await OnSession(session).all(sql.CLAIM, params)]
 
 
-async def insert_queued(session: AsyncSession, values: dict[str, Any], channel: str, payload: str) -> Any | None:
+async def insert_queued(runner: Runner, values: dict[str, Any], channel: str, payload: str) -> tuple[Any, ...] | None:
     """Insert a queued job with its `submitted` event and notify `channel`; its (id, created_at, spec as
     stored: JSONB orders keys its own way, and every later read answers in that order, queue position),
-    or None when the project already holds a job with this idempotency key (nothing is written then)."""
-    result = await session.execute(INSERT_QUEUED, {**values, "channel": channel, "payload": payload})
-    return result.first()
-
-
-async def insert_queued_direct(direct: Direct, values: dict[str, Any], channel: str, payload: str) -> Any | None:
-    """`insert_queued` as its own transaction on a direct connection (the statement commits as a whole)."""
-    return await direct.one(INSERT_QUEUED_DIRECT, {**values, "channel": channel, "payload": payload})
+    or None when the project already holds a job with this idempotency key (nothing is written then).
+    On a direct connection the statement commits as a whole when it returns."""
+    return await runner.one(sql.INSERT_QUEUED, {**values, "channel": channel, "payload": payload})
 
 
 async def queue_positions(session: AsyncSession, jobs: Sequence[Job]) -> dict[uuid.UUID, int]:
@@ -82,24 +67,24 @@ async def queue_positions_of(
 ) -> dict[uuid.UUID, int]:
     if not queued_ids:
         return {}
-    rows = await session.execute(QUEUE_POSITIONS, {"ids": list(queued_ids), "newer_cap": newer_cap})
-    return {job_id: int(position) for job_id, position in rows.all()}
+    rows = await OnSession(session).all(sql.QUEUE_POSITIONS, {"ids": list(queued_ids), "newer_cap": newer_cap})
+    return {job_id: int(position) for job_id, position in rows}
 
 
 async def read_job(
-    direct: Direct, job_id: uuid.UUID, project_id: uuid.UUID, older: Older | None = None, *, newer_cap: int = NEWER_CAP
+    runner: Runner, job_id: uuid.UUID, project_id: uuid.UUID, older: Older | None = None, *, newer_cap: int = NEWER_CAP
 ) -> tuple[Any, ...] | None:
     """The row sql.READ_JOB reads (its columns in that order), or None when the project holds no such
     job. `older`: the job's own group's older queued jobs and their gangs, when known (ranks.py)."""
     count, cpus, gpus = older if older is not None else (None, None, None)
     params = {"id": job_id, "project_id": project_id, "newer_cap": newer_cap}
     params |= {"older": count, "older_cpus": cpus, "older_gpus": gpus}
-    return await direct.one(READ_JOB_DIRECT, params)
+    return await runner.one(sql.READ_JOB, params)
 
 
-async def group_ranks(direct: Direct, project_id: uuid.UUID, priority: int, limit: int) -> list[tuple[int, str, Older]]:
+async def group_ranks(runner: Runner, project_id: uuid.UUID, priority: int, limit: int) -> list[tuple[int, str, Older]]:
     """(created µs, id, its Older) for the oldest `limit` queued jobs of a group (sql.GROUP_RANKS)."""
-    rows = await direct.all(sql.GROUP_RANKS, {"project_id": project_id, "priority": priority, "limit": limit})
+    rows = await runner.all(sql.GROUP_RANKS, {"project_id": project_id, "priority": priority, "limit": limit})
     return [(int(created_us), job_id, (int(n), int(cpus), int(gpus))) for created_us, job_id, n, cpus, gpus in rows]
 
 

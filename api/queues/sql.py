@@ -4,7 +4,8 @@
 are composed into named statements here and nowhere else: the claim a dispatcher's round takes its batch
 with (CLAIM), a new job's place (INSERT_QUEUED), a page's places (QUEUE_POSITIONS), one job with its
 place (READ_JOB) and a group's ranks for the per-process cache (GROUP_RANKS, ranks.py). Statements use
-`:name` parameters (SQLAlchemy's `text`); repository.py runs them."""
+psycopg's `%(name)s` parameters, passed to the driver as written whichever way they run (a direct
+connection or a session's: api/db/direct.py); repository.py runs them."""
 
 from __future__ import annotations
 
@@ -187,8 +188,9 @@ INSERT_QUEUED = """
     WITH job AS (
         INSERT INTO jobs (id, project_id, name, status, spec, labels, priority, gang_cpus, gang_gpus,
                           idempotency_key, request_hash, pending_reason, user_name)
-        VALUES (:id, :project_id, :name, 'queued', CAST(:spec AS jsonb), CAST(:labels AS jsonb), :priority,
-                :gang_cpus, :gang_gpus, :idempotency_key, :request_hash, :pending_reason, :user_name)
+        VALUES (%(id)s, %(project_id)s, %(name)s, 'queued', CAST(%(spec)s AS jsonb), CAST(%(labels)s AS jsonb),
+                %(priority)s, %(gang_cpus)s, %(gang_gpus)s, %(idempotency_key)s, %(request_hash)s,
+                %(pending_reason)s, %(user_name)s)
         ON CONFLICT (project_id, idempotency_key) DO NOTHING
         RETURNING id, created_at, spec
     ),
@@ -198,23 +200,23 @@ INSERT_QUEUED = """
     ),
     {spans},
     own AS (
-        SELECT coalesce(sum(b.queued) FILTER (WHERE b.priority = :priority), 0) AS older,
+        SELECT coalesce(sum(b.queued) FILTER (WHERE b.priority = %(priority)s), 0) AS older,
                CAST(coalesce(sum(b.queued_cpu_millis), 0) AS bigint) AS cpus,
                CAST(coalesce(sum(b.queued_gpu_millis), 0) AS bigint) AS gpus
-        FROM counted b WHERE b.project_id = :project_id
+        FROM counted b WHERE b.project_id = %(project_id)s
     ),
     mine AS (  -- the new job as `position` reads one, after every job of its group
-        SELECT CAST(:project_id AS uuid) AS project_id, CAST(:priority AS smallint) AS priority,
+        SELECT CAST(%(project_id)s AS uuid) AS project_id, CAST(%(priority)s AS smallint) AS priority,
                CAST('infinity' AS timestamptz) AS created_at,
                CAST('ffffffff-ffff-ffff-ffff-ffffffffffff' AS uuid) AS id, own.older, {share} AS share
         FROM own CROSS JOIN (
-            SELECT {standing} FROM cap LEFT JOIN project_usage u ON u.project_id = :project_id
+            SELECT {standing} FROM cap LEFT JOIN project_usage u ON u.project_id = %(project_id)s
         ) st
     )
-    SELECT job.id, job.created_at, job.spec, pg_notify(:channel, :payload), {position} AS queue_position
+    SELECT job.id, job.created_at, job.spec, pg_notify(%(channel)s, %(payload)s), {position} AS queue_position
     FROM job, mine
     """.format(
-    spans=spans(":priority", ":project_id"),
+    spans=spans("%(priority)s", "%(project_id)s"),
     standing=standing("u", "cap"),
     share=project_share("st", "own.cpus", "own.gpus"),
     position=position("mine"),
@@ -225,20 +227,20 @@ def older_in_group(group: str, created_at: str, job_id: str) -> str:
     """SQL (one row: `n`, `cpus`, `gpus`): how many queued jobs of the project and priority of `group` (a
     row with `project_id` and `priority`) come before (`created_at`, `job_id`) in age order, and their
     gangs, counted from the nearer end on ix_jobs_queued_by_project (gangs included: index-only). With
-    fewer than :newer_cap of them at or after it (a recent job, the usual case) those are counted and
+    fewer than `newer_cap` of them at or after it (a recent job, the usual case) those are counted and
     taken from the group's maintained counts (`queue_counts`); otherwise the older ones are counted."""
     same_group = f"o.status = 'queued' AND o.project_id = {group}.project_id AND o.priority = {group}.priority"
     gangs = f"count(*) AS n, CAST(coalesce(sum({gang_millis('o.gang_cpus')}), 0) AS bigint) AS cpus,"
     gangs += f" CAST(coalesce(sum({gang_millis('o.gang_gpus')}), 0) AS bigint) AS gpus"
     return f"""
-        SELECT CASE WHEN newer.n < :newer_cap THEN total.n - newer.n ELSE counted.n END AS n,
-               CASE WHEN newer.n < :newer_cap THEN total.cpus - newer.cpus ELSE counted.cpus END AS cpus,
-               CASE WHEN newer.n < :newer_cap THEN total.gpus - newer.gpus ELSE counted.gpus END AS gpus
+        SELECT CASE WHEN newer.n < %(newer_cap)s THEN total.n - newer.n ELSE counted.n END AS n,
+               CASE WHEN newer.n < %(newer_cap)s THEN total.cpus - newer.cpus ELSE counted.cpus END AS cpus,
+               CASE WHEN newer.n < %(newer_cap)s THEN total.gpus - newer.gpus ELSE counted.gpus END AS gpus
         FROM (
             SELECT {gangs} FROM (
                 SELECT o.gang_cpus, o.gang_gpus FROM jobs o
                 WHERE {same_group} AND (o.created_at, o.id) >= ({created_at}, {job_id})
-                LIMIT :newer_cap
+                LIMIT %(newer_cap)s
             ) o
         ) newer
         CROSS JOIN (
@@ -248,7 +250,7 @@ def older_in_group(group: str, created_at: str, job_id: str) -> str:
         ) total
         LEFT JOIN LATERAL (
             SELECT {gangs} FROM jobs o
-            WHERE {same_group} AND (o.created_at, o.id) < ({created_at}, {job_id}) AND newer.n >= :newer_cap
+            WHERE {same_group} AND (o.created_at, o.id) < ({created_at}, {job_id}) AND newer.n >= %(newer_cap)s
         ) counted ON true
     """
 
@@ -259,12 +261,12 @@ def older_in_group(group: str, created_at: str, job_id: str) -> str:
 # asked-for job are read and numbered in age order with their running gang sums: each job's own older
 # jobs and the gangs ahead of it in its project, hence its share, then its place (`position`).
 # The page's jobs are found by their ids joined from the array (a primary-key probe each): with
-# `id = ANY(:ids) AND status = 'queued'` the planner read every queued job's entry of ix_jobs_status
+# `id = ANY(ids) AND status = 'queued'` the planner read every queued job's entry of ix_jobs_status
 # into a BitmapAnd (2.7 ms at 10,000 queued).
 QUEUE_POSITIONS = """
     WITH me AS (
         SELECT j.id, j.priority, j.project_id, j.created_at
-        FROM unnest(CAST(:ids AS uuid[])) AS asked(id)
+        FROM unnest(CAST(%(ids)s AS uuid[])) AS asked(id)
         JOIN jobs j ON j.id = asked.id
         WHERE j.status = 'queued'
     ),
@@ -321,16 +323,17 @@ QUEUE_POSITIONS = """
 READ_JOB = """
     WITH me AS (
         SELECT j.priority, j.project_id, j.created_at, j.id
-        FROM (SELECT * FROM jobs WHERE id = :id OFFSET 0) j
-        WHERE j.project_id = :project_id AND j.status = 'queued'
+        FROM (SELECT * FROM jobs WHERE id = %(id)s OFFSET 0) j
+        WHERE j.project_id = %(project_id)s AND j.status = 'queued'
     ),
     {spans},
     own AS MATERIALIZED (
-        SELECT CAST(:older AS bigint) AS n, CAST(:older_cpus AS bigint) AS cpus, CAST(:older_gpus AS bigint) AS gpus
-        FROM me WHERE CAST(:older AS bigint) IS NOT NULL
+        SELECT CAST(%(older)s AS bigint) AS n, CAST(%(older_cpus)s AS bigint) AS cpus,
+               CAST(%(older_gpus)s AS bigint) AS gpus
+        FROM me WHERE CAST(%(older)s AS bigint) IS NOT NULL
         UNION ALL
         SELECT c.n, c.cpus, c.gpus FROM me CROSS JOIN LATERAL ({older_than_me}) c
-        WHERE CAST(:older AS bigint) IS NULL
+        WHERE CAST(%(older)s AS bigint) IS NULL
     ),
     placed AS (
         SELECT me.*, own.n AS older, own.cpus AS older_cpus, own.gpus AS older_gpus, {share} AS share
@@ -351,9 +354,9 @@ READ_JOB = """
            place.position AS queue_position, place.older, place.older_cpus, place.older_gpus, j.priority,
            (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_us
     FROM jobs j LEFT JOIN place ON true
-    WHERE j.id = :id AND j.project_id = :project_id
+    WHERE j.id = %(id)s AND j.project_id = %(project_id)s
     """.format(
-    spans=spans("(SELECT priority FROM me)", ":project_id"),
+    spans=spans("(SELECT priority FROM me)", "%(project_id)s"),
     older_than_me=older_in_group("me", "me.created_at", "me.id"),
     share=project_share("s", "s.above_cpu_millis + own.cpus", "s.above_gpu_millis + own.gpus"),
     position=position("p"),
@@ -386,7 +389,7 @@ GROUP_RANKS = """
 # the cluster, before its first).
 CLAIM = """
     WITH ours AS (
-        SELECT id FROM projects WHERE CAST(:cluster AS uuid) IS NULL OR cluster_id = CAST(:cluster AS uuid)
+        SELECT id FROM projects WHERE CAST(%(cluster)s AS uuid) IS NULL OR cluster_id = CAST(%(cluster)s AS uuid)
     ),
     cap AS ({capacity}),
     standing AS MATERIALIZED (
@@ -394,7 +397,7 @@ CLAIM = """
         FROM ours p
         LEFT JOIN project_usage u ON u.project_id = p.id
         CROSS JOIN cap
-        WHERE NOT (p.id = ANY(CAST(:seen AS uuid[])))
+        WHERE NOT (p.id = ANY(CAST(%(seen)s AS uuid[])))
     ),
     head AS (
         SELECT f.id, f.priority, f.created_at, {share} AS share
@@ -407,10 +410,10 @@ CLAIM = """
             WHERE q.project_id = s.id AND q.status = 'queued'
             WINDOW ahead AS (ORDER BY q.priority DESC, q.created_at, q.id ROWS UNBOUNDED PRECEDING)
             ORDER BY q.priority DESC, q.created_at, q.id
-            LIMIT :limit
+            LIMIT %(limit)s
         ) f
         ORDER BY f.priority DESC, share, f.created_at, f.id
-        LIMIT :limit
+        LIMIT %(limit)s
     )
     SELECT j.id, j.project_id, j.name, j.spec, j.priority, j.gang_cpus, j.gang_gpus, j.pending_reason,
            j.infeasible_since, j.created_at, j.bypassed_since, head.share,

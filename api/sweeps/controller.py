@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.auth.principal import Principal
+from api.db.direct import OnSession
 from api.db.models import Sweep as SweepRow
 from api.db.models import SweepTrial as TrialRow
 from api.errors import DomainError
@@ -146,7 +147,7 @@ async def _launch(
         n = len(trials)
         params = sampling.trial_params(request.parameters, sweep.parameter_names, sweep.seed, n)
         spec = trial_spec(request, str(sweep.id), n, params)
-        job, _ = await jobs.submit(session, principal, spec, f"sweep:{sweep.id}:{n}")
+        job, _ = await jobs.submit(OnSession(session), principal, spec, f"sweep:{sweep.id}:{n}")
         trial = TrialRow(sweep_id=sweep.id, n=n, job_id=job.id, params=params, milestones={})
         session.add(trial)
         await session.flush()

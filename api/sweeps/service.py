@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.principal import Principal
 from api.code_packages import repository as code_repository
+from api.db.direct import OnSession
 from api.db.models import Sweep as SweepRow
 from api.errors import IllegalTransition, NotFound, ValidationError
 from api.jobs import service as jobs
@@ -57,7 +58,7 @@ async def create(session: AsyncSession, principal: Principal, request: SweepSpec
         first = exc.errors()[0]
         raise ValidationError.field(["body", "spec", *first.get("loc", ())], first.get("msg", "invalid")) from None
     if request.spec.code is not None and not await code_repository.exists(
-        session, principal.project_id, request.spec.code
+        OnSession(session), principal.project_id, request.spec.code
     ):
         raise ValidationError.field(
             ["body", "spec", "code"], f"no uploaded code {request.spec.code}; upload it with POST /v1/code"

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.code_packages import archive
+from api.db.direct import OnSession
 from api.db.session import create_engine, session_factory
 from api.retention.service import purge_round
 from api.settings import Settings
@@ -143,7 +144,7 @@ def test_a_package_named_by_a_new_job_is_not_purged_before_the_job_is_stored(
         try:
             async with session_factory(engine)() as session, session.begin():
                 project = sql(database_url, "SELECT id FROM projects WHERE name = 'alpha'")[0][0]
-                return await repository.exists(session, project, code_id)
+                return await repository.exists(OnSession(session), project, code_id)
         finally:
             await engine.dispose()
 

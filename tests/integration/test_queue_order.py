@@ -22,8 +22,6 @@ from api.queues.order import dominant_share, progressive_batch
 from api.settings import Settings
 from api.settings import libpq_url as libpq
 
-pytestmark = pytest.mark.integration
-
 CAPACITY = {"CPU": 96.0, "GPU": 24.0}
 
 
