@@ -261,19 +261,19 @@ async def submit_all(context: RoundContext, launches: Sequence[Launch]) -> None:
     if not launches:
         return
     ready: list[Launch] = []
-    outcomes: dict[str, Outcome] = {}
+    outcomes: dict[str, LaunchResult] = {}
     for launch in launches:
         if launch.refusal is not None:
-            outcomes[launch.submission_id] = Outcome(launch, error=launch.refusal, permanent=True)
+            outcomes[launch.submission_id] = LaunchResult(launch, error=launch.refusal, permanent=True)
             continue
         try:
             ready.append(await with_code(context, launch))
         except archive.BadPackage as exc:
-            outcomes[launch.submission_id] = Outcome(launch, error=str(exc), permanent=True)
+            outcomes[launch.submission_id] = LaunchResult(launch, error=str(exc), permanent=True)
         except Exception as exc:
             log.exception(json.dumps({"event": "code_failed", "submission_id": launch.submission_id}))
             error = f"unpacking its code failed, retrying: {_short(exc)}"
-            outcomes[launch.submission_id] = Outcome(launch, error=error)
+            outcomes[launch.submission_id] = LaunchResult(launch, error=error)
     if ready:
         outcomes.update(await asyncio.to_thread(_submit_each, context.ray, ready))
     accepted = {o.job_id: o.launch.submission_id for o in outcomes.values() if o.error is None}
@@ -298,7 +298,7 @@ async def submit_all(context: RoundContext, launches: Sequence[Launch]) -> None:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class LaunchResult:
     """What became of one launch: sent (no error), or why not, and whether trying again can help."""
 
     launch: Launch
@@ -310,7 +310,7 @@ class Outcome:
         return uuid.UUID(self.launch.metadata["trainmaster_job_id"])
 
 
-async def _retry_later(context: RoundContext, passing: Mapping[uuid.UUID, Outcome]) -> None:
+async def _retry_later(context: RoundContext, passing: Mapping[uuid.UUID, LaunchResult]) -> None:
     """Launches that failed for a passing reason: the attempt stays pending with the error (an event
     the first time) and a backoff before the next try, in one leased transaction."""
     async with context.leased_many({job_id: o.launch.submission_id for job_id, o in passing.items()}) as held:
@@ -326,29 +326,29 @@ async def _retry_later(context: RoundContext, passing: Mapping[uuid.UUID, Outcom
             one.attempt.error = outcome.error
 
 
-def _submit_each(ray: RayBackend, launches: Sequence[Launch]) -> dict[str, Outcome]:
+def _submit_each(ray: RayBackend, launches: Sequence[Launch]) -> dict[str, LaunchResult]:
     """Ray's answer to each launch, each on its own: one that raises never keeps the next from Ray."""
-    answers: dict[str, Outcome] = {}
+    answers: dict[str, LaunchResult] = {}
     for launch in launches:
         try:
             started = ray.submit(launch)
         except LaunchRefused as exc:
-            answers[launch.submission_id] = Outcome(launch, error=str(exc), permanent=True)
+            answers[launch.submission_id] = LaunchResult(launch, error=str(exc), permanent=True)
             continue
         except RayUnavailable as exc:
             log.warning(
                 json.dumps({"event": "submit_deferred", "submission_id": launch.submission_id, "error": str(exc)})
             )
-            answers[launch.submission_id] = Outcome(launch, error=f"Ray refused the launch: {exc}")
+            answers[launch.submission_id] = LaunchResult(launch, error=f"Ray refused the launch: {exc}")
             continue
         except Exception as exc:  # a bug, ours or Ray's client's: retried within launch_timeout_s
             log.exception(json.dumps({"event": "submit_failed", "submission_id": launch.submission_id}))
-            answers[launch.submission_id] = Outcome(launch, error=f"submitting it raised {_short(exc)}")
+            answers[launch.submission_id] = LaunchResult(launch, error=f"submitting it raised {_short(exc)}")
             continue
         if log.isEnabledFor(logging.INFO):
             event = "submitted" if started else "already_submitted"
             log.info(json.dumps({"event": event, "submission_id": launch.submission_id}))
-        answers[launch.submission_id] = Outcome(launch)
+        answers[launch.submission_id] = LaunchResult(launch)
     return answers
 
 

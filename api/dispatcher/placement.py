@@ -129,7 +129,7 @@ class Admission:
     selector: dict[str, str] | None = None
 
 
-def gang(spec: JobSpec | Scaling, driver: Resources) -> list[Resources]:
+def gang_bundles(spec: JobSpec | Scaling, driver: Resources) -> list[Resources]:
     """The bundles a job needs: one per worker, plus the driver's (when it asks for anything)."""
     scaling = _scaling(spec)
     bundles = [dict(scaling.worker_resources()) for _ in range(scaling.min_workers)]  # elastic: its minimum
@@ -143,7 +143,7 @@ def admit(spec: JobSpec | Scaling, cluster: Cluster, driver: Resources) -> Admis
     scaling = _scaling(spec)
     if scaling.topology is not None:
         return admit_in_domain(scaling, cluster, driver)
-    bundles = gang(scaling, driver)
+    bundles = gang_bundles(scaling, driver)
     strategy = scaling.placement_strategy
     need = describe(scaling)
     # Every worker's bundle is the same: the shape is the description, the worker's and the driver's bundle.
@@ -199,7 +199,7 @@ def admit_in_domain(scaling: Scaling, cluster: Cluster, driver: Resources) -> Ad
     gang's placement then tries only the domains whose free resources add up to what it needs."""
     assert scaling.topology is not None
     label, required = scaling.topology.label, scaling.topology.required is not None
-    workers = gang(scaling, {})
+    workers = gang_bundles(scaling, {})
     need = describe(scaling)
     kept_frees: dict[str, dict[str, Resources]] = cluster._kept("domain free", dict)  # by label; `reserve` updates
     domains: dict[str, list[int]] = cluster._kept(f"domains {label}", lambda: _domains(cluster, label, kept_frees))
