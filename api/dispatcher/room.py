@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from api.dispatcher import victims
 from api.dispatcher.placement import Cluster
@@ -22,8 +22,18 @@ from api.dispatcher.reasons import Code, Reason
 from api.queues.order import gang
 from trainmaster.models import Scaling
 
-if TYPE_CHECKING:
-    from api.dispatcher.decide import Outcome
+
+class Waiting(Protocol):
+    """What `choose` reads of a waiting job's outcome (decide.Outcome)."""
+
+    @property
+    def job(self) -> Any: ...
+    @property
+    def preempt(self) -> bool: ...
+    @property
+    def reclaim(self) -> bool: ...
+    @property
+    def fair(self) -> bool: ...
 
 
 @dataclass
@@ -61,7 +71,7 @@ class Room:
 
 
 def choose(
-    waiting: Sequence[Outcome[Any]],
+    waiting: Sequence[Waiting],
     active: list[Active],
     cluster: Cluster,
     book: Book,
