@@ -11,8 +11,8 @@ per batch of the same size, the same points into the same table and as many jobs
 API's ingest (no HTTP, JSON, validation, auth, per-job lock, batch-id claim, latest-metrics, NOTIFY).
 
 `--reps` rounds of the API phases and the peer's (last in odd rounds, first in even ones): each API
-phase is divided by its round's peer and the median of the rounds is reported (this machine drifts by
-a quarter between minutes; a pair a few seconds apart shares the drift). One job's batches are written
+phase is divided by its round's peer and the median of the rounds is reported (a shared machine's speed
+drifts between minutes; a pair a few seconds apart shares the drift). One job's batches are written
 one at a time (api/metrics/repository.py), so `--jobs 1` gives one job's ceiling, more the platform's.
 
     .venv/bin/python bench/ingest.py [--senders 4] [--batch 1000] [--points 500000] [--jobs 1] [--reps 3]

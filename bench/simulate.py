@@ -17,7 +17,7 @@ orders it: DRF's progressive filling) and the preemption candidates (`Simulation
 cohort's running gangs, least work since their last checkpoint first). Victims stop after the grace
 period with their work saved and queue again for the rest of their run, paying `restart_s`.
 
-Timed: `decide` alone per round (wall and thread CPU, and the collector's time inside it). The dispatcher
+Timed: `decide` alone per round (wall and thread CPU). The dispatcher
 freezes its start-up heap and never holds the simulated world (PostgreSQL and Ray do), so the simulation
 puts its world out of the collector's reach between rounds, untimed. Fairness: each project's
 GPU-seconds within the day against its DRF entitlement (its cohort's delivered GPU-seconds water-filled
@@ -76,7 +76,6 @@ class SimJob(NamedTuple):
     duration_s: float
 
 
-
 def build(args: argparse.Namespace, rng: random.Random) -> tuple[list[Node], dict[uuid.UUID, Standing], list[SimJob]]:
     nodes = [
         Node(f"{i:08x}", {"CPU": CPUS, "GPU": GPUS}, {"CPU": CPUS, "GPU": GPUS}, labels={"rack": f"r{i // RACK}"})
@@ -109,7 +108,6 @@ def build(args: argparse.Namespace, rng: random.Random) -> tuple[list[Node], dic
     return nodes, projects, jobs
 
 
-
 def water_fill(total: float, demands: list[float]) -> list[float]:
     """Max-min fair split of `total` over `demands` (each gets at most its demand)."""
     left, order, shares = total, sorted(range(len(demands)), key=lambda i: demands[i]), [0.0] * len(demands)
@@ -117,8 +115,6 @@ def water_fill(total: float, demands: list[float]) -> list[float]:
         shares[i] = min(demands[i], left / (len(order) - done))
         left -= shares[i]
     return shares
-
-
 
 
 @dataclass
@@ -132,8 +128,6 @@ class Live:
     restart_s: float  # spent starting again from its checkpoint, when it resumes a preempted run
     counted: float  # the GPU-seconds of work it was counted for within the day when admitted
     asked_for: uuid.UUID | None = None  # the waiting job it was preempted for
-
-
 
 
 @dataclass
@@ -156,7 +150,7 @@ class Simulation:
     held: dict[str, float] = field(default_factory=lambda: {"CPU": 0.0, "GPU": 0.0})
     gpu_seconds: dict[uuid.UUID, float] = field(default_factory=dict)  # within the day
     rounds_ms: list[float] = field(default_factory=list)
-    cpu_ms: list[float] = field(default_factory=list)  # the round's thread CPU time: other processes' load adds none
+    cpu_ms: list[float] = field(default_factory=list)
     admits: list[int] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
     # Starvation: a job is bypassed when a later job of its project (in its admission order) is admitted
@@ -171,7 +165,6 @@ class Simulation:
     checkpoint_s: float = 1800.0  # how often a running gang checkpoints (victims.py prefers the least work since)
     restart_gpu_s: float = 0.0
     room_ms: list[float] = field(default_factory=list)  # make_room: the victim rules, per round that asked
-    gc_ms: list[float] = field(default_factory=list)  # the collector's time inside each round's `decide`
     freeze_world: bool = False  # the world out of the collector's reach between rounds (main does)
     seq: itertools.count = field(default_factory=itertools.count)
 
@@ -242,23 +235,13 @@ class Simulation:
         looked: set[uuid.UUID] = set()
         started: list[Any] = []
         waiting: list[Any] = []
-        spent = spent_cpu = spent_gc = 0.0
+        spent = spent_cpu = 0.0
         for _ in range(ROUND_BATCHES):  # as admission.admit_round reads the queue
             batch = self.batch(looked)
-            collected = COLLECTOR.seconds
             began, cpu = time.perf_counter(), time.thread_time()
-            decisions = decide(
-                batch,
-                cluster,
-                book,
-                self.held,
-                now=now,
-                fair_share=self.settings.fair_share_preemption,
-                starvation_s=self.settings.starvation_s,
-            )
-            spent += time.perf_counter() - began
-            spent_cpu += time.thread_time() - cpu
-            spent_gc += COLLECTOR.seconds - collected
+            decisions = decide(batch, cluster, book, self.held, now=now, starvation_s=self.settings.starvation_s,
+                               fair_share=self.settings.fair_share_preemption)
+            spent, spent_cpu = spent + time.perf_counter() - began, spent_cpu + time.thread_time() - cpu
             admitted = decisions.of(Verdict.admit)
             self.start(admitted, now, now_s)
             started += admitted
@@ -267,8 +250,7 @@ class Simulation:
             if not read_on(decisions, len(started), self.settings.admit_batch):
                 break
         self.rounds_ms.append(spent * 1000)
-        self.cpu_ms.append(spent_cpu * 1000)
-        self.gc_ms.append(spent_gc * 1000)
+        self.cpu_ms.append(spent_cpu * 1000)  # the round's thread CPU time: other processes' load adds none
         self.admits.append(len(started))
         for outcome in waiting:
             if outcome.bypassed:
@@ -401,30 +383,10 @@ class Simulation:
         return at
 
 
-
 def in_project_order(job: SimJob) -> tuple[int, datetime, uuid.UUID]:
     """A project's queue order, as ix_jobs_queued_by_project holds it: priority, then age. A preempted job
     queued again keeps its age, so it goes before the project's later jobs."""
     return (-job.priority, job.created_at, job.id)
-
-
-
-class Collector:
-    """The garbage collector's time so far in this process (a `gc.callbacks` hook)."""
-
-    def __init__(self) -> None:
-        self.seconds, self.began = 0.0, 0.0
-        gc.callbacks.append(self.observe)
-
-    def observe(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self.began = time.perf_counter()
-        else:
-            self.seconds += time.perf_counter() - self.began
-
-
-COLLECTOR = Collector()
-
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -463,7 +425,6 @@ def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
                          past_midnight[pid]}  # fmt: skip
                 listed.append({"project": projects[pid].name, "kind": kind, "deviation": round(signed, 4)}
                               | {k: round(v / 3600) for k, v in hours.items()})  # fmt: skip
-    busy_ms = [ms for ms, n in zip(sim.rounds_ms, sim.admits, strict=True) if n > 0]
     left = [(START + timedelta(seconds=DAY_S) - j.created_at).total_seconds() for j in jobs if j.id not in admitted]
     bypassed = sim.bypassed.values()
     return {
@@ -471,11 +432,9 @@ def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
         "rounds": len(sim.rounds_ms),
         "admitted": len(admitted),
         "admissions_per_s": sum(sim.admits) / (sum(sim.rounds_ms) / 1000),
-        "admissions_per_s_rounds_that_admitted": sum(sim.admits) / (sum(busy_ms) / 1000),
         "admissions_per_cpu_s": sum(sim.admits) / (sum(sim.cpu_ms) / 1000),
         "round_ms": spread(sim.rounds_ms),
         "round_cpu_ms": spread(sim.cpu_ms),
-        "round_gc_ms": spread(sim.gc_ms),
         "fairness": {
             "projects_within_5pct": sum(d <= 0.05 for d in deviations),
             "projects": len(deviations),
@@ -492,7 +451,6 @@ def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
         "never_admitted": len(left),
         "never_admitted_of_projects_short": sum(j.project_id in short for j in jobs if j.id not in admitted),
         "oldest_still_waiting_s": max(left, default=0.0),
-        "bypassed_then_admitted_s": spread(sim.bypass_s),
         "passed_by_later_jobs_for_s": spread(sim.passed_for_s + [last - first for first, last in bypassed]),
         "bypassed_still_waiting": {"jobs": len(bypassed),
                                    "longest_s": DAY_S - min((first for first, _ in bypassed), default=DAY_S)},
@@ -522,7 +480,7 @@ def main() -> None:
         simulation.run()
         result = report(args, simulation)
         record.tables["projects outside 5% of their entitlement"] = result["fairness"].pop("outside_5pct_projects")
-        record.tables["the day"] = [{key: value} for key, value in result.items()]
+        record.tables["the day"] = [{"figure": key, "value": value} for key, value in result.items()]
         record.ratio("gang admissions per second of decide", result["admissions_per_s"], "goal", 100.0)
         record.ratio("round p99 ms, decide's thread CPU", result["round_cpu_ms"]["p99"], "goal", 100.0)
         within = result["fairness"]["projects_within_5pct"]
