@@ -65,12 +65,13 @@ def parse_args(doc: str | None, *options: Option, database: bool = False) -> arg
         ("--output", None, "results file; by default bench/results/<name>.json", {"type": Path}),
     ]
     for flag, default, help_text, *more in [*common[not database :], *options]:
+        extra = more[0] if more else {}
         kind: dict[str, Any] = {"type": type(default)}
         if isinstance(default, list):
             kind = {"type": type(default[0]), "nargs": "+"}
-        if default is False:
+        if default is False or "action" in extra:
             kind = {"action": "store_true"}
-        p.add_argument(flag, default=default, help=help_text, **(kind | (more[0] if more else {})))
+        p.add_argument(flag, default=default, help=help_text, **(kind | extra))
     return p.parse_args()
 
 
@@ -116,9 +117,9 @@ class Record:
     valid: bool = True
 
     def ratio(self, figure: str, value: float, peer: str, peer_value: float) -> None:
-        """A figure against its peer's, as `value / peer_value`."""
+        """A figure against its peer's, as `value / peer_value` (NaN for a peer that measured nothing)."""
         row = {"figure": figure, "value": value, "peer": peer, "peer_value": peer_value}
-        self.ratios.append(row | {"ratio": value / peer_value})
+        self.ratios.append(row | {"ratio": value / peer_value if peer_value else math.nan})
 
     def read_postgres(self, database_url: str) -> None:
         with psycopg.connect(database_url, connect_timeout=10) as conn:
