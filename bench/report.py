@@ -81,6 +81,9 @@ def render(runs: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    if any(arg.startswith("-") for arg in sys.argv[1:]):
+        print(__doc__)
+        return
     paths = [Path(arg) for arg in sys.argv[1:]] or sorted((BENCH / "results").glob("*.json"))
     print(render([json.loads(path.read_text()) for path in paths]))
 

@@ -9,13 +9,14 @@ each cohort, gangs of 1 to 32 workers of (1 GPU, 4 CPUs), one in ten of 4+ worke
 rack` and one in ten `preferred rack`, lognormal run times (mean about 3 h, at most 8 h): about 1.2x what
 the cluster can run in the day. Every job has priority 0; nothing is written to a database or launched.
 
-Production code: `decide` on a fresh `Cluster` and `Book` each round, fair share by `decide.dominant_share`
-and `decide.decayed` sampled every `fair_share_sample_s`, further batches while `decide.read_on` says so,
-victims chosen by the rules of victims.py. Simulated here, until the dispatcher's queue package and
-`decide`'s preemption targets replace them: the batch (`Simulation.batch`, as repository.lock_queued
-orders it: DRF's progressive filling) and the preemption candidates (`Simulation.make_room`, the
-cohort's running gangs, least work since their last checkpoint first). Victims stop after the grace
-period with their work saved and queue again for the rest of their run, paying `restart_s`.
+Production code: `decide` on a fresh `Cluster` and `Book` each round, fair share by
+`api.queues.order.dominant_share` and `decide.decayed` sampled every `fair_share_sample_s`, further
+batches while `decide.read_on` says so, victims chosen by the rules of victims.py. Simulated here, until
+the queue package and `decide`'s preemption targets replace them: the batch (`Simulation.batch`, as
+api/queues/repository.py's lock_queued orders it: DRF's progressive filling) and the preemption
+candidates (`Simulation.make_room`: the cohort's running gangs, least work since their last checkpoint
+first). Victims stop after the grace period with their work saved and queue again for the rest of their
+run, paying `restart_s`.
 
 Timed: `decide` alone per round (wall and thread CPU). The dispatcher
 freezes its start-up heap and never holds the simulated world (PostgreSQL and Ray do), so the simulation
