@@ -78,7 +78,7 @@ def main() -> None:
         ("--after-checkpoints", 2, "checkpoints a run has before its node is killed"),
     )
     with run("recovery", args) as record, local_stack(record) as stack, stack.client() as client:
-        nodes, dead = MultiNode(stack.head), []  # worker nodes beside the stack's head, which is not theirs to stop
+        nodes, dead = MultiNode(stack.head), list[Path]()  # worker nodes beside the stack's head, not theirs to stop
         try:
             runs = interleaved(
                 tuple(KINDS), args.warmup, args.runs, lambda k, _n: one_run(client, nodes, dead, k, args)

@@ -104,7 +104,7 @@ def main() -> None:
             return driver_run(path, stack, workdir, stamp, args)
 
         runs = interleaved(args.paths, args.warmup, args.runs, one)
-        first = {
+        first: dict[str, dict[str, Any]] = {
             path: {
                 "path": path,
                 "runs": len(rows),
