@@ -62,7 +62,8 @@ def api_batches(url: str, token: str, jobs: list[str], bodies: list[bytes], args
         return outcome.seconds, outcome.latencies
 
     def phase() -> tuple[float, list[float]]:
-        batches(0, args.warmup_batches)
+        if args.warmup_batches:
+            batches(0, args.warmup_batches)
         return batches(args.warmup_batches, None)
 
     return phase

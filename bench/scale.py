@@ -41,8 +41,8 @@ from typing import Any
 
 import httpx
 import psycopg
-from clients import Phase, drive
 from harness import Record, api_process, ms, parse_args, run, scratch_database, timed
+from ingest import api_batches, metric_bodies
 from psycopg.types.json import Jsonb
 from sqlalchemy import text
 
@@ -484,19 +484,12 @@ def checkpoints(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse
 
 
 def ingest(client: httpx.Client, job_id: str, points: int) -> dict[str, float]:
-    """Points per second through POST /v1/jobs/{id}/metrics, 4 senders (bench/clients.py) of batches of
-    1,000, and the batches' latency (a batch that waited on a lock would stand out at p99 and max)."""
-    requests = []
-    for n in range(points // 1000):
-        batch = [{"step": n * 1000 + i, "values": {"loss": 1.0 / (i + 1)}, "rank": 0} for i in range(1000)]
-        body = json.dumps({"batch_id": str(uuid.uuid4()), "points": batch}).encode()
-        requests.append(("POST", f"/v1/jobs/{job_id}/metrics", body))
-    headers = {"Authorization": client.headers["Authorization"]}
-    outcome = drive(Phase(str(client.base_url), headers, requests, 201, once=True), 4, 2)
-    if outcome.errors:
-        raise RuntimeError(f"ingest requests failed: {dict(outcome.errors)}")
-    rate = len(outcome.latencies) * 1000 / outcome.seconds
-    return {"points_per_s": rate, **ms(outcome.latencies, 50, 99), "max_ms": max(outcome.latencies) * 1000}
+    """Points per second through POST /v1/jobs/{id}/metrics, as bench/ingest.py sends them (4 senders,
+    batches of 1,000), and the batches' latency (a batch that waited on a lock stands out at p99 and max)."""
+    shape = argparse.Namespace(batch=1000, points=points, warmup_batches=0, senders=4, procs=2)
+    token = client.headers["Authorization"].removeprefix("Bearer ")
+    seconds, latencies = api_batches(str(client.base_url), token, [job_id], metric_bodies(shape), shape)()
+    return {"points_per_s": len(latencies) * 1000 / seconds, **ms(latencies, 50, 99), "max_ms": max(latencies) * 1000}
 
 
 def metrics(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namespace, record: Record) -> None:
