@@ -158,7 +158,6 @@ class Simulation:
     # while it waits. Measured: from the first such admission to its own (or the day's end), and from
     # the first to the last (how long later jobs kept passing it: what `starvation_s` bounds).
     bypassed: dict[uuid.UUID, list[float]] = field(default_factory=dict)  # job id -> [first, last]
-    bypass_s: list[float] = field(default_factory=list)
     passed_for_s: list[float] = field(default_factory=list)
     since: dict[uuid.UUID, datetime] = field(default_factory=dict)  # what the rounds record (jobs.bypassed_since)
     preempted: dict[str, int] = field(default_factory=lambda: {"reclaim": 0, "fair_share": 0})
@@ -282,22 +281,18 @@ class Simulation:
             heapq.heappush(self.running, (live.end_s, next(self.seq), live))
             self.gpu_seconds[job.project_id] += counted
 
-
     def bypass(self, job: SimJob, now_s: int) -> None:
         """`job` is admitted: it stops being bypassed, and every earlier job of its project still
         waiting is bypassed from now (if it was not already)."""
         if (span := self.bypassed.pop(job.id, None)) is not None:
-            self.bypass_s.append(now_s - span[0])
             self.passed_for_s.append(span[1] - span[0])
         queue = self.queues[job.project_id]
         for earlier in itertools.islice(queue, self.heads[job.project_id], self.position[job.id]):
             if earlier.id not in self.admitted:
                 self.bypassed.setdefault(earlier.id, [now_s, now_s])[1] = now_s
 
-
-    # -- Simulated until production gives them: the queue's batch (as repository.lock_queued builds it)
-    # -- and the preemption candidates (as preemption.make_room chooses them). Their rules, unchanged.
-
+    # -- Simulated until production hands them over: the queue's batch (as api/queues' lock_queued builds
+    # -- it) and the preemption candidates (as preemption.make_room chooses them). Their rules, unchanged.
     def make_room(self, waiting: list[Any], book: Book, cluster: Cluster, now_s: int) -> None:
         """preemption.make_room for each waiting job that may reclaim or preempt for fair share, in
         admission order: a job with victims still stopping asks no more; the candidates are the cohort's
