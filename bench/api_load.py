@@ -19,12 +19,12 @@ from typing import Any
 from clients import Phase, drive
 from harness import api_process, load_1m, ms, parse_args, run, scratch_database
 
-from tests.factories.processes import running_ray_head
-
 JOB = json.dumps({"name": "bench", "entrypoint": "builtin:mlp", "scaling": {"num_workers": 2}}).encode()
 
 
 def main() -> None:
+    from tests.factories.processes import running_ray_head  # not in the client processes, which import this file
+
     args = parse_args(
         __doc__,
         ("--concurrency", 8, "concurrent clients"),

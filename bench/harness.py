@@ -28,16 +28,19 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import psycopg
 
 import trainmaster as tm
-from api.db import migrate
-from api.stack.postgres import create_database, drop_database
-from api.stack.ray_head import RayHead
-from tests.factories.processes import REPO, ApiProcess, run_cli, start_api, stop, wait_until
+
+if TYPE_CHECKING:  # the rest is imported where used: client processes spawned by bench/clients.py
+    # import the script again, and should start in a moment even on a loaded machine
+    from api.stack.ray_head import RayHead
+    from tests.factories.processes import ApiProcess
+
+REPO = Path(__file__).resolve().parents[1]
 
 Option = tuple[Any, ...]  # (flag, default, help[, more add_argument keywords])
 RUNS: list[Option] = [
@@ -215,6 +218,9 @@ def interleaved(
 def scratch_database(record: Record, server_url: str) -> Iterator[str]:
     """A new database `tm_bench_<random>` on the server of `server_url` (its version goes into the facts),
     migrated with Alembic; dropped at the end. Yields its URL."""
+    from api.db import migrate
+    from api.stack.postgres import create_database, drop_database
+
     url = create_database(server_url, "tm_bench")
     try:
         print(f"database {url.rsplit('/', 1)[-1]} created", flush=True)
@@ -229,6 +235,8 @@ def scratch_database(record: Record, server_url: str) -> Iterator[str]:
 def api_process(database_url: str, workers: int | None = 1) -> Iterator[ApiProcess]:
     """`trainmaster api` (tests/factories/processes.py) with a token of project "bench"; stopped at the
     end. `workers` None: the API's own default."""
+    from tests.factories.processes import start_api, stop
+
     with tempfile.TemporaryDirectory(prefix="tmb-api-") as logs:
         api = start_api(database_url, Path(logs) / "api.log", ready_s=60, workers=workers, project="bench")
         try:
@@ -277,6 +285,7 @@ class Stack:
 
     def wait_idle(self, client: tm.Client) -> None:
         """Wait until every Ray CPU is free again (the previous job's gang released), as GET /v1/cluster says."""
+        from tests.factories.processes import wait_until
 
         def idle() -> bool:
             info = client.cluster()
@@ -289,6 +298,8 @@ class Stack:
 def local_stack(record: Record, nodes: int = 1) -> Iterator[Stack]:
     """`trainmaster up --api-port 0` in a fresh TRAINMASTER_HOME (its PostgreSQL's version goes into the
     facts); `trainmaster down` at the end. The home is removed unless the block failed (its logs/ stay)."""
+    from api.stack.ray_head import RayHead
+    from tests.factories.processes import run_cli
     home = Path(tempfile.mkdtemp(prefix="tm-bench-"))
     shared = Path(tempfile.mkdtemp(prefix="tm-bench-jobs-"))
     shared.chmod(0o711)  # passable, not listable
