@@ -1,15 +1,12 @@
 """Submit throughput and latency as clients see them, against Ray Jobs' `submit_job` on the same machine.
 
-The API: `trainmaster api` (its default workers, or `--api-workers`) on a scratch database, no
-dispatcher (every job stays queued). `--concurrency` blocking clients over `--client-procs` processes
-(bench/clients.py), one keep-alive connection each: first `POST /v1/jobs` of a 2-worker spec, then
-`GET /v1/jobs/{id}` of jobs the first phase made, chosen at random; each phase `--warmup` unmeasured
-seconds, then `--duration`.
-
-The peer, after the API is stopped: a Ray head started as the project starts one (`api.stack.ray_head`,
-token auth) and as many clients calling `JobSubmissionClient.submit_job(entrypoint="true")` for
-`--warmup` + `--ray-duration` seconds. `submit_job` is Ray's acceptance of a job (its supervisor actor
-starts in the background); `POST /v1/jobs` is trainmaster's (durable in PostgreSQL, admitted later).
+The API: `trainmaster api` (`--api-workers`, default its own) on a scratch database, no dispatcher
+(every job stays queued). `--concurrency` blocking clients over `--client-procs` processes
+(bench/clients.py): first `POST /v1/jobs` of a 2-worker spec, then `GET /v1/jobs/{id}` of jobs the first
+phase made, at random; each phase `--warmup` unmeasured seconds, then `--duration`. The peer, after the
+API is stopped: as many clients calling `JobSubmissionClient.submit_job(entrypoint="true")` on a Ray head
+started as the tests start one (token auth). `submit_job` is Ray's acceptance of a job; `POST /v1/jobs`
+is trainmaster's (durable in PostgreSQL, admitted later).
 
     .venv/bin/python bench/api_load.py [--concurrency 8] [--duration 20] [--ray-duration 20]
 """
@@ -20,12 +17,14 @@ import json
 from typing import Any
 
 from clients import Phase, drive
-from harness import api_process, load_1m, ms, parse_args, ray_head, run, scratch_database
+from harness import api_process, load_1m, ms, parse_args, run, scratch_database
 
 JOB = json.dumps({"name": "bench", "entrypoint": "builtin:mlp", "scaling": {"num_workers": 2}}).encode()
 
 
 def main() -> None:
+    from tests.factories.processes import running_ray_head  # not in the client processes, which import this file
+
     args = parse_args(
         __doc__,
         ("--concurrency", 8, "concurrent clients"),
@@ -45,18 +44,17 @@ def main() -> None:
         ids.extend(out.ids)
         n, rate = len(out.latencies), len(out.latencies) / out.seconds if out.seconds else 0.0
         row = {"path": path, "load_1m": load_1m(), "requests": n, "errors": sum(out.errors.values())}
-        rows.append(row | {"req_per_s": rate, **ms(out.latencies, 50, 99)})
-        rows[-1]["client_cpu_ms_per_req"] = 1000 * out.client_cpu_s / max(1, out.sent)
+        cpu = {"client_cpu_ms_per_req": 1000 * out.client_cpu_s / max(1, out.sent)}
+        rows.append(row | {"req_per_s": rate, **ms(out.latencies, 50, 99), **cpu})
 
-    with run("api_load", args) as record, scratch_database(record, args.database_url) as db:
-        with api_process(db.url, args.api_workers) as api:
-            auth = {"Authorization": f"Bearer {db.token}"}
-            posts = Phase(api.url, auth, [("POST", "/v1/jobs", JOB)], 201, args.warmup, args.duration, keep_ids=True)
-            phase("POST /v1/jobs", posts)
+    with run("api_load", args) as record, scratch_database(record, args.database_url) as url:
+        with api_process(url, args.api_workers) as api:
+            auth = {"Authorization": f"Bearer {api.token}"}
+            phase("POST /v1/jobs", Phase(api.url, auth, [("POST", "/v1/jobs", JOB)], 201, args.warmup,
+                                         args.duration, keep_ids=True))  # fmt: skip
             gets = [("GET", f"/v1/jobs/{job}", None) for job in ids[:5000]]
             phase("GET /v1/jobs/{id}", Phase(api.url, auth, gets, 200, args.warmup, args.duration))
-        print("peer: starting a Ray head (token auth)", flush=True)
-        with ray_head(num_cpus=2) as head:
+        with running_ray_head(num_cpus=2) as head:
             token, submits = head.token_path.read_text().strip(), [("RAY", "true", None)]
             ray = Phase(head.dashboard, {}, submits, 200, args.warmup, args.ray_duration, ray_token=token)
             phase("peer: Ray JobSubmissionClient.submit_job", ray)

@@ -1,11 +1,11 @@
 """Load from separate client processes, each running blocking clients on threads: what a user's
 programs look like to the API, and a load generator that does not itself become the bottleneck.
 
-Not asyncio clients in the measuring process (what api_load.py did first): one event loop of httpx
-AsyncClient requests spends more CPU per request than the API's handler, on one core's worth of GIL,
-and on a 2-core machine took that core from the API and PostgreSQL (bench/README.md tells the story).
-Here the clients are threads in `procs` processes, one keep-alive `http.client` connection each,
-bodies encoded beforehand; every request is timed on its own, and each path is its own phase.
+Not asyncio clients in the measuring process: an event loop of httpx requests spends more CPU per
+request than the API's handler, on one core's worth of GIL, and on a small machine takes that core from
+the API and PostgreSQL. Here the clients are threads in `procs` processes, one keep-alive `http.client`
+connection each, bodies encoded beforehand; every request is timed on its own, and each path is its own
+phase.
 """
 
 from __future__ import annotations

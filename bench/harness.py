@@ -1,12 +1,11 @@
-"""The harness every script in bench/ runs in: options, the run record with the machine's facts (written
-as JSON), the stack under measurement (a scratch PostgreSQL database with `trainmaster api` on it, a
-whole `trainmaster up`, a bare Ray head), timing and percentiles.
+"""What every script in bench/ shares: options, the run record with the machine's facts (written as
+JSON for bench/report.py), the stack under measurement, timing and percentiles.
 
-Scripts run as `.venv/bin/python bench/<name>.py` (bench/ is on `sys.path`, also in the processes they
-spawn) and measure inside `with run(name, args) as record:`, filling `record.tables` (lists of rows) and
-`record.ratios`; on a clean exit the record goes to bench/results/<name>.json, which bench/report.py
-turns into tables. SIGTERM and Ctrl-C go through every `finally` (processes, databases, stacks); a
-failed run writes nothing.
+The processes themselves (the API, Ray heads and nodes, `stop`) are started by
+tests/factories/processes.py, the module the end-to-end tests use: a benchmark measures what the tests
+check. A script measures inside `with run(name, args) as record:`, filling `record.tables` (lists of
+rows) and `record.ratios`; on a clean exit the record goes to bench/results/<name>.json. SIGTERM and
+Ctrl-C go through every `finally` (processes, databases, stacks); a failed run writes nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import json
 import math
 import os
 import platform
-import secrets
 import shutil
 import signal
 import statistics
@@ -30,18 +28,20 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import psycopg
-from psycopg import sql
 
 import trainmaster as tm
-from trainmaster.ports import free_port
+
+if TYPE_CHECKING:  # the rest is imported where used: client processes spawned by bench/clients.py
+    # import the script again, and should start in a moment even on a loaded machine
+    from api.stack.ray_head import RayHead
+    from tests.factories.processes import ApiProcess
 
 REPO = Path(__file__).resolve().parents[1]
-TRAINMASTER = str(Path(sys.executable).with_name("trainmaster"))
+
 Option = tuple[Any, ...]  # (flag, default, help[, more add_argument keywords])
 RUNS: list[Option] = [
     ("--runs", 5, "measured runs of each path"),
@@ -68,12 +68,13 @@ def parse_args(doc: str | None, *options: Option, database: bool = False) -> arg
         ("--output", None, "results file; by default bench/results/<name>.json", {"type": Path}),
     ]
     for flag, default, help_text, *more in [*common[not database :], *options]:
+        extra = more[0] if more else {}
         kind: dict[str, Any] = {"type": type(default)}
         if isinstance(default, list):
             kind = {"type": type(default[0]), "nargs": "+"}
-        if default is False or "action" in (more[0] if more else {}):
+        if default is False or "action" in extra:
             kind = {"action": "store_true"}
-        p.add_argument(flag, default=default, help=help_text, **(kind | (more[0] if more else {})))
+        p.add_argument(flag, default=default, help=help_text, **(kind | extra))
     return p.parse_args()
 
 
@@ -100,17 +101,10 @@ def machine_facts() -> dict[str, Any]:
         commit = git("rev-parse", "HEAD") + ("+dirty" if git("status", "--porcelain") else "")
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
-    return {
-        "cpus": os.cpu_count(),
-        "load_1m_start": load_1m(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": version("torch"),
-        "ray": version("ray"),
-        "postgresql": None,
-        "git": commit,
-        "started_at": now(),
-    }
+    versions = {name: version(name) for name in ("torch", "ray")}
+    return {"cpus": os.cpu_count(), "load_1m_start": load_1m(), "platform": platform.platform(),
+            "python": platform.python_version(), **versions, "postgresql": None, "git": commit,
+            "started_at": now()}  # fmt: skip
 
 
 @dataclass
@@ -126,9 +120,9 @@ class Record:
     valid: bool = True
 
     def ratio(self, figure: str, value: float, peer: str, peer_value: float) -> None:
-        """A figure against its peer's, as `value / peer_value`."""
+        """A figure against its peer's, as `value / peer_value` (NaN for a peer that measured nothing)."""
         row = {"figure": figure, "value": value, "peer": peer, "peer_value": peer_value}
-        self.ratios.append(row | {"ratio": value / peer_value})
+        self.ratios.append(row | {"ratio": value / peer_value if peer_value else math.nan})
 
     def read_postgres(self, database_url: str) -> None:
         with psycopg.connect(database_url, connect_timeout=10) as conn:
@@ -156,7 +150,7 @@ def run(name: str, args: argparse.Namespace) -> Iterator[Record]:
     facts.update(load_1m_end=load_1m(), finished_at=now())
     output = args.output or REPO / "bench" / "results" / f"{name}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(asdict(record), indent=2) + "\n")
+    output.write_text(json.dumps(asdict(record), indent=2, default=str) + "\n")
     for r in record.ratios:
         print(f"{r['figure']}: {r['value']:,.4g} against {r['peer']} {r['peer_value']:,.4g}: {r['ratio']:.3g}x")
     print(f"results written to {output}" + ("" if record.valid else " (marked INVALID: see its tables)"))
@@ -202,122 +196,63 @@ def median(rows: Iterable[dict[str, Any]], key: str) -> float:
 def interleaved(
     paths: Sequence[str], warmup: int, runs: int, one: Callable[[str, int], dict[str, Any]]
 ) -> dict[str, list[dict[str, Any]]]:
-    """`warmup` unmeasured then `runs` measured rounds, each running every path once, in turn:
-    `one(path, n)` is a run's row, kept with the load average at its start."""
+    """`warmup` unmeasured then `runs` measured rounds, each running every path once, in turn (a path
+    and its peer minutes apart share this machine's drift): `one(path, n)` is a run's row, kept with the
+    load average at its start."""
     kept: dict[str, list[dict[str, Any]]] = {path: [] for path in paths}
     for n in range(warmup + runs):
         for path in paths:
             load = load_1m()
             row = one(path, n)
-            warm = {None: "", True: ", warm driver", False: ", cold driver"}[row.get("warm_driver")]
             said = ", ".join(f"{k} {v:.2f}" for k, v in row.items() if k.endswith("_s") and isinstance(v, float))
-            print(f"{path:<12} run {n + 1}: {said} (load {load:.2f}{warm})")
+            print(f"{path:<12} run {n + 1}: {said} (load {load:.2f})", flush=True)
             if n >= warmup:
                 kept[path].append({"load_1m_at_start": load, **row})
     return kept
 
 
-def wait_until(done: Callable[[], bool], what: str, timeout_s: float = 120.0, every_s: float = 0.5) -> None:
-    """Poll `done` until it is true; TimeoutError naming `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} after {timeout_s:.0f} s")
-        time.sleep(every_s)
-
-
 # --------------------------------------------------------------------------- a scratch database and the API
 
 
-def cli(*args: str, env: dict[str, str], timeout: float = 120) -> str:
-    """Run the `trainmaster` console script; its stdout, or an error with its output."""
-    done = subprocess.run([TRAINMASTER, *args], env=env, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"trainmaster {' '.join(args)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
-    return done.stdout
-
-
-@dataclass(frozen=True)
-class Database:
-    url: str
-    token: str  # of project "bench"; empty when the database was not migrated by the CLI
-
-
 @contextlib.contextmanager
-def scratch_database(record: Record, admin_url: str, migrate: bool = True) -> Iterator[Database]:
-    """A new database `tm_bench_<random>` on the server of `admin_url` (its version goes into the facts),
-    with `migrate`: `trainmaster db upgrade` and a token of project "bench" from `trainmaster token create`.
-    Dropped at the end."""
-    admin_url = admin_url.replace("postgresql+psycopg://", "postgresql://", 1)
-    name = f"tm_bench_{secrets.token_hex(4)}"
+def scratch_database(record: Record, server_url: str) -> Iterator[str]:
+    """A new database `tm_bench_<random>` on the server of `server_url` (its version goes into the facts),
+    migrated with Alembic; dropped at the end. Yields its URL."""
+    from api.db import migrate
+    from api.stack.postgres import create_database, drop_database
 
-    def admin(statement: str) -> None:
-        with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
-            conn.execute(sql.SQL(statement).format(sql.Identifier(name)))
-
-    admin("CREATE DATABASE {}")
+    url = create_database(server_url, "tm_bench")
     try:
-        print(f"database {name} created", flush=True)
-        url = urlsplit(admin_url)._replace(path=f"/{name}").geturl()
+        print(f"database {url.rsplit('/', 1)[-1]} created", flush=True)
         record.read_postgres(url)
-        env, token = {**os.environ, "TRAINMASTER_DATABASE_URL": url}, ""
-        if migrate:
-            cli("db", "upgrade", env=env)
-            token = cli("token", "create", "--project", "bench", env=env).split()[-1]
-        yield Database(url, token)
+        migrate.upgrade(url)
+        yield url
     finally:
-        admin("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-        print(f"database {name} dropped", flush=True)
-
-
-@dataclass(frozen=True)
-class Api:
-    url: str
-    pid: int  # also its process group: uvicorn's workers are in it
+        drop_database(server_url, url)
 
 
 @contextlib.contextmanager
-def api_process(database_url: str, workers: int | None = 1) -> Iterator[Api]:
-    """`trainmaster api` on a free loopback port, ready, in its own process group; stopped at the end.
-    `workers` None: the API's own default."""
-    port = free_port()
-    command = [TRAINMASTER, "api", "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--workers", str(workers)] if workers is not None else []
-    env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url}
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        api = Api(f"http://127.0.0.1:{port}", process.pid)
+def api_process(database_url: str, workers: int | None = 1) -> Iterator[ApiProcess]:
+    """`trainmaster api` (tests/factories/processes.py) with a token of project "bench"; stopped at the
+    end. `workers` None: the API's own default."""
+    from tests.factories.processes import start_api, stop
 
-        def ready() -> bool:
-            if process.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(f"trainmaster api exited:\n{log.read()[-3000:].decode()}")
-            with contextlib.suppress(httpx.TransportError):
-                return httpx.get(f"{api.url}/readyz", timeout=2).status_code == 200
-            return False
-
+    with tempfile.TemporaryDirectory(prefix="tmb-api-") as logs:
+        api = start_api(database_url, Path(logs) / "api.log", ready_s=60, workers=workers, project="bench")
         try:
-            wait_until(ready, "trainmaster api not ready", 60, 0.2)
             yield api
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)  # a uvicorn worker left behind, if any
+            stop(api.process, grace_s=15)
 
 
-def submit_job(api_url: str, token: str) -> str:
+def submit_job(api: ApiProcess) -> str:
     """A job submitted over HTTP; no dispatcher runs beside a bare API, so it stays queued."""
     body = {"name": "bench", "entrypoint": "builtin:mlp"}
-    response = httpx.post(f"{api_url}/v1/jobs", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    response = httpx.post(f"{api.url}/v1/jobs", json=body, headers={"Authorization": f"Bearer {api.token}"}, timeout=30)
     return str(response.raise_for_status().json()["id"])
 
 
-# --------------------------------------------------------------------------- a local stack, a bare Ray head
+# --------------------------------------------------------------------------- a local stack (`trainmaster up`)
 
 
 @dataclass(frozen=True)
@@ -326,7 +261,7 @@ class Stack:
     api_url: str
     token: str
     database_url: str
-    ray_gcs: str
+    head: RayHead
     shared: Path  # what jobs write and this process reads (see `folder`)
 
     def folder(self, name: str) -> Path:
@@ -342,7 +277,7 @@ class Stack:
         folder = self.home / "job-code"
         folder.mkdir(exist_ok=True)
         for name in files:
-            shutil.copy2(REPO / "bench" / name, folder)
+            (folder / name).write_bytes((REPO / "bench" / name).read_bytes())
         return folder
 
     def client(self) -> tm.Client:
@@ -350,18 +285,21 @@ class Stack:
 
     def wait_idle(self, client: tm.Client) -> None:
         """Wait until every Ray CPU is free again (the previous job's gang released), as GET /v1/cluster says."""
+        from tests.factories.processes import wait_until
 
         def idle() -> bool:
             info = client.cluster()
             return bool(info.reachable and info.total.get("CPU") and info.free.get("CPU") == info.total.get("CPU"))
 
-        wait_until(idle, "Ray CPUs still in use")
+        wait_until(idle, 120, 0.5, "Ray CPUs to be free")
 
 
 @contextlib.contextmanager
 def local_stack(record: Record, nodes: int = 1) -> Iterator[Stack]:
     """`trainmaster up --api-port 0` in a fresh TRAINMASTER_HOME (its PostgreSQL's version goes into the
     facts); `trainmaster down` at the end. The home is removed unless the block failed (its logs/ stay)."""
+    from api.stack.ray_head import RayHead
+    from tests.factories.processes import run_cli
     home = Path(tempfile.mkdtemp(prefix="tm-bench-"))
     shared = Path(tempfile.mkdtemp(prefix="tm-bench-jobs-"))
     shared.chmod(0o711)  # passable, not listable
@@ -370,16 +308,17 @@ def local_stack(record: Record, nodes: int = 1) -> Iterator[Stack]:
     failed = True
     try:
         print(f"starting a stack in {home}", flush=True)
-        cli("up", "--api-port", "0", "--nodes", str(nodes), env=env, timeout=600)
+        run_cli("up", "--api-port", "0", "--nodes", str(nodes), env=env, timeout=600)
         config = json.loads((home / "config").read_text())  # the SDK's config file
         state = json.loads((home / "stack.json").read_text())  # the stack's own record of its addresses
         record.read_postgres(state["database_url"])
-        yield Stack(home, config["api_url"], config["token"], state["database_url"], state["ray_gcs"], shared)
+        head = RayHead(state["ray_dashboard"], state["ray_gcs"], home / "ray_auth_token", Path(state["ray_temp_dir"]))
+        yield Stack(home, config["api_url"], config["token"], state["database_url"], head, shared)
         failed = False
     finally:
         print("stopping the stack", flush=True)
         try:
-            cli("down", env=env, timeout=300)
+            run_cli("down", env=env, timeout=300)
         except (RuntimeError, subprocess.SubprocessError) as exc:
             print(f"WARNING: {exc}", file=sys.stderr)
             failed = True
@@ -388,20 +327,3 @@ def local_stack(record: Record, nodes: int = 1) -> Iterator[Stack]:
             print(f"the stack's logs are kept in {home / 'logs'}", file=sys.stderr)
         else:
             shutil.rmtree(home, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def ray_head(num_cpus: int) -> Iterator[Any]:
-    """A Ray head started the way the project starts one (`api.stack.ray_head`, token auth on loopback),
-    in a temporary folder; stopped and removed at the end. Yields its `RayHead`."""
-    from api.stack import ray_head as heads
-
-    temp = Path(tempfile.mkdtemp(prefix="tmb-", dir="/tmp"))  # short: Ray keeps Unix sockets under it
-    head = None
-    try:
-        head = heads.start(temp / "ray", temp / "token", num_cpus=num_cpus, log_path=temp / "ray.log")
-        yield head
-    finally:
-        if head is not None:
-            heads.stop(head.temp_dir, head.gcs_address)
-        shutil.rmtree(temp, ignore_errors=True)

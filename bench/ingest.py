@@ -11,8 +11,8 @@ per batch of the same size, the same points into the same table and as many jobs
 API's ingest (no HTTP, JSON, validation, auth, per-job lock, batch-id claim, latest-metrics, NOTIFY).
 
 `--reps` rounds of the API phases and the peer's (last in odd rounds, first in even ones): each API
-phase is divided by its round's peer and the median of the rounds is reported (this machine drifts by
-a quarter between minutes; a pair a few seconds apart shares the drift). One job's batches are written
+phase is divided by its round's peer and the median of the rounds is reported (a shared machine's speed
+drifts between minutes; a pair a few seconds apart shares the drift). One job's batches are written
 one at a time (api/metrics/repository.py), so `--jobs 1` gives one job's ceiling, more the platform's.
 
     .venv/bin/python bench/ingest.py [--senders 4] [--batch 1000] [--points 500000] [--jobs 1] [--reps 3]
@@ -23,13 +23,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -64,7 +62,8 @@ def api_batches(url: str, token: str, jobs: list[str], bodies: list[bytes], args
         return outcome.seconds, outcome.latencies
 
     def phase() -> tuple[float, list[float]]:
-        batches(0, args.warmup_batches)
+        if args.warmup_batches:
+            batches(0, args.warmup_batches)
         return batches(args.warmup_batches, None)
 
     return phase
@@ -104,28 +103,11 @@ def copy_batches(database_url: str, jobs: list[str], args: argparse.Namespace) -
     return lambda: asyncio.run(phase())
 
 
-def group_cpu_s(pgid: int) -> float:
-    """User + system CPU seconds of the live processes in group `pgid` (the API and its uvicorn workers)."""
-    ticks = 0
-    for stat in Path("/proc").glob("[0-9]*/stat") if pgid else []:
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue  # it exited meanwhile
-        if int(fields[2]) == pgid:
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def measure(
-    path: str, phase: Timed, url: str, jobs: list[str], args: argparse.Namespace, pgid: int = 0
-) -> dict[str, Any]:
-    """Run one phase; its row: throughput, batch latency, CPU per batch, and the rows the table holds."""
+def measure(path: str, phase: Timed, url: str, jobs: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """Run one phase; its row: throughput, batch latency, and the rows the table holds."""
     batches = args.points // args.batch
     print(f"{path}: {args.senders} senders x {batches} batches of {args.batch}, {len(jobs)} job(s)", flush=True)
-    api_cpu, client_cpu = group_cpu_s(pgid), time.process_time()
     seconds, latencies = phase()
-    api_cpu, client_cpu = group_cpu_s(pgid) - api_cpu, time.process_time() - client_cpu
     with psycopg.connect(url) as conn:
         count = "SELECT count(*) FROM metric_points WHERE job_id = ANY(%s)"
         row = conn.execute(count, ([uuid.UUID(job) for job in jobs],)).fetchone()
@@ -136,8 +118,6 @@ def measure(
         "seconds": seconds,
         "points_per_s": batches * args.batch / seconds,
         **ms(latencies, 50, 99, prefix="batch_"),
-        "api_cpu_ms_per_batch": api_cpu / batches * 1000 if pgid else None,
-        "client_cpu_ms_per_batch": client_cpu / batches * 1000,
         "rows_sent": (batches + args.warmup_batches) * args.batch,
         "rows_stored": row[0] if row else 0,
     }
@@ -159,22 +139,19 @@ def main() -> None:
     if args.points < args.batch:
         raise SystemExit("--points must be at least --batch")
     phases = [*args.api_workers, PEER]
-    with run("ingest", args) as record, scratch_database(record, args.database_url) as db:
+    with run("ingest", args) as record, scratch_database(record, args.database_url) as url:
         rows: list[dict[str, Any]] = []
         bodies = metric_bodies(args)
-        with api_process(db.url, 1) as api:  # every phase's jobs, queued up front (per worker count, then the peer's)
-            rounds = [
-                [[submit_job(api.url, db.token) for _ in range(args.jobs)] for _ in phases] for _ in range(args.reps)
-            ]
+        with api_process(url, 1) as api:  # every phase's jobs, queued up front (per worker count, then the peer's)
+            rounds = [[[submit_job(api) for _ in range(args.jobs)] for _ in phases] for _ in range(args.reps)]
 
         def one(workers: str, jobs: list[str]) -> dict[str, Any]:
             if workers == PEER:
-                return measure(PEER, copy_batches(db.url, jobs, args), db.url, jobs, args)
-            with api_process(db.url, None if workers == "default" else int(workers)) as api:
-                phase = api_batches(api.url, db.token, jobs, bodies, args)
-                return measure(
-                    f"POST /v1/jobs/{{id}}/metrics, API workers: {workers}", phase, db.url, jobs, args, api.pid
-                )
+                return measure(PEER, copy_batches(url, jobs, args), url, jobs, args)
+            with api_process(url, None if workers == "default" else int(workers)) as api:
+                phase = api_batches(api.url, api.token, jobs, bodies, args)
+                path = f"POST /v1/jobs/{{id}}/metrics, API workers: {workers}"
+                return measure(path, phase, url, jobs, args)
 
         for rep, jobs in enumerate(rounds, start=1):
             # the table grows by every phase: the peer goes last in odd rounds and first in even ones

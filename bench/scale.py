@@ -1,21 +1,19 @@
 """Scale: each figure at a large size against the same figure at a small size, in the same run (the
-ratio is the growth), on a scratch database migrated (and its token made) in process.
+ratio is the growth), on a scratch database. Sections (`--sections`):
 
-- admission: the dispatcher's own `Dispatcher.admit_round` against `SimRay` (bench/scale_cluster.py, an
-  in-memory Ray of `--nodes` nodes x 8 GPUs x 96 CPUs) at each of `--depths` queued jobs (50 projects,
-  mixed priorities and gangs, vacuumed), 50 considered per round: rounds until one admits nothing, then
-  `--finish-rounds` rounds each after 5% of the running jobs end; the heap frozen first, as
-  `trainmaster dispatcher` does. quotas, usage, checkpoints: see their functions below.
-- jobs, usage, metrics and logs go through `trainmaster api` (one worker) with a project token, `--requests`
-  sequential requests per figure after 10 unmeasured. jobs: GET /v1/jobs (first page, a deep cursor
-  page, `status=failed`, `status=queued`) and GET /v1/jobs/{id} of the newest queued job, at 1,000 rows
-  and at `--jobs` rows (1% queued). metrics: ingest (4 senders, batches of 1,000, `--ingest-points`)
-  into an empty table and with 1,000,000 points stored; `?max_points=1000` of a job of `--points` points
-  (20 names) against one of 10,000; ingest while retention purges 1,000,000 points against alone.
-  logs: `?tail=100` and the stream resumed 100 lines before the end (to its first event) on a job of
-  `--log-bytes` against one of 1,000 lines.
-Bulk rows come from INSERT ... SELECT generate_series (triggers run as for any insert), followed by
-CHECKPOINT and VACUUM ANALYZE, as a system in steady state would have had.
+- admission: the dispatcher's own `Dispatcher.admit_round` against `SimRay` (an in-memory Ray of
+  `--nodes` nodes x 8 GPUs x 96 CPUs) at each of `--depths` queued jobs (50 projects, mixed priorities
+  and gangs, vacuumed): rounds until one admits nothing, then `--finish-rounds` rounds each after 5% of
+  the running jobs end; and the same queue with 100 launches that fail (a damaged code package) against
+  it clean. quotas: 15,000 queued over 30 projects in 3 cohorts under quota, against no quotas.
+- jobs, usage, checkpoints, metrics and logs go through `trainmaster api` (one worker), `--requests`
+  sequential requests per figure after 10 unmeasured: job pages and one job at 1,000 and `--jobs` rows;
+  usage over a year of attempts against scanning them; a checkpoint collector pass against counting
+  the live ones; metric ingest into an empty table against with 1,000,000 points stored and during a
+  retention purge; downsampled reads of `--points` points against 10,000; logs tail and stream resume
+  at `--log-bytes` against 1,000 lines.
+Bulk rows come from INSERT ... SELECT generate_series, then CHECKPOINT and VACUUM ANALYZE, as a system
+in steady state would have had them.
 
     .venv/bin/python bench/scale.py [--nodes 1000] [--depths 100 1000 10000] [--jobs 1000000]
         [--points 10000000] [--log-bytes 1000000000] [--sections admission quotas jobs usage checkpoints metrics logs]
@@ -25,13 +23,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import io
 import json
+import math
 import os
 import random
 import tempfile
 import threading
 import time
 import uuid
+import zipfile
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -40,15 +42,20 @@ from typing import Any
 import httpx
 import psycopg
 from harness import Record, api_process, ms, parse_args, run, scratch_database, timed
-from scale_cluster import NODE, SimRay, admission_cycles, fill_queue
+from ingest import api_batches, metric_bodies
+from psycopg.types.json import Jsonb
+from sqlalchemy import text
 
 from api.auth import admin
 from api.auth.principal import Scope
-from api.db import migrate
 from api.db.session import create_engine, session_factory
+from api.dispatcher.backend import GangState, Launch, RayJobInfo, RayJobState
+from api.dispatcher.placement import Cluster, Decision, Node, Resources, admit
+from api.dispatcher.service import Dispatcher, freeze_heap
 from api.jobs.service import encode_cursor
 from api.retention.service import purge_round
 from api.settings import Settings
+from trainmaster.models import JobSpec
 
 SPEC = '{"name": "bulk", "entrypoint": "builtin:mlp", "scaling": {"num_workers": 1}}'
 NAMES = [f"metric_{i:02d}" for i in range(20)]
@@ -103,6 +110,168 @@ def reads(client: httpx.Client, path: str, params: dict[str, Any], count: int) -
             raise RuntimeError(f"GET {path}: {response.status_code} {response.text[:300]}")
 
     return ms(timed(get, count, warmup=10), 50, 99)
+
+
+# --------------------------------------------------------------------------- the simulated cluster
+
+NODE = {"CPU": 96.0, "GPU": 8.0}
+# (share of jobs, workers, resources per worker, strategy): an organisation's mix, ~12 GPUs a job.
+GANGS: tuple[tuple[float, int, dict[str, float], str], ...] = (
+    (0.25, 1, {"CPU": 8, "GPU": 1}, "PACK"),
+    (0.15, 1, {"CPU": 32, "GPU": 4}, "PACK"),
+    (0.15, 1, {"CPU": 90, "GPU": 8}, "STRICT_PACK"),
+    (0.15, 2, {"CPU": 90, "GPU": 8}, "SPREAD"),
+    (0.10, 4, {"CPU": 90, "GPU": 8}, "PACK"),
+    (0.04, 8, {"CPU": 90, "GPU": 8}, "PACK"),
+    (0.01, 16, {"CPU": 90, "GPU": 8}, "STRICT_SPREAD"),
+    (0.15, 4, {"CPU": 16}, "SPREAD"),
+)
+PRIORITIES = (-10, 0, 0, 0, 0, 5, 10)
+
+
+class SimRay:
+    """An in-memory Ray of many nodes (tests/factories/ray.py's FakeRay grown to scale): `submit` places
+    the gang as a placement group would (the dispatcher's own `placement.admit`) and takes its resources;
+    `finish` gives them back."""
+
+    def __init__(self, nodes: int) -> None:
+        self.free = [Node(f"node{i:05d}", dict(NODE), dict(NODE), f"10.0.{i // 250}.{i % 250}") for i in range(nodes)]
+        self.specs: dict[str, JobSpec] = {}  # job id -> spec, for placing its gang
+        self.placed: dict[str, dict[str, list[Resources]]] = {}  # job id -> node -> bundles
+        self.view: Cluster | None = None  # the nodes as placement sees them between finishes (see submit)
+
+    def cluster(self) -> Cluster:
+        return Cluster([Node(n.node_id, dict(n.total), dict(n.free), n.ip) for n in self.free])
+
+    def submit(self, launch: Launch) -> bool:
+        """Place the gang as Ray would. One `Cluster` view of the nodes is kept between submits (what
+        placement remembers stays true while resources are only taken), so the simulator's own cost
+        per submit stays small beside the dispatcher's; `finish` drops it."""
+        job_id = launch.metadata["trainmaster_job_id"]
+        self.view = self.view or Cluster(self.free)
+        admission = admit(self.specs[job_id], self.view, {})
+        if admission.decision is Decision.admit:
+            self.view.reserve(admission.placement)
+            self.placed[job_id] = admission.placement
+        return True
+
+    def finish(self, job_id: str) -> None:
+        self.view = None  # resources come back: what placement remembered no longer holds
+        by_id = {node.node_id: node for node in self.free}
+        for node_id, bundles in self.placed.pop(job_id, {}).items():
+            for bundle in bundles:
+                for name, amount in bundle.items():
+                    by_id[node_id].free[name] = by_id[node_id].free.get(name, 0.0) + amount
+
+    def info(self, submission_id: str) -> RayJobInfo | None:
+        return RayJobInfo(RayJobState.RUNNING)
+
+    def stop(self, submission_id: str) -> None:
+        pass
+
+    def gang_state(self, driver_job_id: str) -> GangState:
+        return GangState(placed=True)
+
+    def logs(self, submission_id: str, offset: int = 0, final: bool = False) -> str:
+        return ""
+
+
+def broken_package() -> tuple[str, bytes]:
+    """A code package whose member data was damaged after the upload, and its id: the launch of a job
+    naming it fails (archive.BadPackage), and with containment that job's alone."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("train.py", b"print('never unpacked')\n" * 8)
+    content = bytearray(buffer.getvalue())
+    content[content.index(b"print")] ^= 0xFF
+    return f"sha256:{hashlib.sha256(content).hexdigest()}", bytes(content)
+
+
+def fill_queue(database_url: str, count: int, projects: int, rng: random.Random, broken: int = 0) -> dict[str, JobSpec]:
+    """Empty jobs, then `count` queued ones over `projects` projects (mixed gangs and priorities, one
+    second apart in age); their specs by id. The first `broken` (of the same draw, so the rest is the
+    queue a clean run gets) name a code package that cannot be unpacked."""
+    code_id, content = broken_package()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE jobs CASCADE")
+        conn.execute(
+            "INSERT INTO projects (id, name, cluster_id) SELECT gen_random_uuid(), 'p' || g,"
+            " (SELECT id FROM clusters WHERE name = 'default') FROM generate_series(1, %s) g"
+            " ON CONFLICT (name) DO NOTHING",
+            (projects,),
+        )
+        project_ids = [row[0] for row in conn.execute("SELECT id FROM projects WHERE name LIKE 'p%'").fetchall()]
+        conn.execute(
+            "INSERT INTO code_packages (project_id, id, size, file_count, content)"
+            " SELECT p, %s, %s, 1, %s FROM unnest(%s::uuid[]) p ON CONFLICT DO NOTHING",
+            (code_id, len(content), content, project_ids),
+        )
+        rows, specs = [], {}
+        for i in range(count):
+            _, workers, per_worker, strategy = rng.choices(GANGS, [g[0] for g in GANGS])[0]
+            scaling = {"num_workers": workers, "resources_per_worker": per_worker, "placement_strategy": strategy}
+            body = {"name": f"scale-{i}", "entrypoint": "builtin:mlp", "scaling": scaling} | (
+                {"code": code_id} if i < broken else {}
+            )
+            spec = JobSpec.model_validate(body | {"priority": rng.choice(PRIORITIES)})
+            gang = {name: amount * workers for name, amount in spec.scaling.worker_resources().items()}
+            job_id = uuid.uuid4()
+            specs[str(job_id)] = spec
+            row = (job_id, rng.choice(project_ids), spec.name, Jsonb(spec.model_dump(mode="json")), spec.priority)
+            rows.append((*row, gang.get("CPU", 0.0), gang.get("GPU", 0.0), count - i))
+        conn.cursor().executemany(
+            "INSERT INTO jobs (id, project_id, name, status, spec, priority, gang_cpus, gang_gpus, created_at)"
+            " VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, now() - make_interval(secs => %s))",
+            rows,
+        )
+        # As autovacuum leaves the table in steady state (migration 0007: after 1,000 changed rows), the
+        # claim's per-project reads of ix_jobs_queued_by_project are index-only.
+        conn.execute("VACUUM ANALYZE jobs")
+    return specs
+
+
+async def admission_cycles(settings: Settings, ray: SimRay, finish_rounds: int, rng: random.Random) -> dict[str, Any]:
+    """A dispatcher's rounds until one admits nothing (the cluster is full or the queue empty), then rounds
+    that each follow 5% of the running jobs ending (succeeded, as reconcile would record it). Time per
+    round and jobs admitted per second."""
+    engine = create_engine(settings)
+    durations: list[float] = []
+    try:
+        dispatcher = Dispatcher(settings=settings, sessions=session_factory(engine), ray=ray, owner="bench")
+        async with dispatcher.sessions() as session:  # a warm connection, as a running dispatcher has
+            await session.execute(text("SELECT 1"))
+        # As `trainmaster dispatcher` does once it is up: what the process holds by now (here also this
+        # script's queue of specs, which a dispatcher never holds) is out of the collector's way.
+        freeze_heap()
+
+        async def one() -> int:
+            began = time.perf_counter()
+            count = await dispatcher.admit_round()
+            durations.append(time.perf_counter() - began)
+            return count
+
+        admitted = filled_in = 0
+        while (count := await one()) > 0:
+            admitted, filled_in = admitted + count, filled_in + 1
+        full = sum(node.total["GPU"] - node.free["GPU"] for node in ray.free)
+        for _ in range(finish_rounds):
+            ending = rng.sample(sorted(ray.placed), max(1, int(len(ray.placed) * 0.05))) if ray.placed else []
+            with psycopg.connect(settings.database_url, autocommit=True) as conn:
+                finished = "UPDATE jobs SET status = 'succeeded', finished_at = now() WHERE id = ANY(%s::uuid[])"
+                conn.execute(finished, (ending,))
+            for job_id in ending:
+                ray.finish(job_id)
+            admitted += await one()
+    finally:
+        await engine.dispose()
+    total_s = sum(durations) or math.inf
+    return {
+        **{"rounds": len(durations), "rounds_to_fill": filled_in, "gpus_used_when_full": full, "admitted": admitted},
+        **{**ms(durations, 50, 99), "max_ms": max(durations) * 1000},
+        # The first round of a process also compiles and prepares every statement (once per dispatcher).
+        "p99_after_first_ms": ms(durations[1:], 99)["p99_ms"],
+        **{"jobs_admitted_per_s": admitted / total_s, "rounds_per_s": len(durations) / total_s},
+    }
 
 
 # --------------------------------------------------------------------------- the sections
@@ -163,12 +332,13 @@ def quotas(url: str, args: argparse.Namespace, record: Record) -> None:
 
     def one(quota: bool) -> dict[str, Any]:
         sql(url, "TRUNCATE projects CASCADE")
-        return cycles(url, args, {"queued": 15_000, "projects": 30, "quotas": quota}, 30, quota=quota and share)
+        row = {"queued": args.quota_jobs, "projects": 30, "quotas": quota}
+        return cycles(url, args, row, 30, quota=quota and share)
 
     free, quota = record.tables["admission with 30 projects in 3 cohorts under quota, and without quotas"] = best_of_3(
         (False, True), one, "jobs_admitted_per_s"
     )
-    figure = "jobs admitted/s at 15,000 queued over 30 projects with quotas and cohorts"
+    figure = f"jobs admitted/s at {args.quota_jobs:,} queued over 30 projects with quotas and cohorts"
     record.ratio(figure, quota["jobs_admitted_per_s"], "without quotas", free["jobs_admitted_per_s"])
 
 
@@ -313,49 +483,32 @@ def checkpoints(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse
     record.ratio(figure, collector["p50_ms"], "a count of the live checkpoints", scan["p50_ms"])
 
 
-def ingest(client: httpx.Client, job_id: str, points: int, senders: int = 4) -> dict[str, float]:
-    """Points per second through POST /v1/jobs/{id}/metrics, `senders` concurrent batches of 1,000, and
-    the batches' latency (a batch that waited on a lock would stand out at p99 and max)."""
-    batches, latencies = iter(range(points // 1000)), []
-
-    async def sender(http: httpx.AsyncClient) -> None:
-        for index in batches:
-            points = [{"step": index * 1000 + i, "values": {"loss": 1.0 / (i + 1)}, "rank": 0} for i in range(1000)]
-            sent = time.perf_counter()
-            body = {"batch_id": str(uuid.uuid4()), "points": points}
-            response = await http.post(f"/v1/jobs/{job_id}/metrics", json=body)
-            latencies.append(time.perf_counter() - sent)
-            if response.status_code != 201:
-                raise RuntimeError(f"ingest: {response.status_code} {response.text[:300]}")
-
-    async def senders_together() -> float:
-        headers = {"Authorization": client.headers["Authorization"]}
-        async with httpx.AsyncClient(base_url=str(client.base_url), headers=headers, timeout=120) as http:
-            began = time.perf_counter()
-            await asyncio.gather(*(sender(http) for _ in range(senders)))
-            return time.perf_counter() - began
-
-    seconds = asyncio.run(senders_together())
-    return {"points_per_s": (points // 1000) * 1000 / seconds, **ms(latencies, 50, 99), "max_ms": max(latencies) * 1000}
+def ingest(client: httpx.Client, job_id: str, points: int) -> dict[str, float]:
+    """Points per second through POST /v1/jobs/{id}/metrics, as bench/ingest.py sends them (4 senders,
+    batches of 1,000), and the batches' latency (a batch that waited on a lock stands out at p99 and max)."""
+    shape = argparse.Namespace(batch=1000, points=points, warmup_batches=0, senders=4, procs=2)
+    token = client.headers["Authorization"].removeprefix("Bearer ")
+    seconds, latencies = api_batches(str(client.base_url), token, [job_id], metric_bodies(shape), shape)()
+    return {"points_per_s": len(latencies) * 1000 / seconds, **ms(latencies, 50, 99), "max_ms": max(latencies) * 1000}
 
 
 def metrics(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namespace, record: Record) -> None:
     print("metrics: ingest into an empty table", flush=True)
     empty = ingest(client, new_job(url, bench), args.ingest_points)
-    big = new_job(url, bench, 1_000_000)
+    big = new_job(url, bench, args.stored)
     settle(url, "metric_points")
-    print("metrics: ingest with 1,000,000 points stored", flush=True)
+    print(f"metrics: ingest with {args.stored:,} points stored", flush=True)
     stored = ingest(client, new_job(url, bench), args.ingest_points)
     record.tables["ingest (4 senders, batches of 1,000 points)"] = [
         {"points stored before": 0, **empty},
-        {"points stored before": 1_000_000, **stored},
+        {"points stored before": args.stored, **stored},
     ]
     rate = "points_per_s"
-    record.ratio("ingest points/s with 1,000,000 stored", stored[rate], "into an empty table", empty[rate])
+    record.ratio(f"ingest points/s with {args.stored:,} stored", stored[rate], "into an empty table", empty[rate])
 
     small = new_job(url, bench, 10_000)
     print(f"metrics: growing one job to {args.points:,} points", flush=True)
-    bulk(url, POINTS, args.points, big, NAMES, first=1_000_001)
+    bulk(url, POINTS, args.points, big, NAMES, first=args.stored + 1)
     settle(url, "metric_points", "metric_blocks")
     read = {
         size: reads(client, f"/v1/jobs/{job}/metrics", {"max_points": 1000}, args.requests)
@@ -370,12 +523,12 @@ def metrics(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Nam
         figure = f"GET metrics?max_points=1000 {pct[:3]} at {args.points:,} points, ms"
         record.ratio(figure, read[args.points][pct], "at 10,000 points", read[10_000][pct])
 
-    finished = new_job(url, bench, 1_000_000)
+    finished = new_job(url, bench, args.stored)
     old = "UPDATE jobs SET status = 'succeeded', finished_at = now() - interval '30 days' WHERE id = %s"
     sql(url, old, (finished,))
     settle(url, "metric_points")
     alone = ingest(client, new_job(url, bench), args.ingest_points)
-    print("metrics: ingest while retention purges 1,000,000 points", flush=True)
+    print(f"metrics: ingest while retention purges {args.stored:,} points", flush=True)
     purge: dict[str, Any] = {}
 
     async def purge_alone() -> None:  # retention's own purge round (batches of 5,000 rows)
@@ -392,7 +545,7 @@ def metrics(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Nam
     during = ingest(client, new_job(url, bench), args.ingest_points)
     purging_at_end = thread.is_alive()
     thread.join()
-    record.tables["ingest while retention purges 1,000,000 points of a finished job"] = [
+    record.tables[f"ingest while retention purges {args.stored:,} points of a finished job"] = [
         {"ingest": "alone", **alone},
         {"ingest": "during the purge", **during, "purge still running at the end": purging_at_end},
     ]
@@ -448,33 +601,32 @@ def main() -> None:
         ("--ingest-points", 200_000, "points per ingest measurement"),
         ("--log-bytes", 1_000_000_000, "log bytes of the big logs job"),
         ("--checkpoints", 1_000_000, "checkpoint rows for the collector (10 per job)"),
+        ("--stored", 1_000_000, "metric points stored before ingest, and purged during it"),
+        ("--quota-jobs", 15_000, "queued jobs of the quotas section (Kueue's baseline shape)"),
         ("--requests", 100, "measured requests per read figure"),
         ("--sections", ["admission", "quotas", "jobs", "usage", "checkpoints", "metrics", "logs"], None),
         database=True,
     )
     os.environ.setdefault("TRAINMASTER_DB_CONNECT_TIMEOUT_S", "60")  # the API's, on a busy machine
-    with run("scale", args) as record, scratch_database(record, args.database_url, migrate=False) as db:
-        migrate.upgrade(db.url)
+    with run("scale", args) as record, scratch_database(record, args.database_url) as url:
         if "admission" in args.sections:
-            admission(db.url, args, record)
+            admission(url, args, record)
         if "quotas" in args.sections:
-            quotas(db.url, args, record)
-        sql(db.url, "TRUNCATE projects CASCADE")
-        token = admin.project_token(db.url, "bench")
+            quotas(url, args, record)
+        sql(url, "TRUNCATE projects CASCADE")
         sql(
-            db.url,
+            url,
             "INSERT INTO projects (id, name, cluster_id) SELECT gen_random_uuid(), 'p' || g,"
             " (SELECT id FROM clusters WHERE name = 'default') FROM generate_series(1, 49) g",
         )
-        bench = sql(db.url, "SELECT id FROM projects WHERE name = 'bench'")[0][0]
-        with (
-            api_process(db.url) as api,
-            httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as client,
-        ):
-            for section in (jobs, usage, checkpoints, metrics, logs):
-                if section.__name__ in args.sections:
-                    section(db.url, client, bench, args, record)
-        record.facts["database_bytes_at_end"] = sql(db.url, "SELECT pg_database_size(current_database())")[0][0]
+        with api_process(url) as api:
+            bench = sql(url, "SELECT id FROM projects WHERE name = 'bench'")[0][0]
+            headers = {"Authorization": f"Bearer {api.token}"}
+            with httpx.Client(base_url=api.url, headers=headers, timeout=120) as client:
+                for section in (jobs, usage, checkpoints, metrics, logs):
+                    if section.__name__ in args.sections:
+                        section(url, client, bench, args, record)
+        record.facts["database_bytes_at_end"] = sql(url, "SELECT pg_database_size(current_database())")[0][0]
 
 
 if __name__ == "__main__":

@@ -1,14 +1,11 @@
 """Latency from `trainmaster.log()` to an SSE client receiving the point, against raw LISTEN/NOTIFY.
 
 The API: `trainmaster api` on a scratch database with one queued job. This process reads
-GET /v1/jobs/{id}/metrics/stream (`trainmaster.sse.parse`); once it answers, a second process logs
-`{"t_sent": time.time(), "loss": ...}` through the SDK's `MetricsSender` (what `trainmaster.log` uses) at
-`--rate` points/s for `--warmup` + `--duration` seconds. Latency is arrival time minus t_sent (one clock);
-warm-up points are checked for loss but not timed. The sender's transport times each POST, which splits
-the latency into the wait in the sender's buffer, the POST round trip and the SSE delivery after it.
-
-The peer: a second process sends `pg_notify(channel, '<i>:<time.time()>')` at the same rate for the same
-time on the same server; this process LISTENs. (The API's fan-out is a NOTIFY per batch, then a read.)
+GET /v1/jobs/{id}/metrics/stream; once it answers, a second process logs `{"t_sent": time.time(), ...}`
+through the SDK's `MetricsSender` (what `trainmaster.log` uses) at `--rate` points/s for `--warmup` +
+`--duration` seconds. Latency is arrival time minus t_sent (one clock); warm-up points are checked for
+loss but not timed. The peer: a second process sends `pg_notify(channel, '<i>:<time.time()>')` at the
+same rate on the same server and this process LISTENs (the API's fan-out is a NOTIFY per batch, then a read).
 
     .venv/bin/python bench/sse_latency.py [--rate 50] [--duration 20] [--warmup 2]
 """
@@ -24,7 +21,7 @@ from typing import Any
 
 import httpx
 import psycopg
-from harness import api_process, ms, parse_args, percentile, run, scratch_database, submit_job
+from harness import api_process, ms, parse_args, run, scratch_database, submit_job
 
 from trainmaster.context import JobApi
 from trainmaster.metrics import MetricsSender
@@ -32,8 +29,6 @@ from trainmaster.sse import parse
 
 CHANNEL, SENT = "tm_bench_latency", "t_sent"
 Received = dict[int, list[tuple[float, float]]]  # step -> [(received at, t_sent)], more than one if duplicated
-Posts = list[tuple[float, float, list[int]]]  # per metrics POST: when it left, when its answer came, its steps
-Produced = tuple[int, int, Posts]  # points sent, points dropped, the POSTs
 Starter = Callable[[], None]  # starts the producer, once the consumer listens
 
 
@@ -45,36 +40,21 @@ def paced(rate: float, points: int) -> Iterator[int]:
         yield i
 
 
-class TimedApi(JobApi):
-    """Records, per metrics POST, when it left, when its answer came, and the steps it carried."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.posts: Posts = []
-
-    def post_metrics(self, batch: dict[str, Any]) -> tuple[int, bytes]:
-        started = time.time()
-        answer = super().post_metrics(batch)
-        self.posts.append((started, time.time(), [p["step"] for p in batch["points"] if SENT in p["values"]]))
-        return answer
-
-
-def log_points(api_url: str, token: str, job_id: str, rate: float, points: int) -> Produced:
-    """The API's producer (a spawned process)."""
-    api = TimedApi(api_url, token, job_id, None)
-    sender = MetricsSender(api, rank=0)
+def log_points(api_url: str, token: str, job_id: str, rate: float, points: int) -> tuple[int, int]:
+    """The API's producer (a spawned process): points sent, points dropped."""
+    sender = MetricsSender(JobApi(api_url, token, job_id, None), rank=0)
     for i in paced(rate, points):
         sender.log({SENT: time.time(), "loss": 1 / (i + 1)}, step=i)
     sender.close(timeout=30)
-    return sender.sent_points, sender.dropped, api.posts
+    return sender.sent_points, sender.dropped
 
 
-def notify_points(database_url: str, rate: float, points: int) -> Produced:
+def notify_points(database_url: str, rate: float, points: int) -> tuple[int, int]:
     """The peer's producer (a spawned process)."""
     with psycopg.connect(database_url, autocommit=True, connect_timeout=10) as conn:
         for i in paced(rate, points):
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{i}:{time.time()!r}"))
-    return points, 0, []
+    return points, 0
 
 
 def consume_sse(api_url: str, token: str, job_id: str, points: int, budget_s: float, start: Starter) -> Received:
@@ -116,12 +96,8 @@ def complete(received: Received, points: int) -> bool:
     return len(received) >= points or points - 1 in received
 
 
-def measure(
-    produce: Callable[..., Produced],
-    produce_args: tuple[Any, ...],
-    consume: Callable[[Starter], Received],
-    budget_s: float,
-) -> tuple[Received, Produced]:
+def measure(produce: Callable[..., tuple[int, int]], produce_args: tuple[Any, ...],
+            consume: Callable[[Starter], Received], budget_s: float) -> tuple[Received, tuple[int, int]]:  # fmt: skip
     """The consumer; once it listens, it starts the producer in a spawned process. What each saw."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         started: list[Any] = []
@@ -138,19 +114,6 @@ def row(path: str, received: Received, points: int, skip: int) -> dict[str, Any]
     return {"path": path, "points": len(latencies), **figures, "lost": lost, "duplicated": duplicated}
 
 
-def split(received: Received, posts: Posts, skip: int) -> list[dict[str, Any]]:
-    """The API's latency per measured point, in three parts: buffer wait, POST round trip, SSE after the answer."""
-    post_of = {step: (started, answered) for started, answered, steps in posts for step in steps}
-    hits = [(*post_of[step], *hit) for step, at in received.items() if step >= skip and step in post_of for hit in at]
-    parts = {
-        "in the sender's buffer": [started - sent for started, _, _, sent in hits],
-        "POST round trip": [answered - started for started, answered, _, _ in hits],
-        "SSE after the answer": [at - answered for _, answered, at, _ in hits],
-    }
-    per_post = {"posts": len(posts), "points_per_post_p50": percentile([len(steps) for _, _, steps in posts], 50)}
-    return [{"part": part, **ms(values, 50, 95), **per_post} for part, values in parts.items()]
-
-
 def main() -> None:
     args = parse_args(
         __doc__,
@@ -161,25 +124,25 @@ def main() -> None:
     )
     skip, points = round(args.rate * args.warmup), round(args.rate * (args.warmup + args.duration))
     budget_s = 60 + points / args.rate
-    with run("sse_latency", args) as record, scratch_database(record, args.database_url) as db:
-        with api_process(db.url) as api:
-            job_id = submit_job(api.url, db.token)
+    with run("sse_latency", args) as record, scratch_database(record, args.database_url) as url:
+        with api_process(url) as api:
+            job_id = submit_job(api)
             print(f"API: {points} points at {args.rate:g}/s through MetricsSender to SSE", flush=True)
-            producer = (api.url, db.token, job_id, args.rate, points)
-            consume = functools.partial(consume_sse, api.url, db.token, job_id, points, budget_s)
-            received, (sent, dropped, posts) = measure(log_points, producer, consume, budget_s)
+            consume = functools.partial(consume_sse, api.url, api.token, job_id, points, budget_s)
+            received, (sent, dropped) = measure(log_points, (api.url, api.token, job_id, args.rate, points),
+                                                consume, budget_s)  # fmt: skip
         print("peer: LISTEN/NOTIFY at the same rate", flush=True)
-        consume = functools.partial(consume_notify, db.url, points, budget_s)
-        peer_received, _ = measure(notify_points, (db.url, args.rate, points), consume, budget_s)
-        api_row = row("trainmaster.log -> SSE", received, points, skip)
-        peer_row = row("peer: LISTEN/NOTIFY", peer_received, points, skip)
-        record.tables["latency"] = [api_row, peer_row]
-        record.tables["API latency, split"] = split(received, posts, skip)
+        consume = functools.partial(consume_notify, url, points, budget_s)
+        peer_received, _ = measure(notify_points, (url, args.rate, points), consume, budget_s)
+        ours, peer = record.tables["latency"] = [
+            row("trainmaster.log -> SSE", received, points, skip),
+            row("peer: LISTEN/NOTIFY", peer_received, points, skip),
+        ]
         for pct in ("p50_ms", "p95_ms"):
-            record.ratio(f"{api_row['path']}, {pct.replace('_', ' ')}", api_row[pct], peer_row["path"], peer_row[pct])
-        record.ratio(f"{api_row['path']}, p95 ms (goal <= 150)", api_row["p95_ms"], "goal", 150.0)
-        losses = api_row["lost"] + api_row["duplicated"] + peer_row["lost"] + peer_row["duplicated"]
-        record.valid = not losses and not dropped and sent == points
+            record.ratio(f"{ours['path']}, {pct.replace('_', ' ')}", ours[pct], peer["path"], peer[pct])
+        record.ratio(f"{ours['path']}, p95 ms (goal <= 150)", ours["p95_ms"], "goal", 150.0)
+        record.valid = not (ours["lost"] + ours["duplicated"] + peer["lost"] + peer["duplicated"] + dropped)
+        record.valid &= sent == points
 
 
 if __name__ == "__main__":

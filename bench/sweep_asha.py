@@ -1,18 +1,13 @@
-"""An ASHA sweep through trainmaster against the full grid, with Ray Tune's ASHA on the same trials.
+"""An ASHA sweep through trainmaster against the full grid, and Ray Tune's ASHA on the same trials.
 
 The objective is `builtin:toy-curve` (workers/templates/toy_curve.py): a deterministic noisy learning
-curve `toy_loss(lr, hidden, dropout, step)`, logged every step after sleeping `--step-s` seconds.
-
-grid        lr {1e-4..1e-1} x hidden {32, 64, 128} x dropout {0, 0.25, 0.5}: 36 trials of `--steps`;
-            its steps and best final loss come from the pure objective.
-trainmaster on its own `trainmaster up` (dispatcher polling every `--poll-s`), `client.sweep(...)` of
-            `--trials` trials sampled with each of `--seeds`, ASHA (`--grace`, `--rf`), at most
-            `--max-concurrent` at once, one worker of `--cpus` CPU each. Steps used: the sum of each
-            trial's last stored step (the controller's reaction time included).
-Ray Tune    the peer, after the stack is down: the same sampled trials in the same order,
-            `ASHAScheduler` with the same rungs, concurrency, CPU and step time, on a local Ray.
-
-A sweep "reaches" the grid when a trial that trained all `--steps` ends at or below the grid's best
+curve `toy_loss(lr, hidden, dropout, step)`, logged every step after sleeping `--step-s` seconds. The
+grid: lr {1e-4..1e-1} x hidden {32, 64, 128} x dropout {0, 0.25, 0.5}, 36 trials of `--steps`, its best
+final loss from the pure objective. trainmaster: on its own `trainmaster up`, `client.sweep(...)` of
+`--trials` trials sampled with each of `--seeds`, ASHA (`--grace`, `--rf`), `--max-concurrent` at once;
+steps used are the sum of each trial's last stored step. The peer, after the stack is down: Ray Tune's
+`ASHAScheduler` on the same sampled trials with the same rungs, concurrency, CPU and step time, on a
+local Ray. A sweep reaches the grid when a trial trained to the end is at or below the grid's best
 final loss; the target is to reach it with at most 40% of the grid's steps.
 
     .venv/bin/python bench/sweep_asha.py [--seeds 0 1 2] [--trials 36] [--steps 36] [--step-s 1.0]
@@ -39,51 +34,28 @@ TARGET_FRACTION = 0.40
 def grid_figures(steps: int) -> dict[str, Any]:
     finals = {(lr, h, d): toy_loss(lr, h, d, steps) for lr, h, d in itertools.product(*GRID.values())}
     best = min(finals, key=lambda combo: finals[combo])
-    return {
-        "trials": len(finals),
-        "steps": len(finals) * steps,
-        "best_final": finals[best],
-        "best_params": dict(zip(GRID, best, strict=True)),
-    }
+    best_params = dict(zip(GRID, best, strict=True))
+    return {"trials": len(finals), "steps": len(finals) * steps, "best_final": finals[best], "best_params": best_params}
 
 
 def summary(name: str, seed: int, trials: list[dict[str, Any]], steps: int, grid: dict[str, Any]) -> dict[str, Any]:
     used = sum(t["steps"] for t in trials)
     finished = [t for t in trials if t["steps"] >= steps and t["final"] is not None]
     best = min(finished, key=lambda t: t["final"]) if finished else {"final": None, "params": None}
-    return {
-        "sweep": name,
-        "seed": seed,
-        "trials": len(trials),
-        "trained_to_end": len(finished),
-        "steps_used": used,
-        "fraction_of_grid_steps": used / grid["steps"],
-        "best_final": best["final"],
-        "grid_best_final": grid["best_final"],
-        "reached": best["final"] is not None and best["final"] <= grid["best_final"],
-        "within_target": used / grid["steps"] <= TARGET_FRACTION,
-        "best_params": best["params"],
-    }
+    reached = best["final"] is not None and best["final"] <= grid["best_final"]
+    return {"sweep": name, "seed": seed, "trials": len(trials), "trained_to_end": len(finished), "steps_used": used,
+            "fraction_of_grid_steps": used / grid["steps"], "best_final": best["final"],
+            "grid_best_final": grid["best_final"], "reached": reached,
+            "within_target": used / grid["steps"] <= TARGET_FRACTION, "best_params": best["params"]}
 
 
 def trainmaster_sweep(client: tm.Client, args: Any, seed: int) -> tuple[list[dict[str, Any]], float]:
-    spec = tm.JobSpec(
-        name="toy",
-        entrypoint="builtin:toy-curve",
-        config={"steps": args.steps, "step_s": args.step_s},
-        scaling=tm.Scaling(num_workers=1, resources_per_worker={"CPU": args.cpus}),
-    )
+    spec = tm.JobSpec(name="toy", entrypoint="builtin:toy-curve", config={"steps": args.steps, "step_s": args.step_s},
+                      scaling=tm.Scaling(num_workers=1, resources_per_worker={"CPU": args.cpus}))
     began = time.monotonic()
-    sweep = client.sweep(
-        spec,
-        name=f"bench-asha-{seed}",
-        parameters=SPACE,
-        metric="loss",
-        max_trials=args.trials,
-        max_concurrent=args.max_concurrent,
-        early_stopping={"policy": "asha", "grace_steps": args.grace, "reduction_factor": args.rf},
-        seed=seed,
-    )
+    asha = {"policy": "asha", "grace_steps": args.grace, "reduction_factor": args.rf}
+    sweep = client.sweep(spec, name=f"bench-asha-{seed}", parameters=SPACE, metric="loss", max_trials=args.trials,
+                         max_concurrent=args.max_concurrent, early_stopping=asha, seed=seed)
     print(f"sweep {sweep.id} (seed {seed}) started", flush=True)
     done = sweep.wait(timeout=3600, poll_interval=2)
     wall = time.monotonic() - began
@@ -114,17 +86,13 @@ def ray_tune_sweep(params: list[dict[str, Any]], args: Any) -> tuple[list[dict[s
     ray.init(address="local", num_cpus=args.max_concurrent * args.cpus, include_dashboard=False, log_to_driver=False)
     try:
         began = time.monotonic()
+        asha = ASHAScheduler(time_attr="training_iteration", max_t=steps, grace_period=args.grace,
+                             reduction_factor=args.rf)
         tuner = tune.Tuner(
             tune.with_resources(trainable, {"cpu": args.cpus}),
             param_space={"trial": tune.grid_search(list(range(len(params))))},
-            tune_config=tune.TuneConfig(
-                metric="loss",
-                mode="min",
-                scheduler=ASHAScheduler(
-                    time_attr="training_iteration", max_t=steps, grace_period=args.grace, reduction_factor=args.rf
-                ),
-                max_concurrent_trials=args.max_concurrent,
-            ),
+            tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=asha,
+                                        max_concurrent_trials=args.max_concurrent),
             run_config=tune.RunConfig(storage_path=tempfile.mkdtemp(prefix="tm-bench-tune-"), verbose=0),
         )
         results = tuner.fit()

@@ -1,22 +1,16 @@
 """Training functions that bench/ runs as jobs (this file is the job's whole working_dir) and as peers.
 
-`first_step` (submit_latency.py, torch_backend_startup.py): every worker appends `<world rank>
-<time.time()>` to `config["stamp_path"]` just before its first step (rank 0's line is the first step; the
-latest line is when the whole gang had started), then does `config["steps"]` (default 3) tiny all-reduced
-steps, checking a gang's process group gives the right sum. It imports nothing from trainmaster, so it
-runs alike under the platform and under a bare `TorchTrainer.fit()` (`fit` here, the peers' driver side).
+`first_step` (submit_latency.py): every worker appends `<world rank> <time.time()>` to
+`config["stamp_path"]` just before its first step (rank 0's line is the first step, the latest line when
+the whole gang had started), then does a few all-reduced steps, checking the gang's process group gives
+the right sum. It imports nothing from trainmaster, so it runs alike under the platform and under a bare
+`fit()` (`fit` here, the peers' driver side).
 
-`step_loop` (logging_overhead.py): every worker trains the same MLP (256 wide, DDP through `prepare_model`,
-so each step all-reduces the gradients) on one fixed random batch of 64. After `warmup_steps` and a barrier, rank 0
-times `steps` steps and appends one JSON line to `config["result_path"]`. `mode` is the one thing that
-differs between jobs, the call after each step (every mode calls `loss.item()`):
-
-    none          nothing
-    trainmaster   trainmaster.log({"loss": ...}, step=i)
-    ray_report    ray.train.report({"loss": ..., "step": i})
-    alternate     blocks of `block` steps, without and with trainmaster.log in turn, in the same
-                  processes (warm-up logs, so the sender thread is running throughout): a pair of
-                  neighbouring blocks shares the machine's state, which whole jobs a minute apart do not
+`step_loop` (logging_overhead.py): every worker trains the same MLP (DDP through `prepare_model`, so each
+step all-reduces the gradients) on one fixed batch; after `warmup_steps` and a barrier rank 0 times
+`steps` steps and appends one JSON line to `config["result_path"]`. `mode` is what follows each step:
+nothing (`none`), `trainmaster.log` (`trainmaster`), or blocks of `block` steps without and with it in
+turn (`alternate`; warm-up logs, so the sender thread runs throughout).
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-MODES = ("none", "trainmaster", "ray_report", "alternate")
+MODES = ("none", "trainmaster", "alternate")
 
 
 def first_step(config: dict[str, Any]) -> None:
@@ -111,12 +105,10 @@ def step_loop(config: dict[str, Any]) -> None:
             loss = loss_fn(model(inputs), labels)
             loss.backward()
             optimizer.step()
-            if mode in ("trainmaster", "alternate"):
-                trainmaster.log({"loss": loss.item()}, step=step)
-            elif mode == "ray_report":
-                ray.train.report({"loss": loss.item(), "step": step})
-            else:
+            if mode == "none":
                 loss.item()
+            else:
+                trainmaster.log({"loss": loss.item()}, step=step)
             durations.append(time.perf_counter() - started)
         return time.perf_counter() - began, time.process_time() - cpu_began, durations
 

@@ -101,7 +101,7 @@ def empty_database_url(pg_server_url: str) -> Iterator[str]:
 def ray_head() -> Iterator[Any]:
     import torch
 
-    from tests.e2e.ray_stack import start_ray_head, stop_ray_head
+    from tests.factories.processes import start_ray_head, stop_ray_head
 
     head = start_ray_head(num_cpus=4, num_gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
     os.environ.update({k: head.env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")})

@@ -1,91 +1,22 @@
-"""Real processes: `trainmaster api` on a free port, against the session's migrated database."""
+"""Real processes for the e2e tests: the API on the session's database, and a whole stack over a Ray head
+(the code that starts them is tests/factories/processes.py, shared with bench/)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.factories.auth import project_token
-from trainmaster.ports import free_port
-
-REPO = Path(__file__).resolve().parents[2]
-TRAINMASTER = str(Path(sys.executable).with_name("trainmaster"))
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
-
-
-@dataclass
-class ApiProcess:
-    url: str
-    token: str
-    env: dict[str, str]
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-
-def start_api(
-    database_url: str,
-    log_path: Path,
-    extra_env: dict[str, str] | None = None,
-    port: int | None = None,
-    ready_s: float = 30,
-) -> ApiProcess:
-    port = port or free_port()
-    env = {**os.environ, "TRAINMASTER_DATABASE_URL": database_url, **(extra_env or {})}
-    log = log_path.open("ab")
-    process = subprocess.Popen(
-        [TRAINMASTER, "api", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=REPO,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"trainmaster api exited: {log_path.read_text()[-2000:]}")
-        try:
-            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_until(ready, ready_s, what="trainmaster api to be ready")
-    token = project_token(database_url, "e2e")
-    client_env = {**env, "TRAINMASTER_API_URL": url, "TRAINMASTER_TOKEN": token}
-    return ApiProcess(url=url, token=token, env=client_env, process=process, log_path=log_path)
-
-
-def stop(process: subprocess.Popen[bytes], grace_s: float = 10) -> None:
-    """SIGTERM, and SIGKILL after `grace_s`."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+from tests.factories.processes import REPO as REPO
+from tests.factories.processes import TRAINMASTER as TRAINMASTER
+from tests.factories.processes import ApiProcess, start_api, stop
+from tests.factories.processes import wait_until as wait_until
 
 
 @pytest.fixture(scope="session")
@@ -117,7 +48,7 @@ def running_stack(
     from api.db import migrate
     from api.stack.osusers import shared_root
     from api.stack.postgres import create_database, create_login, drop_database, drop_login
-    from tests.e2e.ray_stack import Dispatchers, secrets_path
+    from tests.factories.processes import Dispatchers, secrets_path
 
     owner_url = create_database(pg_server_url, "tm_ray")
     migrate.upgrade(owner_url)
