@@ -11,12 +11,10 @@ the cluster can run in the day. Every job has priority 0; nothing is written to 
 
 Production code: `decide` on a fresh `Cluster` and `Book` each round, fair share by
 `api.queues.order.dominant_share` and `decide.decayed` sampled every `fair_share_sample_s`, further
-batches while `decide.read_on` says so, victims chosen by the rules of victims.py. Simulated here, until
-the queue package and `decide`'s preemption targets replace them: the batch (`Simulation.batch`, as
-api/queues/repository.py's lock_queued orders it: DRF's progressive filling) and the preemption
-candidates (`Simulation.make_room`: the cohort's running gangs, least work since their last checkpoint
-first). Victims stop after the grace period with their work saved and queue again for the rest of their
-run, paying `restart_s`.
+batches while `decide.read_on` says so, the batch by `api.queues.order.progressive_batch` (the order the
+claim takes: DRF's progressive filling), and the room for waiting gangs by `api.dispatcher.room.choose`
+over the running gangs, each of which checkpoints every `checkpoint_s`. Victims stop after the grace
+period with their work saved and queue again for the rest of their run, paying `restart_s`.
 
 Timed: `decide` alone per round (wall and thread CPU). The dispatcher
 freezes its start-up heap and never holds the simulated world (PostgreSQL and Ray do), so the simulation
@@ -39,7 +37,7 @@ import random
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -49,12 +47,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness, also when a
 
 from harness import parse_args, percentile, run
 
-from api.dispatcher import victims
+from api.dispatcher import room
 from api.dispatcher.decide import ROUND_BATCHES, Verdict, decayed, decide, read_on, seen
 from api.dispatcher.placement import Cluster, Node
 from api.dispatcher.quotas import Book, Standing
+from api.dispatcher.room import Active
 from api.dispatcher.service import freeze_heap
-from api.queues.order import admission_key, dominant_share
+from api.queues.order import dominant_share, progressive_batch
 from api.settings import Settings
 
 DAY_S, TICK_S, GPUS, CPUS, RACK = 86_400, 30, 8, 64, 100
@@ -160,11 +159,11 @@ class Simulation:
     bypassed: dict[uuid.UUID, list[float]] = field(default_factory=dict)  # job id -> [first, last]
     passed_for_s: list[float] = field(default_factory=list)
     since: dict[uuid.UUID, datetime] = field(default_factory=dict)  # what the rounds record (jobs.bypassed_since)
-    preempted: dict[str, int] = field(default_factory=lambda: {"reclaim": 0, "fair_share": 0})
+    preempted: dict[str, int] = field(default_factory=lambda: {"reclaim": 0, "fair_share": 0})  # by Room.kind
     restart_s: float = 120.0  # what a preempted gang spends starting again, from its checkpoint
     checkpoint_s: float = 1800.0  # how often a running gang checkpoints (victims.py prefers the least work since)
     restart_gpu_s: float = 0.0
-    room_ms: list[float] = field(default_factory=list)  # make_room: the victim rules, per round that asked
+    room_ms: list[float] = field(default_factory=list)  # room.choose, per round that asked
     freeze_world: bool = False  # the world out of the collector's reach between rounds (main does)
     seq: itertools.count = field(default_factory=itertools.count)
 
@@ -227,8 +226,8 @@ class Simulation:
 
     def round(self, now_s: int) -> int:
         """One admission round: `decide` (timed) on a fresh Cluster and Book over the simulation's
-        nodes and standings, then the admitted gangs run and the waiting ones that may reclaim or
-        preempt for fair share choose their victims (victims.py, as preemption.make_room does).
+        nodes and standings, then the admitted gangs run and room.choose makes room for the waiting ones
+        that may, as the dispatcher's round does.
         Returns how many were admitted."""
         now = START + timedelta(seconds=now_s)
         cluster, book = Cluster(self.nodes), Book(self.projects)
@@ -239,8 +238,15 @@ class Simulation:
         for _ in range(ROUND_BATCHES):  # as admission.admit_round reads the queue
             batch = self.batch(looked)
             began, cpu = time.perf_counter(), time.thread_time()
-            decisions = decide(batch, cluster, book, self.held, now=now, starvation_s=self.settings.starvation_s,
-                               fair_share=self.settings.fair_share_preemption)
+            decisions = decide(
+                batch,
+                cluster,
+                book,
+                self.held,
+                now=now,
+                starvation_s=self.settings.starvation_s,
+                fair_share=self.settings.fair_share_preemption,
+            )
             spent, spent_cpu = spent + time.perf_counter() - began, spent_cpu + time.thread_time() - cpu
             admitted = decisions.of(Verdict.admit)
             self.start(admitted, now, now_s)
@@ -291,77 +297,69 @@ class Simulation:
             if earlier.id not in self.admitted:
                 self.bypassed.setdefault(earlier.id, [now_s, now_s])[1] = now_s
 
-    # -- Simulated until production hands them over: the queue's batch (as api/queues' lock_queued builds
-    # -- it) and the preemption candidates (as preemption.make_room chooses them). Their rules, unchanged.
     def make_room(self, waiting: list[Any], book: Book, cluster: Cluster, now_s: int) -> None:
-        """preemption.make_room for each waiting job that may reclaim or preempt for fair share, in
-        admission order: a job with victims still stopping asks no more; the candidates are the cohort's
-        running gangs not yet asked, cheapest first (the least work since their last checkpoint, every
-        `checkpoint_s`); the chosen stop after the grace period."""
-        asking = {live.asked_for for live in self.live.values() if live.asked_for is not None}
-        free = cluster.free()
-        room = {"CPU": free.get("CPU", 0.0), "GPU": free.get("GPU", 0.0)}
-        every, began, asked = self.checkpoint_s, time.perf_counter(), False
-        for outcome in waiting:
-            job = outcome.job
-            if not (outcome.reclaim or outcome.fair) or job.id in asking:
-                continue
-            asked, cohort = True, self.projects[job.project_id].cohort
-            members = set(self.cohorts[cohort])
-            cheapest = sorted(
-                (live for live in self.live.values() if live.asked_for is None and live.job.project_id in members),
-                key=lambda live: ((now_s - live.start_s) % every, live.job.priority),
+        """Production's room.choose over the running gangs (each checkpointing every `checkpoint_s`), in
+        admission order; the chosen stop after the grace period."""
+        if not any(o.preempt or o.reclaim or o.fair for o in waiting):
+            return
+        began, every, now = time.perf_counter(), self.checkpoint_s, START + timedelta(seconds=now_s)
+        active = []
+        for live in self.live.values():
+            saved = int((now_s - live.start_s) // every)  # checkpoints written since it started
+            active.append(
+                Active(
+                    id=live.job.id,
+                    project_id=live.job.project_id,
+                    project=self.projects[live.job.project_id].name,
+                    priority=live.job.priority,
+                    gang_cpus=live.job.gang_cpus,
+                    gang_gpus=live.job.gang_gpus,
+                    running=True,
+                    spec=live.job.spec,
+                    started_at=START + timedelta(seconds=live.start_s),
+                    last_checkpoint_at=START + timedelta(seconds=live.start_s + saved * every) if saved else None,
+                    preempted_by=live.asked_for,
+                    preempt_requested_at=now if live.asked_for is not None else None,
+                )
             )
-            candidates = [live.job for live in cheapest]
-            margin, kind = self.settings.fair_share_preemption_margin, "reclaim" if outcome.reclaim else "fair_share"
-            if outcome.reclaim:
-                chosen = victims.reclaim(job, book, room, candidates)
-            else:
-                chosen = victims.fair_share(job, book, self.capacity, room, candidates, margin)
-            stop_s = now_s + self.settings.preemption_grace_s
-            for victim in chosen:
+        settings = self.settings
+        rooms = room.choose(
+            waiting,
+            active,
+            cluster,
+            book,
+            now,
+            preemption=settings.preemption,
+            grace_s=settings.preemption_grace_s,
+            guaranteed_shares=settings.guaranteed_shares,
+            margin=settings.fair_share_preemption_margin,
+        )
+        stop_s = now_s + settings.preemption_grace_s
+        for job_id, made in rooms.items():
+            for victim in made.preempt:
                 live = self.live[victim.id]
-                live.asked_for, live.end_s = job.id, stop_s
+                live.asked_for, live.end_s = job_id, stop_s
                 heapq.heappush(self.running, (stop_s, next(self.seq), live))
-            self.preempted[kind] += len(chosen)
-        if asked:
-            self.room_ms.append((time.perf_counter() - began) * 1000)
-
+            if made.preempt:
+                self.preempted[made.kind] = self.preempted.get(made.kind, 0) + len(made.preempt)
+        self.room_ms.append((time.perf_counter() - began) * 1000)
 
     def batch(self, looked: set[uuid.UUID]) -> list[SimJob]:
-        """The first `admit_batch` queued jobs by `admission_key`, as lock_queued takes them: each job with
-        its project's fair share with the gangs of its project's jobs before it added to what the project
-        holds (DRF's progressive filling). Each project's jobs come in (priority, age) order (its queue,
-        merged with its preempted jobs queued again), so the batch is merged from the projects' heads."""
-        ahead: dict[uuid.UUID, dict[str, float]] = {}  # per project, the gangs of its jobs in the batch so far
+        """The first `admit_batch` queued jobs, as the claim takes them (order.progressive_batch): each
+        project's jobs come in (priority, age) order, its queue merged with its preempted jobs queued
+        again."""
 
-        def with_share(job: SimJob) -> SimJob:
-            before = ahead.setdefault(job.project_id, {"CPU": 0.0, "GPU": 0.0})
-            held = {r: self.projects[job.project_id].used(r) + before[r] for r in before}
+        def with_share(job: SimJob, ahead: Mapping[str, float]) -> SimJob:
+            held = {r: self.projects[job.project_id].used(r) + ahead[r] for r in ahead}
             share = dominant_share(self.history[job.project_id], held, self.capacity)
             return job._replace(share=share, bypassed_since=self.since.get(job.id))
 
-        frontier = []
+        heads = []
         for pid, queue in self.queues.items():
-            if pid in looked:
-                continue
-            self.heads[pid] = self.next_queued(queue, self.heads[pid])
-            pending = self.pending(pid)
-            if (job := next(pending, None)) is not None:
-                job = with_share(job)
-                frontier.append((admission_key(job), job, pending))
-        heapq.heapify(frontier)
-        batch: list[SimJob] = []
-        while frontier and len(batch) < self.settings.admit_batch:
-            _, job, pending = heapq.heappop(frontier)
-            batch.append(job)
-            if (following := next(pending, None)) is not None:
-                before = ahead[job.project_id]
-                before["CPU"] += job.gang_cpus
-                before["GPU"] += job.gang_gpus
-                following = with_share(following)
-                heapq.heappush(frontier, (admission_key(following), following, pending))
-        return batch
+            if pid not in looked:
+                self.heads[pid] = self.next_queued(queue, self.heads[pid])
+                heads.append(self.pending(pid))
+        return progressive_batch(heads, with_share, self.settings.admit_batch)
 
     def pending(self, pid: uuid.UUID) -> Iterator[SimJob]:
         """The project's queued jobs in (priority, age) order: its preempted jobs queued again merged
