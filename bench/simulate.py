@@ -323,17 +323,7 @@ class Simulation:
                 )
             )
         settings = self.settings
-        rooms = room.choose(
-            waiting,
-            active,
-            cluster,
-            book,
-            now,
-            preemption=settings.preemption,
-            grace_s=settings.preemption_grace_s,
-            guaranteed_shares=settings.guaranteed_shares,
-            margin=settings.fair_share_preemption_margin,
-        )
+        rooms = room.choose_for(settings, waiting, active, cluster, book, now)
         stop_s = now_s + settings.preemption_grace_s
         for job_id, made in rooms.items():
             for victim in made.preempt:

@@ -111,18 +111,9 @@ async def _write(
         await _infeasible(session, infeasible, now)
     waiting = decisions.of(Verdict.wait)
     if any(o.preempt or o.reclaim or o.fair for o in waiting):
-        decisions.rooms = room.choose(
-            waiting,
-            await preemption.snapshot(session, context.cluster_id),
-            cluster,
-            book,
-            now,
-            preemption=settings.preemption,
-            grace_s=settings.preemption_grace_s,
-            guaranteed_shares=settings.guaranteed_shares,
-            margin=settings.fair_share_preemption_margin,
-            admitted=[(o.job.project_id, gang(o.job)) for o in decisions.of(Verdict.admit)],
-        )
+        active = await preemption.snapshot(session, context.cluster_id)
+        admitted_gangs = [(o.job.project_id, gang(o.job)) for o in decisions.of(Verdict.admit)]
+        decisions.rooms = room.choose_for(settings, waiting, active, cluster, book, now, admitted_gangs)
         for job_id, targets in decisions.rooms.items():
             await preemption.apply(settings, session, job_id, targets, now)
     # The waiting jobs' reasons, written together where they changed (round_writes.ROUND_WRITES).

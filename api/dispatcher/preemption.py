@@ -77,22 +77,8 @@ async def snapshot(session: AsyncSession, cluster: uuid.UUID | None) -> list[Act
     )
     rows = await session.execute(query, {"cluster": cluster})
     return [
-        Active(
-            id=row[0],
-            project_id=row[1],
-            project=row[2],
-            priority=row[3],
-            gang_cpus=row[4],
-            gang_gpus=row[5],
-            running=row[6] is JobStatus.running,
-            spec=row[7],
-            started_at=row[8],
-            last_checkpoint_at=row[9],
-            preempted_by=row[10],
-            preempt_requested_at=row[11],
-            shrink_requested_at=row[12],
-        )
-        for row in rows.all()
+        Active(job_id, project_id, name, priority, cpus, gpus, status is JobStatus.running, spec, *times)
+        for job_id, project_id, name, priority, cpus, gpus, status, spec, *times in rows.all()
     ]
 
 
@@ -111,40 +97,42 @@ async def apply(settings: Settings, session: AsyncSession, job_id: uuid.UUID, ro
     )
     rows = {job.id: job for job in (await session.execute(query)).scalars()}
     job = await session.get_one(Job, job_id)  # locked already, by the claim
-    asked: list[dict[str, Any]] = []
-    for victim, size, target in room.shrink:
-        if (row := rows.get(victim.id)) is None:
-            continue
-        row.shrink_to, row.preempted_by, row.shrink_requested_at = target, job_id, now
-        await record_event(
-            session,
-            row,
-            "shrink_requested",
-            f"asked to shrink {size} -> {target} workers for {job_id} {room.why_each[victim.id]}: it keeps running, "
-            "resized from its latest checkpoint",
-            {"for": str(job_id), "from": size, "to": target},
-        )
-        asked.append({"id": str(victim.id), "from": size, "to": target})
-    if asked:
-        names = ", ".join(a["id"][:8] for a in asked)
-        message = f"shrinking {names} to make room, instead of preempting them"
-        await record_event(session, job, "shrinking", message, {"jobs": asked})
+    # Per victim: its id, the columns it gets, its event (kind, message, data) and what the waiting job's
+    # event lists of it. A room shrinks or preempts, never both (room.choose).
+    asks: list[tuple[uuid.UUID, dict[str, Any], str, str, dict[str, Any], Any]] = []
     flag = {"reclaim": {"reclaim": True}, "fair_share": {"fair_share": True}}.get(room.kind, {})
-    preempted = []
-    for victim in room.preempt:
-        if (row := rows.get(victim.id)) is None:
-            continue
-        row.preempted_by, row.preempt_requested_at = job_id, now
-        await record_event(
-            session,
-            row,
-            "preempt_requested",
-            f"preempted by {job_id} {room.why_each[victim.id]}: checkpoint now; stopped within "
-            f"{settings.preemption_grace_s:g} s",
-            {"preempted_by": str(job_id), **flag},
+    for victim, size, target in room.shrink:
+        message = (
+            f"asked to shrink {size} -> {target} workers for {job_id} {room.why_each[victim.id]}: it keeps running, "
+            "resized from its latest checkpoint"
         )
-        preempted.append(str(victim.id))
-    if preempted:
-        names = ", ".join(v[:8] for v in preempted)
-        data = {"jobs": preempted, **flag}
-        await record_event(session, job, "preempting", f"preempting {names} {room.purpose}", data)
+        data = {"for": str(job_id), "from": size, "to": target}
+        listed = {"id": str(victim.id), "from": size, "to": target}
+        asks.append(
+            (victim.id, {"shrink_to": target, "shrink_requested_at": now}, "shrink_requested", message, data, listed)
+        )
+    for victim in room.preempt:
+        message = (
+            f"preempted by {job_id} {room.why_each[victim.id]}: checkpoint now; stopped within "
+            f"{settings.preemption_grace_s:g} s"
+        )
+        data = {"preempted_by": str(job_id), **flag}
+        asks.append((victim.id, {"preempt_requested_at": now}, "preempt_requested", message, data, str(victim.id)))
+    asked, names = [], []
+    for victim_id, columns, kind, message, data, listed in asks:
+        if (row := rows.get(victim_id)) is None:
+            continue
+        row.preempted_by = job_id
+        for name, value in columns.items():
+            setattr(row, name, value)
+        await record_event(session, row, kind, message, data)
+        asked.append(listed)
+        names.append(str(victim_id)[:8])
+    if not asked:
+        return
+    if room.shrink:
+        message, data = f"shrinking {', '.join(names)} to make room, instead of preempting them", {"jobs": asked}
+        await record_event(session, job, "shrinking", message, data)
+    else:
+        message, data = f"preempting {', '.join(names)} {room.purpose}", {"jobs": asked, **flag}
+        await record_event(session, job, "preempting", message, data)

@@ -5,7 +5,6 @@ into the sentence a person reads (`pending_reason`) by `render`, in one place. P
 from __future__ import annotations
 
 import enum
-import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,73 +49,49 @@ class Reason:
 
 
 def render(reason: Reason) -> str:
-    """The sentence `pending_reason` shows for `reason`."""
-    p = reason.params
-    text = _TEXT[reason.code](p)
-    if reason.holds_s is not None:
-        text += (
-            f". Later jobs of its project have passed it for {reason.holds_s / 60:.0f} min: nothing after it is "
-            "admitted until it fits (bounded waits)"
-        )
+    """The sentence `pending_reason` shows for `reason`: its code's template filled with its parameters
+    (and `held` and `minutes`, made from them)."""
+    p = dict(reason.params)
+    if "quota" in p:
+        p["held"] = HELD.format(**p)
+    if "passed_s" in p:
+        p["minutes"] = p["passed_s"] / 60
+    text = TEXT[reason.code].format(**p)
+    if reason.holds_s is not None:  # one sentence's end, not two
+        text = text.removesuffix(".") + HOLDS.format(minutes=reason.holds_s / 60)
     return text
 
 
-def _held(p: dict[str, Any]) -> str:
-    used = f"holds {p['used']:g} of its quota of {p['quota']:g} {p['resource']}"
-    return f"needs {p['amount']:g} {p['resource']}; project {p['project']} {used}"
+HELD = "needs {amount:g} {resource}; project {project} holds {used:g} of its quota of {quota:g} {resource}"
+HOLDS = (
+    ". Later jobs of its project have passed it for {minutes:.0f} min: nothing after it is admitted until it fits"
+    " (bounded waits)"
+)
+WAITING_TO_STOP = "waiting for them to checkpoint and stop"
 
-
-def _job(job: uuid.UUID | str) -> str:
-    return str(job)
-
-
-_TEXT = {
-    Code.resources: lambda p: p["detail"],
-    Code.starting: lambda p: (
-        f"waiting for resources: trainmaster jobs that are starting hold {p['cpus']:g} CPU and {p['gpus']:g} GPU "
-        f"of the cluster's {p['total_cpus']:g} CPU / {p['total_gpus']:g} GPU"
-    ),
-    Code.quota: lambda p: f"waiting for its project's quota: {_held(p)}.",
-    Code.borrowing_limit: lambda p: (
-        f"waiting for its project's quota: {_held(p)} and may borrow at most {p['limit']:g} beyond it "
-        f"(it borrows {p['borrowed']:g})."
-    ),
-    Code.cohort_lending: lambda p: (
-        f"waiting for its project's quota: {_held(p)}, borrows {p['borrowed']:g} from cohort {p['cohort']}, "
-        f"which has {p['left']:g} {p['resource']} left to lend."
-    ),
-    Code.quota_never: lambda p: (
-        f"can never fit its project's quota as it is: needs {p['amount']:g} {p['resource']}; project "
-        f"{p['project']} may hold at most {p['ceiling']:g} {p['resource']} ({p['parts']})."
-        " Raise it with `trainmaster project set --quota`, or ask for fewer."
-    ),
-    Code.behind_starving: lambda p: (
-        f"waiting behind job {_job(p['job'])}, which later jobs of its project have passed for "
-        f"{p['passed_s'] / 60:.0f} min: nothing after it is admitted until it fits (bounded waits)"
-    ),
-    Code.behind_lending: lambda p: (
-        f"waiting behind job {_job(p['job'])} of project {p['project']}, which waits for what their cohort lends "
-        f"and which later jobs of its project have passed for {p['passed_s'] / 60:.0f} min: no later job of the "
-        "cohort borrows until it fits (bounded waits)"
-    ),
-    Code.ray_unreachable: lambda p: (
-        f"the Ray cluster {p['cluster']!r} is unreachable ({p['error']}); waiting for it to come back"
-    ),
-    Code.shrinking: lambda p: (
-        f"shrinking {p['count']} elastic job(s) to make room ({p['jobs']}): waiting for them to resize"
-    ),
-    Code.preempting: lambda p: (
-        f"preempting {p['count']} lower-priority job(s) ({p['jobs']}): waiting for them to checkpoint and stop"
-    ),
-    Code.preempting_asked: lambda p: (
-        f"preempting {p['count']} job(s) to make room ({p['jobs']}): waiting for them to checkpoint and stop"
-    ),
-    Code.reclaiming: lambda p: (
-        f"reclaiming its quota from cohort {p['cohort']}: preempting {p['count']} job(s) on borrowed quota "
-        f"({p['jobs']}): waiting for them to checkpoint and stop"
-    ),
-    Code.preempting_fair: lambda p: (
-        f"preempting {p['count']} job(s) on borrowed quota for fair share in cohort {p['cohort']} ({p['jobs']}): "
-        f"their projects' shares are above {p['project']}'s; waiting for them to checkpoint and stop"
-    ),
+TEXT = {
+    Code.resources: "{detail}",
+    Code.starting: "waiting for resources: trainmaster jobs that are starting hold {cpus:g} CPU and {gpus:g} GPU"
+    " of the cluster's {total_cpus:g} CPU / {total_gpus:g} GPU",
+    Code.quota: "waiting for its project's quota: {held}.",
+    Code.borrowing_limit: "waiting for its project's quota: {held} and may borrow at most {limit:g} beyond it"
+    " (it borrows {borrowed:g}).",
+    Code.cohort_lending: "waiting for its project's quota: {held}, borrows {borrowed:g} from cohort {cohort}, which"
+    " has {left:g} {resource} left to lend.",
+    Code.quota_never: "can never fit its project's quota as it is: needs {amount:g} {resource}; project {project}"
+    " may hold at most {ceiling:g} {resource} ({parts}). Raise it with `trainmaster project set --quota`, or ask"
+    " for fewer.",
+    Code.behind_starving: "waiting behind job {job}, which later jobs of its project have passed for {minutes:.0f}"
+    " min: nothing after it is admitted until it fits (bounded waits)",
+    Code.behind_lending: "waiting behind job {job} of project {project}, which waits for what their cohort lends and"
+    " which later jobs of its project have passed for {minutes:.0f} min: no later job of the cohort borrows until"
+    " it fits (bounded waits)",
+    Code.ray_unreachable: "the Ray cluster {cluster!r} is unreachable ({error}); waiting for it to come back",
+    Code.shrinking: "shrinking {count} elastic job(s) to make room ({jobs}): waiting for them to resize",
+    Code.preempting: "preempting {count} lower-priority job(s) ({jobs}): " + WAITING_TO_STOP,
+    Code.preempting_asked: "preempting {count} job(s) to make room ({jobs}): " + WAITING_TO_STOP,
+    Code.reclaiming: "reclaiming its quota from cohort {cohort}: preempting {count} job(s) on borrowed quota"
+    " ({jobs}): " + WAITING_TO_STOP,
+    Code.preempting_fair: "preempting {count} job(s) on borrowed quota for fair share in cohort {cohort} ({jobs}):"
+    " their projects' shares are above {project}'s; " + WAITING_TO_STOP,
 }

@@ -20,6 +20,7 @@ from api.dispatcher.placement import Cluster
 from api.dispatcher.quotas import EPSILON, Book
 from api.dispatcher.reasons import Code, Reason
 from api.queues.order import gang
+from api.settings import Settings
 from trainmaster.models import Scaling
 
 
@@ -109,6 +110,30 @@ def choose(
         if room is not None:
             rooms[job.id] = room
     return rooms
+
+
+def choose_for(
+    settings: Settings,
+    waiting: Sequence[Waiting],
+    active: list[Active],
+    cluster: Cluster,
+    book: Book,
+    now: datetime,
+    admitted: Sequence[tuple[uuid.UUID, dict[str, float]]] = (),
+) -> dict[uuid.UUID, Room]:
+    """`choose` with the dispatcher's settings (preemption, its grace, guaranteed shares, the margin)."""
+    return choose(
+        waiting,
+        active,
+        cluster,
+        book,
+        now,
+        preemption=settings.preemption,
+        grace_s=settings.preemption_grace_s,
+        guaranteed_shares=settings.guaranteed_shares,
+        margin=settings.fair_share_preemption_margin,
+        admitted=admitted,
+    )
 
 
 def _already(job_id: uuid.UUID, active: list[Active], now: datetime, grace_s: float) -> Room | None:

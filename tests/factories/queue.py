@@ -25,6 +25,12 @@ class QueuedGang:
 
 
 def queued_gang(project: uuid.UUID, workers: int, gpus: float = 1, **extra: Any) -> QueuedGang:
-    """A gang of `workers` x (1 CPU, `gpus` GPU); `extra` goes to the job (priority, share, ...)."""
-    scaling = {"num_workers": workers, "resources_per_worker": {"CPU": 1, "GPU": gpus}}
-    return QueuedGang(project, {"scaling": scaling}, float(workers), workers * gpus, **extra)
+    """A gang of `workers` x (1 CPU, `gpus` GPU); `extra` goes to the job (priority, share, ...) or, for
+    `topology` and `code`, to its spec."""
+    scaling: dict[str, Any] = {"num_workers": workers, "resources_per_worker": {"CPU": 1, "GPU": gpus}}
+    if "topology" in extra:
+        scaling["topology"] = extra.pop("topology")
+    spec: dict[str, Any] = {"scaling": scaling}
+    if "code" in extra:
+        spec["code"] = extra.pop("code")
+    return QueuedGang(project, spec, float(workers), workers * gpus, **extra)

@@ -16,6 +16,7 @@ from sqlalchemy import func, select, text, update
 
 from api.auth.principal import Principal
 from api.auth.repository import get_or_create_project
+from api.db.direct import OnSession
 from api.db.models import Job, JobAttempt
 from api.db.session import create_engine, session_factory
 from api.dispatcher.backend import RayJobState
@@ -57,7 +58,7 @@ class World:
         async with self.sessions() as session, session.begin():
             row = await get_or_create_project(session, project)
             principal = Principal(project_id=row.id, project_name=project)
-            job, _ = await jobs.submit(session, principal, JobSpec.model_validate(body), None)
+            job, _ = await jobs.submit(OnSession(session), principal, JobSpec.model_validate(body), None)
             return job.id
 
     async def job(self, job_id: uuid.UUID) -> Job:

@@ -16,6 +16,7 @@ from sqlalchemy import select, update
 
 from api.auth.principal import Principal
 from api.auth.repository import get_or_create_project
+from api.db.direct import OnSession
 from api.db.models import Checkpoint, Job, JobAttempt
 from api.dispatcher.backend import RayJobState
 from api.jobs import service as jobs
@@ -34,7 +35,7 @@ async def submit_as(world: World, project: str, user: str, **fields: Any) -> uui
         row = await get_or_create_project(session, project)
         principal = Principal(project_id=row.id, project_name=project, user_name=user)
         body = {"name": f"{user}-job", "entrypoint": "builtin:mlp", **fields}
-        job, _ = await jobs.submit(session, principal, JobSpec.model_validate(body), None)
+        job, _ = await jobs.submit(OnSession(session), principal, JobSpec.model_validate(body), None)
         return job.id
 
 

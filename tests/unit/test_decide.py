@@ -5,8 +5,7 @@ test_quotas.py, test_preemption.py and the others that admit jobs."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from api.dispatcher.decide import Verdict, decayed, decide
@@ -14,35 +13,13 @@ from api.dispatcher.placement import Cluster, Node
 from api.dispatcher.quotas import Book, Standing
 from api.dispatcher.reasons import Code
 from api.queues.order import admission_key, dominant_share
+from tests.factories.queue import NOW, QueuedGang, queued_gang
 
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
 A, B, C = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
 
 
-@dataclass(frozen=True)
-class Job:
-    project_id: uuid.UUID
-    spec: dict[str, Any]
-    gang_cpus: float
-    gang_gpus: float
-    priority: int = 0
-    share: float = 0.0
-    created_at: datetime = NOW
-    infeasible_since: datetime | None = None
-    bypassed_since: datetime | None = None
-    id: uuid.UUID = field(default_factory=uuid.uuid4)
-
-
-def gang(project: uuid.UUID, workers: int, gpus: float = 1, **extra: Any) -> Job:
-    """A gang of `workers` x (1 CPU, `gpus` GPU); `extra` goes to the job (priority, share, ...)
-    or, for `topology` and `code`, to its spec."""
-    scaling: dict[str, Any] = {"num_workers": workers, "resources_per_worker": {"CPU": 1, "GPU": gpus}}
-    if "topology" in extra:
-        scaling["topology"] = extra.pop("topology")
-    spec: dict[str, Any] = {"scaling": scaling}
-    if "code" in extra:
-        spec["code"] = extra.pop("code")
-    return Job(project, spec, float(workers), workers * gpus, **extra)
+Job = QueuedGang
+gang = queued_gang
 
 
 def cluster(*gpus: int, racks: list[str] | None = None) -> Cluster:
