@@ -431,7 +431,7 @@ def report(args: argparse.Namespace, sim: Simulation) -> dict[str, Any]:
         "settings": {name: getattr(sim.settings, name) for name in SETTINGS},
         "preempted": sim.preempted,
         "restart_gpu_share": sim.restart_gpu_s / max(1.0, sum(gpu_seconds.values())),
-        "make_room_ms": spread(sim.room_ms),
+        "room_choose_ms": spread(sim.room_ms),
         "never_admitted": len(left),
         "never_admitted_of_projects_short": sum(j.project_id in short for j in jobs if j.id not in admitted),
         "oldest_still_waiting_s": max(left, default=0.0),

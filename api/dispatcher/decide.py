@@ -18,8 +18,10 @@ The order, per job:
 5. a job that waits for resources (not for its quota) may preempt lower-priority jobs (the
    `preemption` setting) or reclaim its project's quota from borrowers in its cohort; one that would
    borrow itself (held by resources or by its cohort's lending) may preempt borrowers above its
-   project in fair share (the `fair_share_preemption` setting; api/dispatcher/victims.py). The round
-   asks preemption.make_room for it after writing the admitted gangs.
+   project in fair share (the `fair_share_preemption` setting; api/dispatcher/victims.py). Which
+   running jobs go for it is room.choose's, over the same round's snapshot and the cluster's active
+   jobs: its targets land in `Decisions.rooms`, and the round only writes them.
+Why a job waits is a code with its parameters (`Outcome.why`, reasons.py), rendered once for people.
 Jobs come in admission order (`admission_key`), except that one that would borrow quota comes after
 every one that would not (`borrowers_last`).
 
