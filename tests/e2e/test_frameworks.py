@@ -180,28 +180,34 @@ def mpi_processes(marker: str) -> list[Any]:
     return [p for p in psutil.process_iter(["cmdline"]) if any(marker in part for part in p.info["cmdline"] or [])]
 
 
-@pytest.mark.parametrize("ending", ["cancel", "timeout"])
-def test_cancel_and_timeout_stop_every_mpi_process(stack: Stack, tmp_path: Path, ending: str) -> None:
-    """mpirun and its ranks are the worker's child and grandchildren: stopping the Ray job ends them too."""
+def test_cancel_and_timeout_stop_every_mpi_process(stack: Stack, tmp_path: Path) -> None:
+    """mpirun and its ranks are the worker's child and grandchildren: stopping the Ray job ends them too.
+    The cancelled gang and the timed-out one (2 workers each, the session's 4 CPUs) run at once."""
     code = tmp_path / "code"
     code.mkdir()
-    marker = f"forever_{ending}_{tmp_path.name}.py"
-    (code / marker).write_text(FOREVER_MPI)
+    markers = {ending: f"forever_{ending}_{tmp_path.name}.py" for ending in ("cancel", "timeout")}
+    for marker in markers.values():
+        (code / marker).write_text(FOREVER_MPI)
     with stack.client() as client:
-        job = client.submit(
-            name=f"mpi-{ending}",
-            entrypoint=f"script:{marker}",
-            working_dir=code,
-            framework="mpi",
-            scaling=tm.Scaling(num_workers=2),
-            timeout_s=20 if ending == "timeout" else None,
-        )
-        if ending == "cancel":
-            wait_until(lambda: len(mpi_processes(marker)) >= 2, 180, interval=0.5, what="both MPI ranks to start")
-            client.cancel(job.id)
-        done = wait_for(client, job.id, TERMINAL, timeout=180)
-        assert done.status is (tm.JobStatus.cancelled if ending == "cancel" else tm.JobStatus.timed_out)
-    wait_until(lambda: not mpi_processes(marker), 60, interval=0.5, what="mpirun and its ranks to exit")
+        jobs = {
+            ending: client.submit(
+                name=f"mpi-{ending}",
+                entrypoint=f"script:{marker}",
+                working_dir=code,
+                framework="mpi",
+                scaling=tm.Scaling(num_workers=2),
+                timeout_s=20 if ending == "timeout" else None,
+            )
+            for ending, marker in markers.items()
+        }
+        cancelled = markers["cancel"]
+        wait_until(lambda: len(mpi_processes(cancelled)) >= 2, 180, interval=0.5, what="both MPI ranks to start")
+        client.cancel(jobs["cancel"].id)
+        ended = {ending: wait_for(client, job.id, TERMINAL, timeout=180).status for ending, job in jobs.items()}
+        assert ended == {"cancel": tm.JobStatus.cancelled, "timeout": tm.JobStatus.timed_out}, ended
+    for ending, marker in markers.items():
+        gone = f"mpirun and its ranks to exit ({ending})"
+        wait_until(lambda m=marker: not mpi_processes(m), 60, interval=0.5, what=gone)
     wait_until(lambda: stack.ray.free_cpus() == stack.ray.total_cpus(), 60, interval=0.5, what="CPUs to be free")
 
 
