@@ -45,6 +45,19 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
         run_env = {**env, **more}
         return subprocess.run([TRAINMASTER, *args], env=run_env, capture_output=True, text=True, timeout=timeout)
 
+    background: list[subprocess.Popen[str]] = []
+
+    def tm_started(*args: str, **more: str) -> subprocess.Popen[str]:
+        """The CLI as `tm` runs it, left running beside the test (`ended` collects it)."""
+        pipe = subprocess.PIPE
+        process = subprocess.Popen([TRAINMASTER, *args], env={**env, **more}, stdout=pipe, stderr=pipe, text=True)
+        background.append(process)
+        return process
+
+    def ended(process: subprocess.Popen[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        stdout, stderr = process.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
     if os.geteuid() == 0 and not separate:
         # Two clusters as root would be one trust domain: refused before anything starts, saying what to change.
         refused = tm("up", "--api-port", "0", "--clusters", "2")
@@ -110,7 +123,11 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
         assert made.returncode == 0, made.stdout + made.stderr
         team_b = made.stdout.strip()
         tiny = '{"epochs": 1, "samples": 256}'
-        on_b = tm("submit", "builtin:mlp", "--workers", "1", "--config", tiny, "--follow", TRAINMASTER_TOKEN=team_b)
+        # The job of team-b and the one of project default run at once, each on its own cluster's CPUs.
+        submit = ("submit", "builtin:mlp", "--follow", "--config")
+        following_b = tm_started(*submit, tiny, "--workers", "1", TRAINMASTER_TOKEN=team_b)
+        following = tm_started(*submit, '{"epochs": 2, "samples": 512}', "--workers", "2")
+        on_b = ended(following_b)
         assert on_b.returncode == 0 and "succeeded" in on_b.stdout, on_b.stdout + on_b.stderr
         run_on_b = json.loads(tm("ls", "--json", TRAINMASTER_TOKEN=team_b).stdout)
         assert [(j["status"], j["cluster"]) for j in run_on_b] == [("succeeded", "cluster-2")]
@@ -121,9 +138,7 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
             [folder] = [f for f in storage.iterdir() if f.owner() == "tm-cluster-2"]
             assert stat.S_IMODE(folder.stat().st_mode) == 0o700
 
-        submitted = tm(
-            "submit", "builtin:mlp", "--workers", "2", "--config", '{"epochs": 2, "samples": 512}', "--follow"
-        )
+        submitted = ended(following)
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         assert "succeeded" in submitted.stdout and "loss" in submitted.stdout
         job = json.loads(tm("ls", "--json").stdout)[0]
@@ -135,6 +150,10 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
         for folder in ray_dirs:
             assert matching([re.escape(folder)]), f"a Ray head of the stack runs under the folder it recorded: {folder}"
     finally:
+        for process in background:  # still following when an assertion above failed: ended before `down`
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
         down = tm("down")
     assert down.returncode == 0, down.stdout + down.stderr
     assert "Warning" not in down.stdout + down.stderr, down.stdout + down.stderr
