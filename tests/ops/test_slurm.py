@@ -119,7 +119,7 @@ def test_scancel_of_an_allocation_loses_its_running_attempt_and_the_next_allocat
             name="slurm-lost",
             entrypoint="builtin:mlp",
             scaling=tm.Scaling(num_workers=1),
-            config={"epochs": 2, "epoch_sleep_s": 10},
+            config={"epochs": 2, "epoch_sleep_s": 5},
             max_retries=1,
         )
         wait_job(client, job.id, lambda j: j.status is tm.JobStatus.running, 180, "the job to run", slurm)
