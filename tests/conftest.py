@@ -138,11 +138,11 @@ CPU_BOUND = (
 # The rest, heaviest first by what each file took on 2 cores (pytest --durations), so that long files
 # start early and short ones fill in at the end; unlisted files follow in their usual order.
 HEAVY_FIRST = (
-    "tests/reliability/test_ray_faults.py",
-    "tests/e2e/test_multinode.py",
-    "tests/ops/test_slurm.py",
-    "tests/e2e/test_local_stack.py",
     "tests/e2e/test_preemption.py",
+    "tests/e2e/test_local_stack.py",
+    "tests/ops/test_slurm.py",
+    "tests/e2e/test_multinode.py",
+    "tests/reliability/test_ray_faults.py",
     "tests/e2e/test_dashboard.py",
     "tests/reliability/test_sse_abuse.py",
     "tests/unit/test_warm_driver.py",
