@@ -31,66 +31,48 @@ def worker_pid_after_checkpoint(progress: Path, rank: int, epoch: int) -> int | 
     return None
 
 
-def test_worker_killed_after_a_checkpoint(stack: Stack, tmp_path: Path) -> None:
-    """Two gangs of 2 at once on the session's 4 CPUs, one with a failure to spend (Ray Train restarts
-    its group from checkpoint k) and one without (the job fails, and says why): each loses a worker
-    after its own checkpoint k, so both outcomes come from one wait instead of two in turn."""
-    runs = {max_failures: tmp_path / f"max-failures-{max_failures}" for max_failures in (1, 0)}
+@pytest.mark.parametrize("max_failures", [1, 0])
+def test_worker_killed_after_a_checkpoint(stack: Stack, tmp_path: Path, max_failures: int) -> None:
+    progress, ledger = tmp_path / "progress.txt", tmp_path / "ledger.txt"
     with stack.client() as client:
-        jobs = {}
-        for max_failures, folder in runs.items():
-            folder.mkdir()
-            jobs[max_failures] = client.submit(
-                name=f"kill-worker-{max_failures}",
-                entrypoint="builtin:mlp",
-                scaling=tm.Scaling(num_workers=2),
-                max_failures=max_failures,
-                config=small_mlp(
-                    epochs=4,
-                    epoch_sleep_s=1.5,
-                    progress_path=str(folder / "progress.txt"),
-                    ledger_path=str(folder / "ledger.txt"),
-                ),
-            )
-        killed: set[int] = set()
-
-        def kill_each_after_its_checkpoint() -> bool:
-            # "After checkpoint k" means Ray Train registered it: the controller's callback records it here.
-            # Both jobs are watched in one loop, so neither runs on to its end while the other is awaited.
-            for max_failures, job in jobs.items():
-                if max_failures not in killed and any(c.step == K for c in client.checkpoints(job.id)):
-                    pid = worker_pid_after_checkpoint(runs[max_failures] / "progress.txt", 1, K)
-                    assert pid is not None
-                    os.kill(pid, signal.SIGKILL)
-                    killed.add(max_failures)
-            return len(killed) == len(jobs)
-
-        wait_until(kill_each_after_its_checkpoint, 240, what=f"checkpoint {K} of both jobs")
-        retried = wait_for(client, jobs[1].id, TERMINAL, timeout=300)
-        assert retried.status is tm.JobStatus.succeeded, retried.error
-        assert [(line[1], line[3]) for line in ledger_lines(runs[1] / "ledger.txt")] == [
-            ("1", "start_epoch=0"),
-            ("1", f"start_epoch={K + 1}"),
-        ]
-        done = wait_for(client, jobs[0].id, TERMINAL, timeout=300)
-        assert done.status is tm.JobStatus.failed
-        assert done.error and len(done.error) > 10
-        with pytest.raises(tm.JobFailed) as caught:
-            client.wait(jobs[0].id, timeout=5)
-        assert done.error in str(caught.value)
-        shown_run = subprocess.run(
-            [TRAINMASTER, "get", jobs[0].id],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={
-                **os.environ,
-                "TRAINMASTER_API_URL": stack.api.url,
-                "TRAINMASTER_TOKEN": stack.api.token,
-                "COLUMNS": "400",
-            },
+        job = client.submit(
+            name=f"kill-worker-{max_failures}",
+            entrypoint="builtin:mlp",
+            scaling=tm.Scaling(num_workers=2),
+            max_failures=max_failures,
+            config=small_mlp(epochs=4, epoch_sleep_s=1.5, progress_path=str(progress), ledger_path=str(ledger)),
         )
-        assert done.error.splitlines()[0][:60] in shown_run.stdout, shown_run.stderr
+        # "After checkpoint k" means Ray Train registered it: the controller's callback records it here.
+        wait_until(lambda: any(c.step == K for c in client.checkpoints(job.id)), 240, what=f"checkpoint {K}")
+        pid = worker_pid_after_checkpoint(progress, 1, K)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        done = wait_for(client, job.id, TERMINAL, timeout=300)
+        if max_failures:
+            assert done.status is tm.JobStatus.succeeded, done.error
+            assert [(line[1], line[3]) for line in ledger_lines(ledger)] == [
+                ("1", "start_epoch=0"),
+                ("1", f"start_epoch={K + 1}"),
+            ]
+        else:
+            assert done.status is tm.JobStatus.failed
+            assert done.error and len(done.error) > 10
+            with pytest.raises(tm.JobFailed) as caught:
+                client.wait(job.id, timeout=5)
+            assert done.error in str(caught.value)
+            shown_run = subprocess.run(
+                [TRAINMASTER, "get", job.id],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={
+                    **os.environ,
+                    "TRAINMASTER_API_URL": stack.api.url,
+                    "TRAINMASTER_TOKEN": stack.api.token,
+                    "COLUMNS": "400",
+                },
+            )
+            assert done.error.splitlines()[0][:60] in shown_run.stdout, shown_run.stderr
     wait_until(lambda: stack.ray.free_cpus() == stack.ray.total_cpus(), 60, interval=0.5, what="every CPU free again")
     from ray.util.state import list_placement_groups
 
