@@ -20,11 +20,9 @@ EPOCHS, SAMPLES, BATCH, WORKERS = 3, 2048, 64, 4
 STEPS = EPOCHS * (SAMPLES // WORKERS // BATCH)  # what an unpreempted run trains
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def preempting(stack: Stack) -> Iterator[Stack]:
-    """The session stack with its dispatcher replaced by one that preempts (the setting is off by default),
-    for the rest of the module: the tests that need the usual dispatcher come before the first that asks
-    for this one, so it is swapped once."""
+    """The session stack with its dispatcher replaced by one that preempts (the setting is off by default)."""
     stack.dispatchers.stop_all()
     # An elastic gang's policy looks at its size every 3 s (Ray Train's default is 60).
     settings = {"TRAINMASTER_PREEMPTION": "true", "TRAINMASTER_PREEMPTION_GRACE_S": "90"}
@@ -34,41 +32,6 @@ def preempting(stack: Stack) -> Iterator[Stack]:
     finally:
         stack.dispatchers.stop_all()
         stack.dispatchers.start("d1")
-
-
-def test_a_project_reclaims_its_lent_quota_and_the_borrower_resumes_at_its_step(stack: Stack) -> None:
-    """Two projects in one cohort, through the real stack and its usual dispatcher (the preemption setting
-    off: reclaim is the quota's own): the borrower runs on the owner's idle quota; the owner submits
-    within its quota; the borrower's job checkpoints, goes back to the queue and waits while the owner
-    holds its quota, then resumes at its step."""
-    database_url = stack.api.env["TRAINMASTER_DATABASE_URL"]
-    with tm.Admin(stack.api.url, scoped_token(database_url, "default", "admin")) as admin:
-        tokens = {name: project_token(database_url, name) for name in ("borrower", "owner")}
-        admin.set_project("borrower", quota={"CPU": 1}, cohort="lab")
-        admin.set_project("owner", quota={"CPU": WORKERS}, cohort="lab")
-    whole = tm.Scaling(num_workers=WORKERS, resources_per_worker={"CPU": 1})
-    with tm.Client(stack.api.url, tokens["borrower"]) as borrower, tm.Client(stack.api.url, tokens["owner"]) as owner:
-        lent = borrower.submit(
-            name="borrowed",
-            entrypoint="builtin:mlp",
-            scaling=whole,
-            config={"epochs": EPOCHS, "samples": SAMPLES, "batch_size": BATCH, "epoch_sleep_s": 2},
-        )
-        wait_for(borrower, lent.id, {"running"}, timeout=300)
-        wait_until(lambda: borrower.metrics(lent.id, names=["loss"]), 120, interval=0.5, what="the borrower to train")
-        owed = owner.submit(name="owed", entrypoint="builtin:mlp", scaling=whole, config={"epochs": 1, "samples": 256})
-        wait_for(borrower, lent.id, {"queued"}, timeout=180)
-        asked = next(e for e in borrower.events(lent.id) if e.kind == "preempt_requested")
-        assert "reclaims its quota" in (asked.message or "") and "cohort lab" in (asked.message or ""), asked.message
-        waiting = borrower.get(lent.id)
-        assert waiting.status is tm.JobStatus.queued  # while the owner holds its quota, nothing is left to lend
-
-        assert wait_for(owner, owed.id, TERMINAL, timeout=300).status is tm.JobStatus.succeeded
-        done = wait_for(borrower, lent.id, TERMINAL, timeout=400)
-        assert done.status is tm.JobStatus.succeeded, done.error
-        assert [(a.n, a.status.value) for a in done.attempts] == [(1, "stopped"), (2, "succeeded")]
-        steps = [p.step for p in borrower.metrics(lent.id, names=["loss"]) if p.rank == 0 and p.step is not None]
-        assert sorted(steps) == list(range(1, STEPS + 1)), steps  # resumed at its step: none lost, none redone
 
 
 def test_high_priority_gang_preempts_and_the_low_job_resumes_without_losing_a_step(preempting: Stack) -> None:
@@ -167,3 +130,38 @@ def test_an_elastic_gang_is_shrunk_instead_of_preempted_and_keeps_its_attempt(pr
         # Its metrics carry the worker count: rank 0 of each group said its size (a chart per size).
         sizes = [p.value for p in client.metrics(low.id, names=["sys/world_size"])]
         assert sizes[:1] == [4.0] and 2.0 in sizes, sizes
+
+
+def test_a_project_reclaims_its_lent_quota_and_the_borrower_resumes_at_its_step(stack: Stack) -> None:
+    """Two projects in one cohort, through the real stack and its usual dispatcher (the preemption setting
+    off: reclaim is the quota's own): the borrower runs on the owner's idle quota; the owner submits
+    within its quota; the borrower's job checkpoints, goes back to the queue and waits while the owner
+    holds its quota, then resumes at its step."""
+    database_url = stack.api.env["TRAINMASTER_DATABASE_URL"]
+    with tm.Admin(stack.api.url, scoped_token(database_url, "default", "admin")) as admin:
+        tokens = {name: project_token(database_url, name) for name in ("borrower", "owner")}
+        admin.set_project("borrower", quota={"CPU": 1}, cohort="lab")
+        admin.set_project("owner", quota={"CPU": WORKERS}, cohort="lab")
+    whole = tm.Scaling(num_workers=WORKERS, resources_per_worker={"CPU": 1})
+    with tm.Client(stack.api.url, tokens["borrower"]) as borrower, tm.Client(stack.api.url, tokens["owner"]) as owner:
+        lent = borrower.submit(
+            name="borrowed",
+            entrypoint="builtin:mlp",
+            scaling=whole,
+            config={"epochs": EPOCHS, "samples": SAMPLES, "batch_size": BATCH, "epoch_sleep_s": 2},
+        )
+        wait_for(borrower, lent.id, {"running"}, timeout=300)
+        wait_until(lambda: borrower.metrics(lent.id, names=["loss"]), 120, interval=0.5, what="the borrower to train")
+        owed = owner.submit(name="owed", entrypoint="builtin:mlp", scaling=whole, config={"epochs": 1, "samples": 256})
+        wait_for(borrower, lent.id, {"queued"}, timeout=180)
+        asked = next(e for e in borrower.events(lent.id) if e.kind == "preempt_requested")
+        assert "reclaims its quota" in (asked.message or "") and "cohort lab" in (asked.message or ""), asked.message
+        waiting = borrower.get(lent.id)
+        assert waiting.status is tm.JobStatus.queued  # while the owner holds its quota, nothing is left to lend
+
+        assert wait_for(owner, owed.id, TERMINAL, timeout=300).status is tm.JobStatus.succeeded
+        done = wait_for(borrower, lent.id, TERMINAL, timeout=400)
+        assert done.status is tm.JobStatus.succeeded, done.error
+        assert [(a.n, a.status.value) for a in done.attempts] == [(1, "stopped"), (2, "succeeded")]
+        steps = [p.step for p in borrower.metrics(lent.id, names=["loss"]) if p.rank == 0 and p.step is not None]
+        assert sorted(steps) == list(range(1, STEPS + 1)), steps  # resumed at its step: none lost, none redone
