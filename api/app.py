@@ -16,8 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api.auth.cache import TokenCache
 from api.auth.routes import router as tokens_router
 from api.checkpoints.routes import router as checkpoints_router
-from api.cluster.routes import router as cluster_router
-from api.cluster.service import ClusterReaders
+from api.clusters.live import ClusterReaders
+from api.clusters.routes import live_router as cluster_router
 from api.clusters.routes import router as clusters_router
 from api.code_packages.gate import UploadGate
 from api.code_packages.routes import router as code_router
@@ -78,13 +78,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.max_streams_per_token, settings.stream_slots_dir, per_project=settings.max_streams_per_project
         )
         # Each connects on its first GET /v1/cluster.
-        app.state.cluster = ClusterReaders(settings.ray_address, secrets_path=settings.secrets_path)
+        app.state.cluster_readers = ClusterReaders(settings.ray_address, secrets_path=settings.secrets_path)
         telemetry = start_telemetry(settings, "trainmaster-api")
         retention = start_retention(settings, app.state.sessions)
         try:
             yield
         finally:
-            app.state.cluster.close()
+            app.state.cluster_readers.close()
             await retention.stop()
             await telemetry.stop()
             await app.state.broker.stop()

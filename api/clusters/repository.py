@@ -1,13 +1,15 @@
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.db.models import Cluster
+from api.db.models import Cluster, Job, Project
+from trainmaster.models import JobStatus
 
 
 async def find(session: AsyncSession, name: str) -> Cluster | None:
@@ -26,3 +28,18 @@ async def insert_new(session: AsyncSession, values: dict[str, Any]) -> Cluster |
     if inserted.scalar_one_or_none() is None:
         return None
     return await find(session, values["name"])
+
+
+async def queued_on_cluster(session: AsyncSession, cluster_id: uuid.UUID) -> int:
+    """Jobs queued in every project that runs on the cluster."""
+    on_cluster = Job.project_id.in_(select(Project.id).where(Project.cluster_id == cluster_id))
+    return await _queued(session, on_cluster)
+
+
+async def queued_in_project(session: AsyncSession, project_id: uuid.UUID) -> int:
+    return await _queued(session, Job.project_id == project_id)
+
+
+async def _queued(session: AsyncSession, where: Any) -> int:
+    queued = select(func.count()).select_from(Job).where(Job.status == JobStatus.queued, where)
+    return int((await session.execute(queued)).scalar_one())
