@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.principal import Principal
 from api.clusters import repository, service
-from api.db.models import Cluster as ClusterRow
+from api.db.models import ClusterRow
 from api.dispatcher.backend import RayUnavailable
 from api.dispatcher.placement import Cluster, visible
 from api.dispatcher.ray_jobs import RayJobsBackend

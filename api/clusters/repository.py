@@ -8,22 +8,22 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.db.models import Cluster, Job, Project
+from api.db.models import ClusterRow, Job, Project
 from trainmaster.models import JobStatus
 
 
-async def find(session: AsyncSession, name: str) -> Cluster | None:
-    return (await session.execute(select(Cluster).where(Cluster.name == name))).scalar_one_or_none()
+async def find(session: AsyncSession, name: str) -> ClusterRow | None:
+    return (await session.execute(select(ClusterRow).where(ClusterRow.name == name))).scalar_one_or_none()
 
 
-async def list_all(session: AsyncSession) -> Sequence[Cluster]:
-    return (await session.execute(select(Cluster).order_by(Cluster.name))).scalars().all()
+async def list_all(session: AsyncSession) -> Sequence[ClusterRow]:
+    return (await session.execute(select(ClusterRow).order_by(ClusterRow.name))).scalars().all()
 
 
-async def insert_new(session: AsyncSession, values: dict[str, Any]) -> Cluster | None:
+async def insert_new(session: AsyncSession, values: dict[str, Any]) -> ClusterRow | None:
     """The new cluster, or None when the name is taken."""
     inserted = await session.execute(
-        insert(Cluster).values(**values).on_conflict_do_nothing(index_elements=["name"]).returning(Cluster.id)
+        insert(ClusterRow).values(**values).on_conflict_do_nothing(index_elements=["name"]).returning(ClusterRow.id)
     )
     if inserted.scalar_one_or_none() is None:
         return None

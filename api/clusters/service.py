@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.repository import DEFAULT_CLUSTER
 from api.clusters import repository, token_source
-from api.db.models import Cluster as ClusterRow
+from api.db.models import ClusterRow
 from api.dispatcher.backend import RayUnavailable
 from api.dispatcher.ray_jobs import RayJobsBackend
 from api.errors import Conflict, ValidationError

@@ -66,9 +66,10 @@ def _now() -> Any:
     return mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
 
 
-class Cluster(Base):
-    """A Ray cluster the platform dispatches to: a trust domain (0013). Its Ray token is read from
-    `token_file` or the environment variable `token_env` of the dispatcher; never stored here."""
+class ClusterRow(Base):
+    """A registered Ray cluster (a row of `clusters`), which the platform dispatches to: a trust
+    domain (0013). Its Ray token is read from `token_file` or the environment variable `token_env` of
+    the dispatcher; never stored here. `trainmaster.models.Cluster` is its wire form."""
 
     __tablename__ = "clusters"
 

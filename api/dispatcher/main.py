@@ -20,7 +20,7 @@ from api.auth.repository import DEFAULT_CLUSTER
 from api.checkpoints import lifecycle
 from api.clusters import repository as clusters_repo
 from api.clusters import service as clusters
-from api.db.models import Cluster as ClusterRow
+from api.db.models import ClusterRow
 from api.db.session import create_engine, session_factory
 from api.dispatcher.backend import RayBackend
 from api.dispatcher.faults import with_faults
