@@ -50,7 +50,7 @@ from api.auth import admin
 from api.auth.principal import Scope
 from api.db.session import create_engine, session_factory
 from api.dispatcher.backend import GangState, Launch, RayJobInfo, RayJobState
-from api.dispatcher.placement import Cluster, Decision, Node, Resources, admit
+from api.dispatcher.placement import ClusterCapacity, Decision, Node, Resources, admit
 from api.dispatcher.service import Dispatcher, freeze_heap
 from api.jobs.service import encode_cursor
 from api.retention.service import purge_round
@@ -138,17 +138,17 @@ class SimRay:
         self.free = [Node(f"node{i:05d}", dict(NODE), dict(NODE), f"10.0.{i // 250}.{i % 250}") for i in range(nodes)]
         self.specs: dict[str, JobSpec] = {}  # job id -> spec, for placing its gang
         self.placed: dict[str, dict[str, list[Resources]]] = {}  # job id -> node -> bundles
-        self.view: Cluster | None = None  # the nodes as placement sees them between finishes (see submit)
+        self.view: ClusterCapacity | None = None  # the nodes as placement sees them between finishes (see submit)
 
-    def cluster(self) -> Cluster:
-        return Cluster([Node(n.node_id, dict(n.total), dict(n.free), n.ip) for n in self.free])
+    def cluster(self) -> ClusterCapacity:
+        return ClusterCapacity([Node(n.node_id, dict(n.total), dict(n.free), n.ip) for n in self.free])
 
     def submit(self, launch: Launch) -> bool:
-        """Place the gang as Ray would. One `Cluster` view of the nodes is kept between submits (what
+        """Place the gang as Ray would. One `ClusterCapacity` view of the nodes is kept between submits (what
         placement remembers stays true while resources are only taken), so the simulator's own cost
         per submit stays small beside the dispatcher's; `finish` drops it."""
         job_id = launch.metadata["trainmaster_job_id"]
-        self.view = self.view or Cluster(self.free)
+        self.view = self.view or ClusterCapacity(self.free)
         admission = admit(self.specs[job_id], self.view, {})
         if admission.decision is Decision.admit:
             self.view.reserve(admission.placement)

@@ -13,7 +13,7 @@ from api.auth.principal import Principal
 from api.clusters import repository, service
 from api.db.models import ClusterRow
 from api.dispatcher.backend import RayUnavailable
-from api.dispatcher.placement import Cluster, visible
+from api.dispatcher.placement import ClusterCapacity, visible
 from api.dispatcher.ray_jobs import RayJobsBackend
 from api.errors import NotFound
 from trainmaster.models import ClusterInfo, ClusterNode
@@ -30,9 +30,9 @@ class ClusterReader:
     def __init__(self, make: Callable[[], RayJobsBackend]):
         self.make = make
         self.backend: RayJobsBackend | None = None
-        self.reading: asyncio.Future[Cluster] | None = None
+        self.reading: asyncio.Future[ClusterCapacity] | None = None
 
-    async def read(self) -> Cluster:
+    async def read(self) -> ClusterCapacity:
         if self.reading is None:
             if self.backend is None:
                 self.backend = self.make()
@@ -40,7 +40,7 @@ class ClusterReader:
             self.reading.add_done_callback(self._read_done)
         return await asyncio.shield(self.reading)  # one request gone must not cancel the others' read
 
-    def _read_done(self, reading: asyncio.Future[Cluster]) -> None:
+    def _read_done(self, reading: asyncio.Future[ClusterCapacity]) -> None:
         self.reading = None
         if not reading.cancelled():
             reading.exception()  # retrieved here, since every request waiting for it may have gone

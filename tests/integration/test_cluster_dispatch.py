@@ -18,7 +18,7 @@ from sqlalchemy import select, update
 from api.clusters import service as clusters
 from api.db.models import ClusterRow, Project
 from api.dispatcher import main as dispatcher_main
-from api.dispatcher.placement import Cluster as RayCluster
+from api.dispatcher.placement import ClusterCapacity
 from tests.factories.auth import scoped_token
 from tests.factories.ray import FakeRay
 from tests.integration.test_dispatcher import World, one_worker, run
@@ -91,7 +91,7 @@ class SlowRay(FakeRay):
 
     delay_s: float = 8.0
 
-    def cluster(self) -> RayCluster:
+    def cluster(self) -> ClusterCapacity:
         time.sleep(self.delay_s)
         return super().cluster()
 
