@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -30,6 +29,7 @@ from api.jobs.routes import router as jobs_router
 from api.logs.routes import router as logs_router
 from api.metrics.routes import router as metrics_router
 from api.ops.body_limit import BodyLimitMiddleware
+from api.ops.heap import freeze_startup_heap
 from api.ops.parent import end_with_parent
 from api.ops.prometheus import PlatformSnapshot, RequestMetricsMiddleware, ServiceMetrics
 from api.ops.routes import router as ops_router
@@ -48,15 +48,6 @@ from api.ui.routes import router as ui_router
 from api.usage.routes import router as usage_router
 
 log = logging.getLogger("trainmaster.api")
-
-
-def freeze_startup_heap() -> None:
-    """Move what start-up built (modules, routes, pydantic schemas: about 126,000 objects) out of the
-    collector's reach. It never frees any of it, yet every full collection walked all of it again, and
-    a busy API runs one every few requests: gc_collect_main was 15% of the API's CPU under ingest load
-    (bench/README.md). Python's documented use of gc.freeze()."""
-    gc.collect()
-    gc.freeze()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -41,6 +41,7 @@ from typing import Any
 
 import httpx
 import psycopg
+from api.ops.heap import freeze_startup_heap
 from harness import Record, api_process, ms, parse_args, run, scratch_database, timed
 from ingest import api_batches, metric_bodies
 from psycopg.types.json import Jsonb
@@ -51,7 +52,7 @@ from api.auth.principal import Scope
 from api.db.session import create_engine, session_factory
 from api.dispatcher.backend import GangState, Launch, RayJobInfo, RayJobState
 from api.dispatcher.placement import ClusterCapacity, Decision, Node, Resources, admit
-from api.dispatcher.service import Dispatcher, freeze_heap
+from api.dispatcher.service import Dispatcher
 from api.jobs.service import encode_cursor
 from api.retention.service import purge_round
 from api.settings import Settings
@@ -242,7 +243,7 @@ async def admission_cycles(settings: Settings, ray: SimRay, finish_rounds: int, 
             await session.execute(text("SELECT 1"))
         # As `trainmaster dispatcher` does once it is up: what the process holds by now (here also this
         # script's queue of specs, which a dispatcher never holds) is out of the collector's way.
-        freeze_heap()
+        freeze_startup_heap()
 
         async def one() -> int:
             began = time.perf_counter()

@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness, also when a test imports this file
 
+from api.ops.heap import freeze_startup_heap
 from harness import parse_args, percentile, run
 
 from api.dispatcher import room
@@ -52,7 +53,6 @@ from api.dispatcher.decide import ROUND_BATCHES, Verdict, decayed, decide, read_
 from api.dispatcher.placement import ClusterCapacity, Node
 from api.dispatcher.quotas import Book, Standing
 from api.dispatcher.room import Active
-from api.dispatcher.service import freeze_heap
 from api.queues.order import dominant_share, progressive_batch
 from api.settings import Settings
 
@@ -460,7 +460,7 @@ def main() -> None:
     settings = Settings.model_validate(dict(item.split("=", 1) for item in args.set or []))
     with run("simulate", args) as record:
         simulation = Simulation(nodes, projects, jobs, settings, freeze_world=True)
-        freeze_heap()  # as the dispatcher does once it is up
+        freeze_startup_heap()  # as the dispatcher does once it is up
         simulation.run()
         result = report(args, simulation)
         record.tables["projects outside 5% of their entitlement"] = result["fairness"].pop("outside_5pct_projects")
