@@ -440,11 +440,11 @@ CHECKPOINTS = """INSERT INTO checkpoints (job_id, attempt, path, step, metrics)
 
 
 def checkpoints(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namespace, record: Record) -> None:
-    """One pass of the checkpoint collector (api/checkpoints/lifecycle.py: what it finds due and marks,
+    """One pass of the checkpoint collector (api/dispatcher/checkpoint_collector.py: what it finds due and marks,
     200 at most; the files are already gone) over `--checkpoints` checkpoints of 10 each on `--jobs` jobs,
     a tenth of them with a policy (latest 3, best by a metric), half the projects with a 7-day retention,
     against a plain scan of the live checkpoints (direct SQL)."""
-    from api.checkpoints.lifecycle import collect
+    from api.dispatcher.checkpoint_collector import collect
 
     grow_jobs(url, bench, args.jobs)
     holders = args.checkpoints // 10

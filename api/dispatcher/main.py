@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import psycopg
 
 from api.auth.repository import DEFAULT_CLUSTER
-from api.checkpoints import lifecycle
 from api.clusters import repository as clusters_repo
 from api.clusters import service as clusters
 from api.db.models import ClusterRow
 from api.db.session import create_engine, session_factory
+from api.dispatcher import checkpoint_collector
 from api.dispatcher.backend import RayBackend
 from api.dispatcher.faults import with_faults
 from api.dispatcher.ray_jobs import RayJobsBackend
@@ -131,7 +131,7 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
     log.info(json.dumps({"event": "dispatcher_started", "owner": owner, "ray": settings.ray_address}))
     # Beside the rounds, not in them: a pass's query (1.8 s at 1,000,000 checkpoints) never holds one up.
     collector = asyncio.create_task(
-        lifecycle.collect_every(sessions, settings.storage_path, settings.checkpoint_gc_interval_s, stopping)
+        checkpoint_collector.collect_every(sessions, settings.storage_path, settings.checkpoint_gc_interval_s, stopping)
     )
     clusters_read = float("-inf")
     try:

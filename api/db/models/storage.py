@@ -52,7 +52,7 @@ class CodePackage(Base):
 
 
 class Checkpoint(Base):
-    """A checkpoint a job reported. Deleted from storage by the collector (api/checkpoints/lifecycle.py:
+    """A checkpoint a job reported. Deleted from storage by the collector (api/dispatcher/checkpoint_collector.py:
     the job's policy, its project's retention), the row stays with `deleted_at` and why (0018)."""
 
     __tablename__ = "checkpoints"
@@ -73,6 +73,6 @@ class Checkpoint(Base):
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     deleted_why: Mapped[str | None] = mapped_column(Text)
     # What its folder holds: as the job reported it (0019) until the platform measures it, then measured
-    # (api/checkpoints/sizes.py, 0028), `size_measured_at` saying when.
+    # (api/dispatcher/checkpoint_sizes.py, 0028), `size_measured_at` saying when.
     size_bytes: Mapped[int | None] = mapped_column(BigInteger)
     size_measured_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
