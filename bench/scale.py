@@ -41,7 +41,6 @@ from typing import Any
 
 import httpx
 import psycopg
-from api.ops.heap import freeze_startup_heap
 from harness import Record, api_process, ms, parse_args, run, scratch_database, timed
 from ingest import api_batches, metric_bodies
 from psycopg.types.json import Jsonb
@@ -54,6 +53,7 @@ from api.dispatcher.backend import GangState, Launch, RayJobInfo, RayJobState
 from api.dispatcher.placement import ClusterCapacity, Decision, Node, Resources, admit
 from api.dispatcher.service import Dispatcher
 from api.jobs.service import encode_cursor
+from api.ops.heap import freeze_startup_heap
 from api.retention.service import purge_round
 from api.settings import Settings
 from trainmaster.models import JobSpec

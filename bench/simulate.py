@@ -45,7 +45,6 @@ from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness, also when a test imports this file
 
-from api.ops.heap import freeze_startup_heap
 from harness import parse_args, percentile, run
 
 from api.dispatcher import room
@@ -53,6 +52,7 @@ from api.dispatcher.decide import ROUND_BATCHES, Verdict, decayed, decide, read_
 from api.dispatcher.placement import ClusterCapacity, Node
 from api.dispatcher.quotas import Book, Standing
 from api.dispatcher.room import Active
+from api.ops.heap import freeze_startup_heap
 from api.queues.order import dominant_share, progressive_batch
 from api.settings import Settings
 
