@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,8 +15,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api.auth.cache import TokenCache
 from api.auth.routes import router as tokens_router
 from api.checkpoints.routes import router as checkpoints_router
-from api.cluster.routes import router as cluster_router
-from api.cluster.service import ClusterReaders
+from api.clusters.live import ClusterReaders
+from api.clusters.routes import live_router as cluster_router
 from api.clusters.routes import router as clusters_router
 from api.code_packages.gate import UploadGate
 from api.code_packages.routes import router as code_router
@@ -30,6 +29,7 @@ from api.jobs.routes import router as jobs_router
 from api.logs.routes import router as logs_router
 from api.metrics.routes import router as metrics_router
 from api.ops.body_limit import BodyLimitMiddleware
+from api.ops.heap import freeze_startup_heap
 from api.ops.parent import end_with_parent
 from api.ops.prometheus import PlatformSnapshot, RequestMetricsMiddleware, ServiceMetrics
 from api.ops.routes import router as ops_router
@@ -48,15 +48,6 @@ from api.ui.routes import router as ui_router
 from api.usage.routes import router as usage_router
 
 log = logging.getLogger("trainmaster.api")
-
-
-def freeze_startup_heap() -> None:
-    """Move what start-up built (modules, routes, pydantic schemas: about 126,000 objects) out of the
-    collector's reach. It never frees any of it, yet every full collection walked all of it again, and
-    a busy API runs one every few requests: gc_collect_main was 15% of the API's CPU under ingest load
-    (bench/README.md). Python's documented use of gc.freeze()."""
-    gc.collect()
-    gc.freeze()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -78,13 +69,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.max_streams_per_token, settings.stream_slots_dir, per_project=settings.max_streams_per_project
         )
         # Each connects on its first GET /v1/cluster.
-        app.state.cluster = ClusterReaders(settings.ray_address, secrets_path=settings.secrets_path)
+        app.state.cluster_readers = ClusterReaders(settings.ray_address, secrets_path=settings.secrets_path)
         telemetry = start_telemetry(settings, "trainmaster-api")
         retention = start_retention(settings, app.state.sessions)
         try:
             yield
         finally:
-            app.state.cluster.close()
+            app.state.cluster_readers.close()
             await retention.stop()
             await telemetry.stop()
             await app.state.broker.stop()

@@ -108,7 +108,7 @@ class Settings(BaseSettings):
     # Code packages that no job or sweep names, uploaded (last) more than this long ago, are deleted
     # with their unpacked folder in code_cache_path on the API's host; unset: kept forever.
     code_retention_days: float | None = 30.0
-    # How often a dispatcher deletes the checkpoints that nothing keeps (api/checkpoints/lifecycle.py:
+    # How often a dispatcher deletes the checkpoints that nothing keeps (api/dispatcher/checkpoint_collector.py:
     # a job's checkpoint policy, pins, the project's checkpoint_retention_days); 0: never.
     # A pass reads every live checkpoint of the jobs with a policy or a retention: 1.8 s at 1,000,000
     # (bench/scale.py --sections checkpoints), hence minutes apart.

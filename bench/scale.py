@@ -50,9 +50,10 @@ from api.auth import admin
 from api.auth.principal import Scope
 from api.db.session import create_engine, session_factory
 from api.dispatcher.backend import GangState, Launch, RayJobInfo, RayJobState
-from api.dispatcher.placement import Cluster, Decision, Node, Resources, admit
-from api.dispatcher.service import Dispatcher, freeze_heap
+from api.dispatcher.placement import ClusterCapacity, Decision, Node, Resources, admit
+from api.dispatcher.service import Dispatcher
 from api.jobs.service import encode_cursor
+from api.ops.heap import freeze_startup_heap
 from api.retention.service import purge_round
 from api.settings import Settings
 from trainmaster.models import JobSpec
@@ -138,17 +139,17 @@ class SimRay:
         self.free = [Node(f"node{i:05d}", dict(NODE), dict(NODE), f"10.0.{i // 250}.{i % 250}") for i in range(nodes)]
         self.specs: dict[str, JobSpec] = {}  # job id -> spec, for placing its gang
         self.placed: dict[str, dict[str, list[Resources]]] = {}  # job id -> node -> bundles
-        self.view: Cluster | None = None  # the nodes as placement sees them between finishes (see submit)
+        self.view: ClusterCapacity | None = None  # the nodes as placement sees them between finishes (see submit)
 
-    def cluster(self) -> Cluster:
-        return Cluster([Node(n.node_id, dict(n.total), dict(n.free), n.ip) for n in self.free])
+    def cluster(self) -> ClusterCapacity:
+        return ClusterCapacity([Node(n.node_id, dict(n.total), dict(n.free), n.ip) for n in self.free])
 
     def submit(self, launch: Launch) -> bool:
-        """Place the gang as Ray would. One `Cluster` view of the nodes is kept between submits (what
+        """Place the gang as Ray would. One `ClusterCapacity` view of the nodes is kept between submits (what
         placement remembers stays true while resources are only taken), so the simulator's own cost
         per submit stays small beside the dispatcher's; `finish` drops it."""
         job_id = launch.metadata["trainmaster_job_id"]
-        self.view = self.view or Cluster(self.free)
+        self.view = self.view or ClusterCapacity(self.free)
         admission = admit(self.specs[job_id], self.view, {})
         if admission.decision is Decision.admit:
             self.view.reserve(admission.placement)
@@ -242,7 +243,7 @@ async def admission_cycles(settings: Settings, ray: SimRay, finish_rounds: int, 
             await session.execute(text("SELECT 1"))
         # As `trainmaster dispatcher` does once it is up: what the process holds by now (here also this
         # script's queue of specs, which a dispatcher never holds) is out of the collector's way.
-        freeze_heap()
+        freeze_startup_heap()
 
         async def one() -> int:
             began = time.perf_counter()
@@ -439,11 +440,11 @@ CHECKPOINTS = """INSERT INTO checkpoints (job_id, attempt, path, step, metrics)
 
 
 def checkpoints(url: str, client: httpx.Client, bench: uuid.UUID, args: argparse.Namespace, record: Record) -> None:
-    """One pass of the checkpoint collector (api/checkpoints/lifecycle.py: what it finds due and marks,
+    """One pass of the checkpoint collector (api/dispatcher/checkpoint_collector.py: what it finds due and marks,
     200 at most; the files are already gone) over `--checkpoints` checkpoints of 10 each on `--jobs` jobs,
     a tenth of them with a policy (latest 3, best by a metric), half the projects with a 7-day retention,
     against a plain scan of the live checkpoints (direct SQL)."""
-    from api.checkpoints.lifecycle import collect
+    from api.dispatcher.checkpoint_collector import collect
 
     grow_jobs(url, bench, args.jobs)
     holders = args.checkpoints // 10

@@ -9,7 +9,7 @@ each cohort, gangs of 1 to 32 workers of (1 GPU, 4 CPUs), one in ten of 4+ worke
 rack` and one in ten `preferred rack`, lognormal run times (mean about 3 h, at most 8 h): about 1.2x what
 the cluster can run in the day. Every job has priority 0; nothing is written to a database or launched.
 
-Production code: `decide` on a fresh `Cluster` and `Book` each round, fair share by
+Production code: `decide` on a fresh `ClusterCapacity` and `Book` each round, fair share by
 `api.queues.order.dominant_share` and `decide.decayed` sampled every `fair_share_sample_s`, further
 batches while `decide.read_on` says so, the batch by `api.queues.order.progressive_batch` (the order the
 claim takes: DRF's progressive filling), and the room for waiting gangs by `api.dispatcher.room.choose`
@@ -49,10 +49,10 @@ from harness import parse_args, percentile, run
 
 from api.dispatcher import room
 from api.dispatcher.decide import ROUND_BATCHES, Verdict, decayed, decide, read_on, seen
-from api.dispatcher.placement import Cluster, Node
+from api.dispatcher.placement import ClusterCapacity, Node
 from api.dispatcher.quotas import Book, Standing
 from api.dispatcher.room import Active
-from api.dispatcher.service import freeze_heap
+from api.ops.heap import freeze_startup_heap
 from api.queues.order import dominant_share, progressive_batch
 from api.settings import Settings
 
@@ -225,12 +225,12 @@ class Simulation:
                 history[r], self.covered[pid] = decayed(history[r], weight, held, elapsed_s, half_life)
 
     def round(self, now_s: int) -> int:
-        """One admission round: `decide` (timed) on a fresh Cluster and Book over the simulation's
+        """One admission round: `decide` (timed) on a fresh ClusterCapacity and Book over the simulation's
         nodes and standings, then the admitted gangs run and room.choose makes room for the waiting ones
         that may, as the dispatcher's round does.
         Returns how many were admitted."""
         now = START + timedelta(seconds=now_s)
-        cluster, book = Cluster(self.nodes), Book(self.projects)
+        cluster, book = ClusterCapacity(self.nodes), Book(self.projects)
         looked: set[uuid.UUID] = set()
         started: list[Any] = []
         waiting: list[Any] = []
@@ -297,7 +297,7 @@ class Simulation:
             if earlier.id not in self.admitted:
                 self.bypassed.setdefault(earlier.id, [now_s, now_s])[1] = now_s
 
-    def make_room(self, waiting: list[Any], book: Book, cluster: Cluster, now_s: int) -> None:
+    def make_room(self, waiting: list[Any], book: Book, cluster: ClusterCapacity, now_s: int) -> None:
         """Production's room.choose over the running gangs (each checkpointing every `checkpoint_s`), in
         admission order; the chosen stop after the grace period."""
         if not any(o.preempt or o.reclaim or o.fair for o in waiting):
@@ -460,7 +460,7 @@ def main() -> None:
     settings = Settings.model_validate(dict(item.split("=", 1) for item in args.set or []))
     with run("simulate", args) as record:
         simulation = Simulation(nodes, projects, jobs, settings, freeze_world=True)
-        freeze_heap()  # as the dispatcher does once it is up
+        freeze_startup_heap()  # as the dispatcher does once it is up
         simulation.run()
         result = report(args, simulation)
         record.tables["projects outside 5% of their entitlement"] = result["fairness"].pop("outside_5pct_projects")

@@ -138,7 +138,7 @@ def build_trainer(spec: JobSpec, context: JobContext) -> Any:
     if spec.scaling.elastic:
         elastic.install()  # the platform may ask the gang to shrink (preemption): workers/elastic.py
     # On local storage the dispatcher's collector deletes what the policy, pins and retention leave
-    # (api/checkpoints/lifecycle.py), and marks it in the API; Ray deleting too would remove pinned or
+    # (api/dispatcher/checkpoint_collector.py), and marks it in the API; Ray deleting too would remove pinned or
     # best checkpoints. On remote storage Ray's own num_to_keep deletes.
     ray_keeps = spec.checkpoint.num_to_keep if "://" in storage else None
     # The run's snapshot may list checkpoints deleted since (Ray would not start the run): pruned first.

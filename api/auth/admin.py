@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.principal import Scope
 from api.auth.service import claim_job_token, create_job_token, create_project_token, create_token, expiry
-from api.db.models import Cluster, Job
+from api.db.models import ClusterRow, Job
 from api.db.session import create_engine, session_factory
 from api.settings import Settings
 
@@ -72,7 +72,9 @@ def point_cluster(database_url: str, name: str, address: str, token_file: str | 
     async def change(session: AsyncSession) -> None:
         values = {"address": address, "token_file": token_file, "token_env": None}
         row = {"id": uuid.uuid4(), "name": name, **values}
-        await session.execute(insert(Cluster).values(**row).on_conflict_do_update(index_elements=["name"], set_=values))
+        await session.execute(
+            insert(ClusterRow).values(**row).on_conflict_do_update(index_elements=["name"], set_=values)
+        )
 
     _in_transaction(database_url, change)
 

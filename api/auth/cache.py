@@ -30,7 +30,7 @@ async def _never() -> bool:
 
 
 @dataclass(frozen=True)
-class Stamp:
+class RevocationStamp:
     """The listener's state before a database read: an entry is stored only if it is unchanged after."""
 
     generation: int
@@ -80,8 +80,8 @@ class TokenCache:
             self.entries.pop(token_hash, None)
 
     # -- the request's side
-    def stamp(self) -> Stamp:
-        return Stamp(self.generation if self.listening else 0, self.revocations)
+    def stamp(self) -> RevocationStamp:
+        return RevocationStamp(self.generation if self.listening else 0, self.revocations)
 
     async def get(self, token_hash: str) -> Principal | None:
         """The principal of a cached token, once every revocation committed before now is handled."""
@@ -99,7 +99,7 @@ class TokenCache:
         self.hits += 1
         return principal
 
-    def put(self, token_hash: str, principal: Principal, stamp: Stamp) -> None:
+    def put(self, token_hash: str, principal: Principal, stamp: RevocationStamp) -> None:
         if self.ttl_s <= 0 or stamp.generation == 0 or stamp != self.stamp():
             return  # not listening, or a reconnect or a revocation happened during the read
         self.entries[token_hash] = (principal, self.clock() + self.ttl_s, stamp.generation)

@@ -10,14 +10,14 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db.direct import Direct
-from api.db.models import ApiToken, Cluster, Project
+from api.db.models import ApiToken, ClusterRow, Project
 
 DEFAULT_CLUSTER = "default"
 
 
 async def get_or_create_project(session: AsyncSession, name: str) -> Project:
     """The project `name`; a new one lands on the cluster `default` (made by migration 0013)."""
-    default_cluster = select(Cluster.id).where(Cluster.name == DEFAULT_CLUSTER).scalar_subquery()
+    default_cluster = select(ClusterRow.id).where(ClusterRow.name == DEFAULT_CLUSTER).scalar_subquery()
     await session.execute(
         insert(Project).values(id=uuid.uuid4(), name=name, cluster_id=default_cluster).on_conflict_do_nothing()
     )

@@ -1,4 +1,7 @@
-"""Clusters: the Ray clusters the platform dispatches to, each a trust domain (DESIGN.md)."""
+"""The registry of clusters: the Ray clusters the platform dispatches to. Each is a trust domain:
+whoever runs code on a Ray cluster controls it, so a project is bound to one cluster, projects on one
+cluster trust each other's code, and projects on different clusters share nothing but the control
+plane. live.py beside it reads what a cluster has now."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.repository import DEFAULT_CLUSTER
 from api.clusters import repository, token_source
-from api.db.models import Cluster as ClusterRow
+from api.db.models import ClusterRow
 from api.dispatcher.backend import RayUnavailable
 from api.dispatcher.ray_jobs import RayJobsBackend
 from api.errors import Conflict, ValidationError

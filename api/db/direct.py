@@ -30,7 +30,7 @@ from api.settings import Settings, libpq_url
 # psycopg prepares a statement on a connection once it has run 5 times there; PostgreSQL then plans it
 # again for every execution ("custom" plans) unless a generic plan looks as cheap. For READ_JOB with a
 # known count that never happens (the generic plan carries the count it skips: COALESCE's other
-# branch), and planning it took 0.7 ms against 0.25 ms of execution. These statements are short index
+# branch), and planning it costs more than running it. These statements are short index
 # lookups whose best plan does not depend on the values: always the generic plan (bench/README.md).
 GENERIC_PLANS = "-c plan_cache_mode=force_generic_plan"
 

@@ -22,7 +22,7 @@ from api.dispatcher import repository as repo
 from api.dispatcher.backend import Launch, RayUnavailable
 from api.dispatcher.context import RoundContext
 from api.dispatcher.decide import ROUND_BATCHES, Decisions, Outcome, Verdict, decide, read_on, seen
-from api.dispatcher.placement import Cluster
+from api.dispatcher.placement import ClusterCapacity
 from api.dispatcher.quotas import Book
 from api.dispatcher.reasons import Code, Reason, render
 from api.jobs.status import record_event, transition
@@ -87,7 +87,7 @@ async def _write(
     context: RoundContext,
     session: AsyncSession,
     decisions: Decisions[QueuedJob],
-    cluster: Cluster,
+    cluster: ClusterCapacity,
     book: Book,
     now: datetime,
 ) -> list[Launch]:
@@ -127,7 +127,7 @@ async def _write(
     return launches
 
 
-def storage_warning(storage_path: str, cluster: Cluster) -> str | None:
+def storage_warning(storage_path: str, cluster: ClusterCapacity) -> str | None:
     """Checkpoints must be reachable from every node. A URI (s3://, gs://, …) is; a local path is only
     if it is a shared mount on every host, which the dispatcher cannot see. So the job runs (the path
     may well be NFS) and the job's events say what to check: a refusal would stop every cluster that

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from api.dispatcher.placement import Cluster
+from api.dispatcher.placement import ClusterCapacity
 
 
 class RayJobState(str, enum.Enum):
@@ -69,7 +69,7 @@ class LaunchRefused(Exception):
 
 
 class RayBackend(Protocol):
-    def cluster(self) -> Cluster:
+    def cluster(self) -> ClusterCapacity:
         """Nodes with their total and free resources."""
         ...
 

@@ -4,7 +4,7 @@ hold), `decide` nominates and admits over it, and the round writes what it retur
 
 `decide` reads no database, no Ray and no clock (`now` comes in): bench/simulate.py runs exactly it
 against a simulated cluster of 10,000 nodes. It changes only the snapshot it is given, as a round
-does: `cluster` loses what each admitted gang takes (`Cluster.reserve`) and `book` counts it
+does: `cluster` loses what each admitted gang takes (`ClusterCapacity.reserve`) and `book` counts it
 (`Book.take`), so each job sees the gangs admitted before it.
 
 The order, per job:
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic
 
-from api.dispatcher.placement import Cluster, Decision, Resources, admit
+from api.dispatcher.placement import ClusterCapacity, Decision, Resources, admit
 from api.dispatcher.quotas import Book
 from api.dispatcher.reasons import Code, Reason, render
 from api.queues.order import Job, Queued, admission_key
@@ -161,7 +161,7 @@ def seen(decisions: Decisions[Any]) -> set[uuid.UUID]:
 
 def decide(
     queue: Iterable[Job],
-    cluster: Cluster,
+    cluster: ClusterCapacity,
     book: Book,
     held: Mapping[str, float],
     *,

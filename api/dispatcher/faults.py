@@ -15,7 +15,7 @@ import signal
 from dataclasses import dataclass
 
 from api.dispatcher.backend import GangState, Launch, RayBackend, RayJobInfo
-from api.dispatcher.placement import Cluster
+from api.dispatcher.placement import ClusterCapacity
 
 ENV_FAULT_POINT = "TRAINMASTER_FAULT_POINT"
 POINTS = ("after_claim", "after_submit", "while_reconciling")
@@ -30,7 +30,7 @@ class DyingRay:
         if self.point == point:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def cluster(self) -> Cluster:
+    def cluster(self) -> ClusterCapacity:
         return self.ray.cluster()
 
     def submit(self, launch: Launch) -> bool:

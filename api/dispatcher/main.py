@@ -17,16 +17,17 @@ from dataclasses import dataclass
 import psycopg
 
 from api.auth.repository import DEFAULT_CLUSTER
-from api.checkpoints import lifecycle
 from api.clusters import repository as clusters_repo
 from api.clusters import service as clusters
-from api.db.models import Cluster as ClusterRow
+from api.db.models import ClusterRow
 from api.db.session import create_engine, session_factory
+from api.dispatcher import checkpoint_collector
 from api.dispatcher.backend import RayBackend
 from api.dispatcher.faults import with_faults
 from api.dispatcher.ray_jobs import RayJobsBackend
-from api.dispatcher.service import Dispatcher, freeze_heap
+from api.dispatcher.service import Dispatcher
 from api.jobs.status import JOB_CHANNEL
+from api.ops.heap import freeze_startup_heap
 from api.settings import Settings, get_settings, libpq_url
 from api.sweeps.controller import sweep_round
 from api.telemetry.service import start_telemetry
@@ -126,11 +127,11 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
             )
         )
 
-    freeze_heap()
+    freeze_startup_heap()
     log.info(json.dumps({"event": "dispatcher_started", "owner": owner, "ray": settings.ray_address}))
     # Beside the rounds, not in them: a pass's query (1.8 s at 1,000,000 checkpoints) never holds one up.
     collector = asyncio.create_task(
-        lifecycle.collect_every(sessions, settings.storage_path, settings.checkpoint_gc_interval_s, stopping)
+        checkpoint_collector.collect_every(sessions, settings.storage_path, settings.checkpoint_gc_interval_s, stopping)
     )
     clusters_read = float("-inf")
     try:

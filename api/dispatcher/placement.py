@@ -42,8 +42,10 @@ class Node:
 
 
 @dataclass
-class Cluster:
-    """Nodes as one admission round sees them. While a round uses it, totals stay as they are and free
+class ClusterCapacity:
+    """A Ray cluster's nodes with their total and free resources, as one admission round (or one
+    `GET /v1/cluster`) read them; not the registered cluster (`ClusterRow`) nor its wire form
+    (`trainmaster.models.Cluster`). While a round uses it, totals stay as they are and free
     resources change only through `reserve` (they only shrink), so `admit` remembers per gang shape
     whether it could ever fit, whether it found no room (then it finds none for the rest of the round)
     and, until the next `reserve`, why it waits: on a full cluster of a thousand nodes most of a
@@ -138,7 +140,7 @@ def gang_bundles(spec: JobSpec | Scaling, driver: Resources) -> list[Resources]:
     return bundles
 
 
-def admit(spec: JobSpec | Scaling, cluster: Cluster, driver: Resources) -> Admission:
+def admit(spec: JobSpec | Scaling, cluster: ClusterCapacity, driver: Resources) -> Admission:
     """Whether the gang of `spec` (a whole JobSpec, or only its `scaling`: all placement reads) fits."""
     scaling = _scaling(spec)
     if scaling.topology is not None:
@@ -187,13 +189,13 @@ def admit(spec: JobSpec | Scaling, cluster: Cluster, driver: Resources) -> Admis
     return Admission(Decision.admit, f"fits: {need}", by_node)
 
 
-def admit_in_domain(scaling: Scaling, cluster: Cluster, driver: Resources) -> Admission:
+def admit_in_domain(scaling: Scaling, cluster: ClusterCapacity, driver: Resources) -> Admission:
     """A gang with a `topology`: its workers inside one value of a node label (the driver's bundle goes
     where Ray puts the driver, anywhere). The domains are tried the most free first; `required` waits
     (or can never fit) when none has room, naming the domains it considered; `preferred` is then placed
     across the cluster as any gang, as few nodes as first-fit takes.
 
-    Per round, the cluster keeps (`Cluster._memo`) each label's domains with their total and free
+    Per round, the cluster keeps (`ClusterCapacity._memo`) each label's domains with their total and free
     resources (`reserve` updates the free ones), whether a gang shape could ever fit one, and which
     found no room for it (free resources only shrink in a round): on 10,000 nodes in 100 racks a
     gang's placement then tries only the domains whose free resources add up to what it needs."""
@@ -248,7 +250,7 @@ def admit_in_domain(scaling: Scaling, cluster: Cluster, driver: Resources) -> Ad
     return anywhere
 
 
-def _domains(cluster: Cluster, label: str, frees: dict[str, dict[str, Resources]]) -> dict[str, list[int]]:
+def _domains(cluster: ClusterCapacity, label: str, frees: dict[str, dict[str, Resources]]) -> dict[str, list[int]]:
     """The node indices of each value of `label`, in the nodes' order; each value's free resources
     go into `frees[label]` (one pass over the nodes for both)."""
     domains: dict[str, list[int]] = {}
@@ -264,7 +266,7 @@ def _domains(cluster: Cluster, label: str, frees: dict[str, dict[str, Resources]
 
 
 def _with_driver(
-    placed: dict[int, list[Resources]], cluster: Cluster, driver: Resources, need: str
+    placed: dict[int, list[Resources]], cluster: ClusterCapacity, driver: Resources, need: str
 ) -> Admission | None:
     """The workers' placement plus the driver's bundle on a node with room left, as by-node-id bundles."""
     by_node = {cluster.nodes[index].node_id: list(bundles) for index, bundles in placed.items()}
@@ -283,9 +285,9 @@ def _with_driver(
     return Admission(Decision.admit, f"fits: {need}", by_node)
 
 
-def nodes_free(cluster: Cluster, limit: int = 8, *, free: bool = True) -> str:
+def nodes_free(cluster: ClusterCapacity, limit: int = 8, *, free: bool = True) -> str:
     """Each node's free (or total) resources, the most first, for reasons a person reads. Free
-    resources are ranked in the order placement tries the nodes (`Cluster.free_order`, kept by
+    resources are ranked in the order placement tries the nodes (`ClusterCapacity.free_order`, kept by
     `reserve`), so a reason costs `limit` nodes, not a pass over all of them."""
 
     def amounts(node: Node) -> Resources:
@@ -330,7 +332,7 @@ def _place(
     """First-fit-decreasing placement; None when the bundles cannot be placed.
 
     `keys` is (`_order_key` of each capacity, its index), sorted (ties by index): the order nodes
-    are tried in, when the caller keeps it (`Cluster._free_keys`); otherwise it is sorted here. A
+    are tried in, when the caller keeps it (`ClusterCapacity._free_keys`); otherwise it is sorted here. A
     node's capacity is copied only when a bundle is taken from it."""
     if not capacities:
         return None

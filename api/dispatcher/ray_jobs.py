@@ -15,7 +15,7 @@ import httpx
 from api.dispatcher.backend import GangState, Launch, LaunchRefused, RayJobInfo, RayJobState, RayUnavailable
 from api.dispatcher.log_cut import cut_read, text_chunks
 from api.dispatcher.log_tail import LogTails
-from api.dispatcher.placement import Cluster, Node
+from api.dispatcher.placement import ClusterCapacity, Node
 from api.settings import get_settings
 
 log = logging.getLogger("trainmaster.dispatcher.ray")
@@ -105,7 +105,7 @@ class RayJobsBackend:
             self._client = None  # reconnect next time (the head may have restarted)
             raise RayUnavailable(f"Ray Jobs API at {self.address}: {_short(exc)}") from exc
 
-    def cluster(self) -> Cluster:
+    def cluster(self) -> ClusterCapacity:
         """Alive nodes with total and free resources, custom resource names as the user wrote them.
 
         Free resources come from the autoscaler's report (`/api/cluster_status`), which camel-cases
@@ -131,7 +131,7 @@ class RayJobsBackend:
             free = {names[name]: float(pair[1]) - float(pair[0]) for name, pair in known.items()}
             labels = {str(k): str(v) for k, v in (state.get("labels") or {}).items()}  # `ray start --labels`
             nodes.append(Node(node_id=node_id, total=total, free=free, ip=state.get("node_ip") or "", labels=labels))
-        return Cluster(nodes=nodes)
+        return ClusterCapacity(nodes=nodes)
 
     def close(self) -> None:
         """Close what this backend opened: its HTTP client and its log tails (their sockets and

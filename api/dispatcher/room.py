@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from api.dispatcher import victims
-from api.dispatcher.placement import Cluster
+from api.dispatcher.placement import ClusterCapacity
 from api.dispatcher.quotas import EPSILON, Book
 from api.dispatcher.reasons import Code, Reason
 from api.queues.order import gang
@@ -74,7 +74,7 @@ class Room:
 def choose(
     waiting: Sequence[Waiting],
     active: list[Active],
-    cluster: Cluster,
+    cluster: ClusterCapacity,
     book: Book,
     now: datetime,
     *,
@@ -116,7 +116,7 @@ def choose_for(
     settings: Settings,
     waiting: Sequence[Waiting],
     active: list[Active],
-    cluster: Cluster,
+    cluster: ClusterCapacity,
     book: Book,
     now: datetime,
     admitted: Sequence[tuple[uuid.UUID, dict[str, float]]] = (),
@@ -167,7 +167,13 @@ def _cheapest(active: list[Active], projects: set[uuid.UUID]) -> list[Active]:
 
 
 def _cohort(
-    job: Any, book: Book, cluster: Cluster, space: dict[str, float], active: list[Active], fair: bool, margin: float
+    job: Any,
+    book: Book,
+    cluster: ClusterCapacity,
+    space: dict[str, float],
+    active: list[Active],
+    fair: bool,
+    margin: float,
 ) -> Room | None:
     """Reclaim (the job is within its project's quota, which others borrow) or fair-share preemption
     (it would borrow): victims.reclaim / victims.fair_share over the borrowers' running jobs, elastic

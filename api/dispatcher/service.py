@@ -14,7 +14,6 @@ Safety rules, each relied on by the tests:
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 
 from api.dispatcher import admission, reconcile
@@ -32,12 +31,3 @@ class Dispatcher(RoundContext):
     async def reconcile_round(self) -> None:
         """Follow every active job whose lease is ours (or free): Ray's truth wins, in one place."""
         await reconcile.reconcile_round(self)
-
-
-def freeze_heap() -> None:
-    """Put what the process holds once it is up (modules, settings, the engine) beyond the garbage
-    collector's reach (`gc.freeze`): a full collection then walks only what later rounds allocate.
-    Unfrozen, one full collection in an admission round of bench/scale.py took 85 ms, most of that
-    round's time, walking objects that live as long as the process."""
-    gc.collect()
-    gc.freeze()

@@ -3,10 +3,10 @@
 The rules are MetricBatchIn's (`trainmaster.models`); tests/unit/test_metric_batch.py holds every path
 here to the same answers. Two decoders share them:
 
-- msgspec decodes the body into structs the garbage collector does not track (`gc=False`): about 0.3 ms
-  for 1,000 points where pydantic took 1.3 ms alone and 3.2 ms inside the API, whose collector walked
-  the 4,000 dicts and datetimes of every batch (15% of the API's CPU under ingest load went to
-  gc_collect_main; the profiles are in bench/README.md).
+- msgspec decodes the body into structs the garbage collector does not track (`gc=False`): pydantic
+  builds 4,000 dicts and datetimes for a batch of 1,000 points, slower to build, and the API's
+  collector then walks every one of them, a large share of the API's CPU under ingest load (the
+  profiles and figures are in bench/README.md).
 - pydantic, the reference, whenever msgspec refuses a body or meets a value it does not map the way
   pydantic does (a Unix time outside 1970 to 2603, which pydantic reads as milliseconds or refuses):
   it accepts what pydantic's lax mode accepts (a step of 5.0, a time of "2026-12-01T10:00Z") and its

@@ -7,7 +7,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.db.models import Cluster, Project, ProjectUsage
+from api.db.models import ClusterRow, Project, ProjectUsage
 
 
 class Found(NamedTuple):
@@ -18,8 +18,8 @@ class Found(NamedTuple):
 
 def _with_cluster() -> Any:
     return (
-        select(Project, Cluster.name, func.coalesce(ProjectUsage.cpus, 0), func.coalesce(ProjectUsage.gpus, 0))
-        .join(Cluster, Cluster.id == Project.cluster_id)
+        select(Project, ClusterRow.name, func.coalesce(ProjectUsage.cpus, 0), func.coalesce(ProjectUsage.gpus, 0))
+        .join(ClusterRow, ClusterRow.id == Project.cluster_id)
         .outerjoin(ProjectUsage, ProjectUsage.project_id == Project.id)
     )
 

@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.principal import Principal
 from api.clusters import repository as clusters
-from api.db.models import Cluster as ClusterRow
+from api.db.models import ClusterRow
 from api.errors import Conflict, NotFound, ValidationError
 from api.projects import repository
 from trainmaster.models import Project, ProjectPatch, ProjectSpec

@@ -75,7 +75,7 @@ def project_share(project: str, cpu_millis_ahead: str, gpu_millis_ahead: str) ->
 
 
 # A project's dominant share over what it holds now, against the capacity its last fair-share sample read
-# (none yet: the resources as they are): the stored column `project_usage.share` (api/db/models.py), what
+# (none yet: the resources as they are): the stored column `project_usage.share` (api/db/models/usage.py), what
 # `GET /v1/queues` shows.
 SHARE_COLUMN = (
     "tm_share(history_cpus, history_gpus, CAST(round(cpus * 1000) AS bigint), CAST(round(gpus * 1000) AS bigint),"

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from api.telemetry.repository import JobTimeline, Point
+from api.telemetry.repository import ExportedPoint, JobTimeline
 
 JOB_TAG = "trainmaster.job_id"
 MAX_PARAM_VALUE = 6000  # MLflow's limit since 2.x
@@ -98,7 +98,7 @@ class MlflowMirror:
         self.runs[job.id] = run_id
         return run_id
 
-    async def log_points(self, job: JobTimeline, points: list[Point]) -> None:
+    async def log_points(self, job: JobTimeline, points: list[ExportedPoint]) -> None:
         run_id = await self.run_for(job)
         metrics = [
             {

@@ -167,7 +167,9 @@ async def max_metric_seq(session: AsyncSession) -> int:
 
 
 @dataclass(frozen=True)
-class Point:
+class ExportedPoint:
+    """A metric point as the exporters read it (with its job and attempt), not the ingest's `Point`."""
+
     seq: int
     job_id: uuid.UUID
     attempt: int | None
@@ -180,7 +182,7 @@ class Point:
 
 async def points_after(
     session: AsyncSession, after: int, skip: Sequence[int], labels: dict[str, str] | None, limit: int = 5000
-) -> list[Point]:
+) -> list[ExportedPoint]:
     """Metric points with seq > `after` (not in `skip`), of jobs whose labels contain `labels` (all
     jobs when None), oldest first."""
     label_filter = "AND j.labels @> CAST(:labels AS jsonb)" if labels is not None else ""
@@ -196,7 +198,7 @@ async def points_after(
         ),
         {"after": after, "skip": list(skip), "labels": json.dumps(labels or {}), "limit": limit},
     )
-    return [Point(**row._mapping) for row in rows]
+    return [ExportedPoint(**row._mapping) for row in rows]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from api.db.session import create_engine, session_factory
 from api.settings import Settings, libpq_url
 from api.telemetry import repository as repo
-from api.telemetry.repository import Gauges, JobTimeline, Point
+from api.telemetry.repository import ExportedPoint, Gauges, JobTimeline
 
 if TYPE_CHECKING:
     from api.telemetry.mlflow import MlflowMirror
@@ -187,7 +187,7 @@ class Telemetry:
             self.gauges = await repo.gauges(session)
             observations = await repo.observations_after(session, self.events.floor, self.events.skip)
             label = None
-            otel_points: list[Point] = []
+            otel_points: list[ExportedPoint] = []
             if self.otel is not None:
                 from api.telemetry.otel import JOB_METRICS_LABEL
 
@@ -223,11 +223,11 @@ class Telemetry:
             cursor.tick()
 
     async def _mirror(
-        self, timelines: dict[uuid.UUID, JobTimeline], points: list[Point], ended: set[uuid.UUID]
+        self, timelines: dict[uuid.UUID, JobTimeline], points: list[ExportedPoint], ended: set[uuid.UUID]
     ) -> None:
         """Each job's points, then its final status; a job whose mirror fails is retried next round."""
         assert self.mlflow is not None
-        by_job: dict[uuid.UUID, list[Point]] = {}
+        by_job: dict[uuid.UUID, list[ExportedPoint]] = {}
         for point in points:
             by_job.setdefault(point.job_id, []).append(point)
         for job_id in by_job.keys() | ended:

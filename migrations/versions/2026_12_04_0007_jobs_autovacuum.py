@@ -8,8 +8,8 @@ A job's queue position counts the queued jobs ahead of it in its class on ix_job
 (api/jobs/repository.py, QUEUE_POSITIONS). That count reads only the index while the visibility map
 says the pages of those jobs are all-visible; queued jobs are the newest rows, and PostgreSQL's
 defaults vacuum (and set those bits) only after 20% of the table has been inserted or updated: at a
-million rows, never while the jobs are queued, so every count also visited each job's heap row
-(1,721 heap fetches for the newest of 1,726 queued jobs: 1.49 ms against 0.78 ms vacuumed).
+million rows, never while the jobs are queued, so every count would also visit nearly every queued
+job's heap row, about doubling its time (bench/README.md).
 Here autovacuum visits the jobs table after 1,000 new or changed rows whatever its size (a vacuum of
 a big table reads only the pages not yet all-visible).
 

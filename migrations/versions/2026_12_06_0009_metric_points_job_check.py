@@ -5,8 +5,8 @@ Revises: 0008_queue_notify
 Create Date: 2026-12-06 09:00:00
 
 A foreign key checks every inserted row on its own: for a metric batch of 1,000 points, 1,000 lookups
-of the same job row, each locking it FOR KEY SHARE through its own query. That was 6.3 of the 14.2 ms
-PostgreSQL spent on such a batch (bench/README.md), and ingest holds its job's lock for all of it.
+of the same job row, each locking it FOR KEY SHARE through its own query: the largest part of what
+PostgreSQL spends on such a batch (bench/README.md), and ingest holds its job's lock for all of it.
 Three triggers keep what the key promised:
 
 - after an INSERT statement on metric_points, the jobs it wrote to are locked FOR KEY SHARE, as the

@@ -5,8 +5,8 @@ Revises: 0009_points_job_check
 Create Date: 2026-12-06 10:00:00
 
 The statement trigger of migration 0005 summarised each inserted block with eight ordered array_agg()
-calls, each sorting the block's new points: 3.7 of the 9.1 ms PostgreSQL took to store a batch of
-1,000 points (EXPLAIN ANALYZE, bench/README.md), all of it inside the job's ingest lock. The same
+calls, each sorting the block's new points: a large part of what PostgreSQL spends storing a batch
+of 1,000 points (EXPLAIN ANALYZE, bench/README.md), all of it inside the job's ingest lock. The same
 summary now in one pass without a sort: count, min and max per block, and the extremes as min() and
 max() of (value, seq) arrays (array order is element order: the lowest seq wins a tie, NaN is the
 highest value, as in PostgreSQL's ordering of float8); their step and time are read back by seq. seq

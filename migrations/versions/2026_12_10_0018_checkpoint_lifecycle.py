@@ -7,7 +7,7 @@ Create Date: 2026-12-10 12:00:00
 - `checkpoints.pinned`: kept whatever the job's policy and its project's retention say
   (`POST /v1/jobs/{id}/checkpoints/{n}/pin`).
 - `checkpoints.deleted_at` and `deleted_why`: the dispatcher's checkpoint collector
-  (api/checkpoints/lifecycle.py) removed the checkpoint from storage; the row stays, so the API lists
+  (api/dispatcher/checkpoint_collector.py) removed the checkpoint from storage; the row stays, so the API lists
   what was deleted and why.
 - `projects.checkpoint_retention_days`: a finished job's unpinned checkpoints are deleted this long
   after it finished; NULL keeps them.

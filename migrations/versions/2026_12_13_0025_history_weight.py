@@ -7,11 +7,11 @@ Create Date: 2026-12-13 12:00:00
 - `project_usage.history_weight`: how much of a full history the project's samples cover (1 less the
   weight that the time before its first sample would have, 0 for a new row). SAMPLE_FAIR_SHARE keeps
   `history_cpus` and `history_gpus` as the half-life average of what the project held over the time it
-  covers: an exponential moving average with its start-up bias corrected. Before, a history that started
-  at 0 counted the time before the project's first job as time it held nothing, so a project that had
-  held half the cluster for a day showed a quarter of it, and the projects that took most at the start
-  of a day (the whole platform's, or a new project's) yielded too little for it (bench/README.md,
-  stop 43's simulation figures).
+  covers: an exponential moving average with its start-up bias corrected. Uncorrected, a history that
+  starts at 0 counts the time before the project's first job as time it held nothing, so a project that
+  has held half the cluster for a day shows a quarter of it, and the projects that take most at the
+  start of a day (the whole platform's, or a new project's) yield too little for it (bench/README.md,
+  the fair-share simulation's figures).
 - Rows there now get 1: their history is kept as it is (they have been sampled for as long as they have
   been there, and their start cannot be told now).
 

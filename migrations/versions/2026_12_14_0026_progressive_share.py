@@ -4,11 +4,11 @@ Revision ID: 0026_progressive_share
 Revises: 0025_history_weight
 Create Date: 2026-12-14 09:00:00
 
-Before, every queued job of a project carried its project's share (`project_usage.share`), so the
-project lowest in fair share had its whole batch considered before any other project's: it could take
-all the room a round had, borrow past its quota and be reclaimed by its cohort (bench/README.md, stop 46:
-8,991 reclaims in the simulated day). Now a job's share is its project's with the gangs of the project's
-queued jobs before it added (api/queues/sql.py: the claim and the positions):
+Were every queued job of a project to carry its project's share (`project_usage.share`), the project
+lowest in fair share would have its whole batch considered before any other project's: it could take
+all the room a round has, borrow past its quota and be reclaimed by its cohort (bench/README.md, the
+simulated day's reclaims). So a job's share is its project's with the gangs of the project's queued
+jobs before it added (api/queues/sql.py: the claim and the positions):
 
 - `tm_share(...)`: the dominant share of a project's history and what it holds (or would hold): the
   formula of decide.dominant_share, in one place for every statement that orders the queue, over whole

@@ -4,8 +4,8 @@ Revision ID: 0027_token_parent
 Revises: 0026_progressive_share
 Create Date: 2026-12-15 09:00:00
 
-POST /v1/tokens lets a token mint tokens. Before, what it minted lived on after it was revoked, so
-revoking a leaked token left whatever its holder had minted with it working. Now:
+POST /v1/tokens lets a token mint tokens. What a token minted must not outlive it: revoking a leaked
+token must also stop whatever its holder minted with it. So:
 
 - `api_tokens.parent_id`: the token that minted this one (NULL: made outside a request, by
   `trainmaster token create` or `trainmaster up`, or a job token). Deleting a token deletes what it

@@ -6,7 +6,7 @@ Create Date: 2026-12-16 09:00:00
 
 A job reports each checkpoint's size, and storage quotas counted that figure: a job could report 1 byte
 for a checkpoint of a terabyte. Now the dispatcher measures each live checkpoint on local storage
-(api/checkpoints/sizes.py) and stores what it found in `checkpoints.size_bytes`, which 0019's triggers
+(api/dispatcher/checkpoint_sizes.py) and stores what it found in `checkpoints.size_bytes`, which 0019's triggers
 count; the job's figure is a hint until then.
 
 - `checkpoints.size_measured_at`: when the platform last measured the checkpoint (NULL: never; its

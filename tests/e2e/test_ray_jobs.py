@@ -185,7 +185,7 @@ def test_failure_with_a_retry_resumes_from_the_checkpoint(stack: Stack, tmp_path
         )
         assert done.attempts[1].ray_submission_id == f"tm-{job.id}-2"
 
-        # The dispatcher's collector (api/checkpoints/lifecycle.py) leaves the latest checkpoint only,
+        # The dispatcher's collector (api/dispatcher/checkpoint_collector.py) leaves the latest checkpoint only,
         # on disk and in the API alike; the others are listed as deleted.
         # Runs are laid out per project: `<storage>/<project id>/<job id>/`, the project's folder alone.
         [run_folder] = stack.storage.glob(f"*/{job.id}")

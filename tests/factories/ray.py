@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from api.dispatcher.backend import GangState, Launch, RayJobInfo, RayJobState, RayUnavailable
-from api.dispatcher.placement import Cluster, Node
+from api.dispatcher.placement import ClusterCapacity, Node
 
 
 @dataclass
@@ -36,10 +36,10 @@ class FakeRay:
         if self.down:
             raise RayUnavailable("connection refused")
 
-    def cluster(self) -> Cluster:
+    def cluster(self) -> ClusterCapacity:
         self._check()
         total = {"CPU": self.cpus, "GPU": self.gpus}
-        return Cluster([Node("head", total, {"CPU": self.cpus - self.used_cpus, "GPU": self.gpus})])
+        return ClusterCapacity([Node("head", total, {"CPU": self.cpus - self.used_cpus, "GPU": self.gpus})])
 
     def submit(self, launch: Launch) -> bool:
         self._check()

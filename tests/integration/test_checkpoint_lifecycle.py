@@ -1,4 +1,4 @@
-"""The checkpoint lifecycle (api/checkpoints/lifecycle.py) on real PostgreSQL and a real storage folder:
+"""The checkpoint lifecycle (api/dispatcher/checkpoint_collector.py) on real PostgreSQL and a real storage folder:
 a job keeps its latest `num_to_keep`, its best by `keep_best` and every pinned checkpoint; a finished
 job's checkpoints expire after its project's retention unless pinned; what is deleted goes from the disk
 and is marked in the API, so that the files on disk are exactly the ones the API lists as kept. A path
@@ -16,8 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 import trainmaster as tm
-from api.checkpoints.lifecycle import Collected, collect
 from api.db.session import create_engine, session_factory
+from api.dispatcher.checkpoint_collector import Collected, collect
 from api.settings import Settings
 from api.settings import libpq_url as libpq
 from tests.factories.auth import scoped_token
@@ -216,7 +216,7 @@ def test_a_checkpoint_pinned_after_the_pass_read_it_is_not_deleted(
 ) -> None:
     """The pass reads what is due, then locks it: the lock checks the row again, so a pin written in
     between wins."""
-    from api.checkpoints.lifecycle import DUE, LOCK
+    from api.dispatcher.checkpoint_collector import DUE, LOCK
 
     storage = tmp_path / "storage"
     job = sdk.submit(tm.JobSpec.model_validate(spec(checkpoint={"num_to_keep": 1})))
@@ -231,7 +231,7 @@ def test_a_checkpoint_pinned_after_the_pass_read_it_is_not_deleted(
 def test_the_dispatchers_collector_task_passes_at_once_and_stops_when_told(
     sdk: tm.Client, database_url: str, tmp_path: Path
 ) -> None:
-    from api.checkpoints.lifecycle import collect_every
+    from api.dispatcher.checkpoint_collector import collect_every
 
     storage = tmp_path / "storage"
     job = sdk.submit(tm.JobSpec.model_validate(spec(checkpoint={"num_to_keep": 1})))

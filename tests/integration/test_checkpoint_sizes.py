@@ -1,4 +1,4 @@
-"""Checkpoint sizes are measured by the platform (api/checkpoints/sizes.py), on real PostgreSQL and real
+"""Checkpoint sizes are measured by the platform (api/dispatcher/checkpoint_sizes.py), on real PostgreSQL and real
 files: a checkpoint whose job reports 1 byte but holds 1 MiB counts 1 MiB against its project's storage
 after a pass, links in it are neither followed nor counted, and a path that is not the job's counts 0."""
 
@@ -12,8 +12,8 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 import trainmaster as tm
-from api.checkpoints import sizes
 from api.db.session import create_engine, session_factory
+from api.dispatcher import checkpoint_sizes
 from api.settings import Settings
 from tests.factories.auth import job_token, scoped_token
 from tests.factories.jobs import spec
@@ -27,7 +27,7 @@ def run_measure(database_url: str, storage: Path) -> int:
     async def go() -> int:
         engine = create_engine(Settings(database_url=database_url))
         try:
-            return await sizes.measure(session_factory(engine), str(storage))
+            return await checkpoint_sizes.measure(session_factory(engine), str(storage))
         finally:
             await engine.dispose()
 

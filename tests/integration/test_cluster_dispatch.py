@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
 from api.clusters import service as clusters
-from api.db.models import Cluster, Project
+from api.db.models import ClusterRow, Project
 from api.dispatcher import main as dispatcher_main
-from api.dispatcher.placement import Cluster as RayCluster
+from api.dispatcher.placement import ClusterCapacity
 from tests.factories.auth import scoped_token
 from tests.factories.ray import FakeRay
 from tests.integration.test_dispatcher import World, one_worker, run
@@ -29,7 +29,7 @@ async def add_cluster(world: World, name: str, project: str) -> uuid.UUID:
     """The cluster `name` and `project` bound to it."""
     await world.submit(project, **one_worker())  # creates the project (on `default`) with a job there
     async with world.sessions() as session, session.begin():
-        row = Cluster(id=uuid.uuid4(), name=name, address=f"http://{name}:8265")
+        row = ClusterRow(id=uuid.uuid4(), name=name, address=f"http://{name}:8265")
         session.add(row)
         await session.flush()
         await session.execute(update(Project).where(Project.name == project).values(cluster_id=row.id))
@@ -38,7 +38,7 @@ async def add_cluster(world: World, name: str, project: str) -> uuid.UUID:
 
 async def default_id(world: World) -> uuid.UUID:
     async with world.sessions() as session:
-        return (await session.execute(select(Cluster.id).where(Cluster.name == "default"))).scalar_one()
+        return (await session.execute(select(ClusterRow.id).where(ClusterRow.name == "default"))).scalar_one()
 
 
 def test_each_cluster_admits_its_own_jobs_against_its_own_resources(database_url: str) -> None:
@@ -91,7 +91,7 @@ class SlowRay(FakeRay):
 
     delay_s: float = 8.0
 
-    def cluster(self) -> RayCluster:
+    def cluster(self) -> ClusterCapacity:
         time.sleep(self.delay_s)
         return super().cluster()
 
@@ -106,7 +106,7 @@ def test_one_dispatcher_serves_every_cluster_and_a_slow_one_delays_only_its_own(
             rays = {"slow": SlowRay(cpus=8), "fast": FakeRay(cpus=8)}
             made: list[str] = []
 
-            def backend_for(row: Cluster, default_address: str, timeout_s: float = 10.0, **_: Any) -> Any:
+            def backend_for(row: ClusterRow, default_address: str, timeout_s: float = 10.0, **_: Any) -> Any:
                 made.append(row.name)
                 return rays[row.name]
 

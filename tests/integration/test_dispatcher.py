@@ -507,9 +507,9 @@ def test_logs_are_read_incrementally_and_stored_once_in_order(database_url: str)
 
 def two_host_cluster() -> Any:
     """Two Ray nodes of 2 CPUs on two hosts."""
-    from api.dispatcher.placement import Cluster, Node
+    from api.dispatcher.placement import ClusterCapacity, Node
 
-    return Cluster(
+    return ClusterCapacity(
         [
             Node("a" * 56, {"CPU": 2}, {"CPU": 2}, ip="10.0.0.1"),
             Node("b" * 56, {"CPU": 2}, {"CPU": 2}, ip="10.0.0.2"),

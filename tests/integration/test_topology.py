@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import json
 
-from api.dispatcher.placement import Cluster, Node
+from api.dispatcher.placement import ClusterCapacity, Node
 from tests.integration.test_dispatcher import World, run
 from trainmaster.context import ENV_LABEL_SELECTOR
 from trainmaster.models import JobStatus
 
 
-def labelled(free_a: float, free_b: float = 1.0) -> Cluster:
+def labelled(free_a: float, free_b: float = 1.0) -> ClusterCapacity:
     nodes = [("a1", "a", free_a), ("a2", "a", free_a), ("b1", "b", free_b), ("b2", "b", free_b)]
-    return Cluster([Node(name, {"CPU": 1.0}, {"CPU": free}, labels={"rack": rack}) for name, rack, free in nodes])
+    return ClusterCapacity(
+        [Node(name, {"CPU": 1.0}, {"CPU": free}, labels={"rack": rack}) for name, rack, free in nodes]
+    )
 
 
 def test_the_chosen_rack_goes_with_every_launch_of_the_attempt(database_url: str) -> None:

@@ -2,7 +2,7 @@
 
 The job owns its run folder and may replace it, its project's folder or any folder inside it with a
 link to a folder of the operator's, then report checkpoints under it so the collector deletes one.
-Through the real collector (api/checkpoints/lifecycle.py `collect`, as root, on a real PostgreSQL with
+Through the real collector (api/dispatcher/checkpoint_collector.py `collect`, as root, on a real PostgreSQL with
 jobs made through the API): the operator's files survive, the rows say why, the job gets an event; and
 where the project's folder belongs to a cluster's OS user, the removal runs as that user, not as root
 (a file only root may delete in the run survives). Real users and files: run as root (as CI runs the

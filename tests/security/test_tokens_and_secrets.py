@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 import api.dispatcher.ray_jobs
 from api.app import create_app
 from api.clusters import service as clusters
-from api.db.models import Cluster as ClusterRow
+from api.db.models import ClusterRow
 from api.settings import Settings
 from api.settings import libpq_url as libpq
 from tests.factories.auth import project_token, scoped_token

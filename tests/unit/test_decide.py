@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from api.dispatcher.decide import Verdict, decayed, decide
-from api.dispatcher.placement import Cluster, Node
+from api.dispatcher.placement import ClusterCapacity, Node
 from api.dispatcher.quotas import Book, Standing
 from api.dispatcher.reasons import Code
 from api.queues.order import admission_key, dominant_share
@@ -22,17 +22,17 @@ Job = QueuedGang
 gang = queued_gang
 
 
-def cluster(*gpus: int, racks: list[str] | None = None) -> Cluster:
+def cluster(*gpus: int, racks: list[str] | None = None) -> ClusterCapacity:
     nodes = []
     for i, n in enumerate(gpus):
         labels = {"rack": racks[i]} if racks else {}
         nodes.append(
             Node(f"node{i:04d}", {"CPU": 16.0, "GPU": float(n)}, {"CPU": 16.0, "GPU": float(n)}, labels=labels)
         )
-    return Cluster(nodes)
+    return ClusterCapacity(nodes)
 
 
-def full(gpus: int) -> Cluster:
+def full(gpus: int) -> ClusterCapacity:
     """A node of `gpus` GPUs, every one of them taken: a gang that fits it waits for resources."""
     busy = cluster(gpus)
     busy.nodes[0].free["GPU"] = 0.0
@@ -134,7 +134,7 @@ def test_borrowers_come_after_every_job_within_its_quota() -> None:
 
 
 def test_a_gang_passed_by_later_jobs_of_its_project_is_marked_then_holds_admission_until_it_fits() -> None:
-    def room(free: int) -> Cluster:
+    def room(free: int) -> ClusterCapacity:
         nodes = cluster(4)
         nodes.nodes[0].free["GPU"] = float(free)
         return nodes

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from ray.train import ScalingConfig
 
-from api.dispatcher.placement import Cluster, Decision, Node, admit
+from api.dispatcher.placement import ClusterCapacity, Decision, Node, admit
 from trainmaster.models import JobSpec, Scaling
 from workers import callbacks, driver
 
@@ -22,7 +22,7 @@ def elastic(low: int, high: int, **more: Any) -> JobSpec:
 
 
 def test_an_elastic_gang_is_admitted_when_its_minimum_fits() -> None:
-    two_free = Cluster([Node("n1", {"CPU": 4}, {"CPU": 2})])
+    two_free = ClusterCapacity([Node("n1", {"CPU": 4}, {"CPU": 2})])
     admission = admit(elastic(2, 4), two_free, {})
     assert admission.decision is Decision.admit and sum(len(b) for b in admission.placement.values()) == 2
     assert "(elastic: 2 to 4 workers)" in admission.reason

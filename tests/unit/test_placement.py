@@ -1,15 +1,15 @@
 from __future__ import annotations
 
-from api.dispatcher.placement import Cluster, Decision, Node, admit
+from api.dispatcher.placement import ClusterCapacity, Decision, Node, admit
 from trainmaster.models import JobSpec, Scaling
 
 
-def cluster(*nodes: dict[str, float], used: list[dict[str, float]] | None = None) -> Cluster:
+def cluster(*nodes: dict[str, float], used: list[dict[str, float]] | None = None) -> ClusterCapacity:
     made = []
     for i, total in enumerate(nodes):
         taken = (used or [{}] * len(nodes))[i]
         made.append(Node(f"n{i}", dict(total), {k: v - taken.get(k, 0.0) for k, v in total.items()}))
-    return Cluster(made)
+    return ClusterCapacity(made)
 
 
 def spec(workers: int = 2, strategy: str = "PACK", **resources: float) -> JobSpec:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 
-from api.dispatcher.placement import Cluster, Decision, Node, admit
+from api.dispatcher.placement import ClusterCapacity, Decision, Node, admit
 from trainmaster.models import JobSpec
 
 
-def cluster(free_gpus: list[float]) -> Cluster:
-    return Cluster(
+def cluster(free_gpus: list[float]) -> ClusterCapacity:
+    return ClusterCapacity(
         [Node(f"n{i}", {"CPU": 16.0, "GPU": 8.0}, {"CPU": 16.0, "GPU": gpus}) for i, gpus in enumerate(free_gpus)]
     )
 

@@ -414,7 +414,7 @@ def test_checkpoints_go_to_a_read_write_many_volume_mounted_at_shared_in_every_r
 
 def test_the_dispatcher_mounts_the_storage_the_ray_pods_write() -> None:
     """Its checkpoint collector deletes there what no policy, pin or retention keeps
-    (api/checkpoints/lifecycle.py); without the mount it would collect nothing, and Ray deletes
+    (api/dispatcher/checkpoint_collector.py); without the mount it would collect nothing, and Ray deletes
     nothing on a local path."""
     ray_claims = {
         v["persistentVolumeClaim"]["claimName"]

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from api.dispatcher.decide import Verdict, decide
-from api.dispatcher.placement import Cluster, Node
+from api.dispatcher.placement import ClusterCapacity, Node
 from api.dispatcher.quotas import Book, Standing
 from api.dispatcher.reasons import Code
 from api.dispatcher.room import Active, choose
@@ -19,9 +19,9 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 A, B, C = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
 
 
-def full(gpus: int) -> Cluster:
+def full(gpus: int) -> ClusterCapacity:
     """A node of `gpus` GPUs, every one of them taken: a gang that fits it waits for resources."""
-    return Cluster([Node("node0", {"CPU": 16.0, "GPU": float(gpus)}, {"CPU": 16.0, "GPU": 0.0})])
+    return ClusterCapacity([Node("node0", {"CPU": 16.0, "GPU": float(gpus)}, {"CPU": 16.0, "GPU": 0.0})])
 
 
 def running(

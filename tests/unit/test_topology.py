@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from api.dispatcher.placement import Cluster, Decision, Node, admit
+from api.dispatcher.placement import ClusterCapacity, Decision, Node, admit
 from trainmaster.models import JobSpec, Scaling
 
 
@@ -17,8 +17,8 @@ def node(name: str, rack: str | None, cpus: float, free: float | None = None) ->
     return Node(name, {"CPU": cpus}, {"CPU": cpus if free is None else free}, labels=labels)
 
 
-def racks(*nodes: Node) -> Cluster:
-    return Cluster(list(nodes))
+def racks(*nodes: Node) -> ClusterCapacity:
+    return ClusterCapacity(list(nodes))
 
 
 def gang(workers: int, **topology: str) -> Scaling:

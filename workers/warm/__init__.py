@@ -1,19 +1,19 @@
 """The job's Ray entrypoint, `python -m workers.warm --job-id ID --attempt N`: a warm driver (client.py,
 the entrypoint process; server.py, a node's server and the children it forks).
 
-A job's driver (workers/driver.py) used to spend about 1.3 s of this 2-core machine starting Python and
-importing trainmaster, Ray and Ray Train before it could ask for the Ray Train controller; every job
-paid it again. This entrypoint is a small client (it imports only the standard library) that hands the
-job to its node's warm server: a process that has those modules imported already and forks a child
-that runs `workers.driver.main` in the job's environment, working directory, arguments and output
-(its stdin, stdout and stderr are passed over a Unix socket). The child calls `ray.init` itself,
-after the fork, so it is the job's Ray driver exactly as a cold one is.
+A cold driver (workers/driver.py in a fresh Python) spends most of its start importing trainmaster, Ray
+and Ray Train before it can ask for the Ray Train controller, and every job would pay that again
+(bench/README.md has the figures). This entrypoint is a small client (it imports only the standard
+library) that hands the job to its node's warm server: a process that has those modules imported
+already and forks a child that runs `workers.driver.main` in the job's environment, working
+directory, arguments and output (its stdin, stdout and stderr are passed over a Unix socket). The
+child calls `ray.init` itself, after the fork, so it is the job's Ray driver exactly as a cold one is.
 
 The client stays the Ray job's entrypoint process: Ray's stop signals go to it and it forwards them;
 it exits with the child's status (a death by signal as the same signal). If the client is killed, its
 socket closes and the child ends too. The server reaps its children and reports each one's status.
 
-The job starts cold, as before (this process execs `python -m workers.driver`), and its `driver`
+The job starts cold instead (this process execs `python -m workers.driver`), and its `driver`
 event says why, when:
 - no server answers on this node: the client starts one, detached, and the next job is warm;
 - the job installs `pip` packages (Ray runs it in its own virtualenv);

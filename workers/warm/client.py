@@ -243,7 +243,8 @@ def _read_line(conn: socket.socket) -> dict[str, Any] | None:
 
 
 def _exec_cold(args: list[str], reason: str) -> NoReturn:
-    """Become the driver the old way, in this process (Ray's stop and exit status work as before)."""
+    """Become a cold driver in this process (exec): Ray's stop signals and exit status reach it as they reach
+    any entrypoint."""
     os.environ[ENV_START] = json.dumps({"warm": False, "reason": reason, "started_at": started_at()})
     module, _, function = target().partition(":")
     if target() == DEFAULT_TARGET:

@@ -1,23 +1,22 @@
-"""What a Ray cluster has and holds, read the way the dispatcher reads it, plus its queue depth."""
+"""A cluster's live view (`GET /v1/cluster`): what its Ray cluster has and holds, read the way the
+dispatcher reads it, plus its queue depth. Runs in the API process; the registry of clusters is
+service.py beside it."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth.principal import Principal
-from api.clusters import repository as clusters_repo
-from api.clusters import service as clusters
-from api.db.models import Cluster as ClusterRow
-from api.db.models import Job, Project
+from api.clusters import repository, service
+from api.db.models import ClusterRow
 from api.dispatcher.backend import RayUnavailable
-from api.dispatcher.placement import Cluster, visible
+from api.dispatcher.placement import ClusterCapacity, visible
 from api.dispatcher.ray_jobs import RayJobsBackend
 from api.errors import NotFound
-from trainmaster.models import ClusterInfo, ClusterNode, JobStatus
+from trainmaster.models import ClusterInfo, ClusterNode
 
 READ_TIMEOUT_S = 5.0
 
@@ -31,9 +30,9 @@ class ClusterReader:
     def __init__(self, make: Callable[[], RayJobsBackend]):
         self.make = make
         self.backend: RayJobsBackend | None = None
-        self.reading: asyncio.Future[Cluster] | None = None
+        self.reading: asyncio.Future[ClusterCapacity] | None = None
 
-    async def read(self) -> Cluster:
+    async def read(self) -> ClusterCapacity:
         if self.reading is None:
             if self.backend is None:
                 self.backend = self.make()
@@ -41,7 +40,7 @@ class ClusterReader:
             self.reading.add_done_callback(self._read_done)
         return await asyncio.shield(self.reading)  # one request gone must not cancel the others' read
 
-    def _read_done(self, reading: asyncio.Future[Cluster]) -> None:
+    def _read_done(self, reading: asyncio.Future[ClusterCapacity]) -> None:
         self.reading = None
         if not reading.cancelled():
             reading.exception()  # retrieved here, since every request waiting for it may have gone
@@ -54,7 +53,7 @@ class ClusterReader:
 
 class ClusterReaders:
     """One `ClusterReader` per cluster record, by name, made on first use. The cluster `default` is
-    the API's own TRAINMASTER_RAY_ADDRESS (clusters.backend_for); a record whose address or token
+    the API's own TRAINMASTER_RAY_ADDRESS (service.backend_for); a record whose address or token
     source changed gets a new reader."""
 
     def __init__(self, default_address: str, timeout_s: float = READ_TIMEOUT_S, *, secrets_path: str):
@@ -71,7 +70,7 @@ class ClusterReaders:
         if kept is not None:
             kept[1].close()
         reader = ClusterReader(
-            lambda: clusters.backend_for(row, self.default_address, self.timeout_s, secrets_path=self.secrets_path)
+            lambda: service.backend_for(row, self.default_address, self.timeout_s, secrets_path=self.secrets_path)
         )
         self.readers[row.name] = (key, reader)
         return reader
@@ -89,13 +88,11 @@ async def describe(
     name = name or principal.cluster_name
     if name != principal.cluster_name and not principal.is_admin:
         raise NotFound(f"no cluster {name!r} for this token's project (it runs on {principal.cluster_name!r})")
-    row = await clusters_repo.find(session, name)
+    row = await repository.find(session, name)
     if row is None:
         raise NotFound(f"no cluster {name!r}; `trainmaster cluster ls` lists them")
-    on_cluster = Job.project_id.in_(select(Project.id).where(Project.cluster_id == row.id))
-    queued = select(func.count()).select_from(Job).where(Job.status == JobStatus.queued)
-    depth = int((await session.execute(queued.where(on_cluster))).scalar_one())
-    mine = int((await session.execute(queued.where(Job.project_id == principal.project_id))).scalar_one())
+    depth = await repository.queued_on_cluster(session, row.id)
+    mine = await repository.queued_in_project(session, principal.project_id)
     try:
         cluster = await readers.of(row).read()
     except RayUnavailable as exc:

@@ -42,8 +42,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from api.checkpoints import sizes
 from api.db.models import Job
+from api.dispatcher import checkpoint_sizes
 from api.jobs.status import record_event
 from trainmaster import safe_paths
 from trainmaster.context import run_folders
@@ -189,7 +189,7 @@ async def collect_every(
     sessions: async_sessionmaker[AsyncSession], storage_path: str, every_s: float, stopping: asyncio.Event
 ) -> None:
     """A pass now and every `every_s` until `stopping` is set (never when `every_s` is 0), each followed
-    by a pass that measures checkpoints (api/checkpoints/sizes.py); a pass that raises is logged and the
+    by a pass that measures checkpoints (api/dispatcher/checkpoint_sizes.py); a pass that raises is logged and the
     next one tries again."""
     if every_s <= 0:
         return
@@ -199,7 +199,7 @@ async def collect_every(
         except Exception as exc:
             log.exception(json.dumps({"event": "checkpoint_collection_failed", "error": str(exc)[:300]}))
         try:
-            await sizes.measure(sessions, storage_path)
+            await checkpoint_sizes.measure(sessions, storage_path)
         except Exception as exc:
             log.exception(json.dumps({"event": "checkpoint_measuring_failed", "error": str(exc)[:300]}))
         with contextlib.suppress(TimeoutError):

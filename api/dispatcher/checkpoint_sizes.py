@@ -1,7 +1,7 @@
 """Checkpoint sizes measured by the platform: what storage quotas and `GET /v1/storage` count.
 
 A job reports its checkpoint's size with it (`size_bytes`), and a job's code is hostile: that figure is
-only a hint, counted until the platform measures the folder. After each collector pass (lifecycle.py's
+only a hint, counted until the platform measures the folder. After each collector pass (checkpoint_collector.py's
 `collect_every`), the dispatcher measures live checkpoints on local storage: the bytes of the regular
 files below the checkpoint, each inode once, reached through the same walk as removals
 (trainmaster/safe_paths.py: folders opened without following links, as the project folder's owner when
@@ -65,7 +65,7 @@ async def measure(sessions: async_sessionmaker[AsyncSession], storage_path: str,
     storage = Path(storage_path).expanduser()
     async with sessions() as session:
         due = (await session.execute(DUE, {"limit": limit, "again_s": REMEASURE_AFTER_S})).all()
-    if not due or not storage.is_dir():  # not mounted here: nothing can be measured (lifecycle.py says so)
+    if not due or not storage.is_dir():  # not mounted here: nothing can be measured (checkpoint_collector.py says so)
         return 0
     requests = [
         safe_paths.Request(
