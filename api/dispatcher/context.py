@@ -55,8 +55,8 @@ class RoundContext:
     sessions: async_sessionmaker[AsyncSession]
     ray: RayBackend
     owner: str  # this dispatcher's lease owner name
-    # The cluster whose jobs these rounds admit and follow, on `ray` (each cluster is a trust domain:
-    # DESIGN.md); None takes every project's jobs, for a dispatcher that knows one Ray cluster (tests).
+    # The cluster whose jobs these rounds admit and follow, on `ray` (each cluster is a trust domain: its
+    # projects' jobs run only there); None takes every project's jobs, for a dispatcher of one Ray cluster.
     cluster_id: uuid.UUID | None = None
     cluster_name: str = "default"
     ray_down_since: float | None = None  # time.monotonic() when Ray was first found unreachable

@@ -25,7 +25,7 @@ async def db_now(session: AsyncSession) -> datetime:
     return (await session.execute(select(func.now()))).scalar_one()
 
 
-# Every statement of a round is about one cluster's projects (DESIGN.md, trust domains): `cluster` is
+# Every statement of a round is about one cluster's projects (a cluster is a trust domain): `cluster` is
 # the cluster's id, or NULL for every project (a dispatcher of one cluster, as tests and benches run it).
 CLUSTER = bindparam("cluster", type_=Uuid)
 

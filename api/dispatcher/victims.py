@@ -9,7 +9,7 @@ uses), and choose nothing unless what they choose, with the free room, covers th
 
 - `reclaim`: the gang is within its project's own quota, which other members borrow: they give it
   back, whatever their share or priority.
-- `fair_share`: the gang would itself borrow (issue 28 item 3), and waits for resources or because
+- `fair_share`: the gang would itself borrow, and waits for resources or because
   other members borrow what its cohort would lend it. Members above it in fair share give way until
   both the free room and the cohort's lending cover it, as Kueue's fair sharing does with its
   LessThanOrEqualToFinalShare strategy: a job is taken only while its project's share without it stays

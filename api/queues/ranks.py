@@ -1,9 +1,8 @@
 """A per-process cache of each queued job's place among its own project's queue, exact by invalidation.
 
-A job's queue position (api/jobs/repository.py, READ_JOB) needs the queued jobs of its own project and
-priority older than it, counted with their gangs (its progressive share): an index-only scan of up to the
-whole queue (0.35 µs a job vacuumed, about 2 µs before autovacuum has set the visibility map), on every
-poll of every queued job. That count and those sums ("older", `Older` below) change only when a job of
+A job's queue position (sql.READ_JOB) needs the queued jobs of its own project and priority older than
+it, counted with their gangs (its progressive share): an index-only scan of up to the whole queue, on
+every poll of every queued job. That count and those sums ("older", `Older` below) change only when a job of
 the same project and priority, older than it or itself, enters or leaves the queue; a new submission, the
 newest of its group, changes no older job's.
 
