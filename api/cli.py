@@ -11,7 +11,6 @@ imports what it needs when it runs and says which extra to install when that is 
 from __future__ import annotations
 
 import importlib
-import logging
 import subprocess
 from types import ModuleType
 from typing import Annotated
@@ -71,6 +70,8 @@ def api(
     import os
     import tempfile
 
+    from trainmaster import json_logs
+
     uvicorn = _server("uvicorn")
     # Before the settings are read: the workers share one directory of stream slots (api/streaming/limits.py).
     slots = None if "TRAINMASTER_STREAM_SLOTS_DIR" in os.environ else tempfile.mkdtemp(prefix="trainmaster-streams-")
@@ -79,10 +80,6 @@ def api(
     settings = _server("api.settings").get_settings()
     if migrate:
         _server("api.db.migrate").upgrade(settings.migration_database_url or settings.database_url, "head")
-    logging.basicConfig(
-        level=logging.INFO,
-        format='{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
-    )
     uvicorn.run(
         "api.app:app_factory",
         factory=True,
@@ -92,6 +89,7 @@ def api(
         loop="uvloop",
         http="httptools",
         access_log=access_log,
+        log_config=json_logs.uvicorn_config(),  # applied in every worker: JSON lines, uvicorn's own included
         log_level="info",
         timeout_graceful_shutdown=5,
         # uvicorn kills a worker that does not answer its supervisor's ping within this (5 s by default) and

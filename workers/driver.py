@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 import trainmaster
+from trainmaster import json_logs
 from trainmaster.context import (
     ENV_ELASTIC_RESIZE_S,
     ENV_LABEL_SELECTOR,
@@ -194,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--attempt", type=int, required=True)
     args = parser.parse_args(argv)
+    json_logs.configure_logger("trainmaster.driver")  # not the root: the job's code may set that up
     job_output.keep_each_workers_lines()
     context = JobContext.from_env()
     if context is None or not context.spec_json:

@@ -33,7 +33,7 @@ def prune(run_dir: Path) -> list[str]:
     except FileNotFoundError:
         return []  # a first attempt, or nothing reported yet
     except (OSError, ValueError) as exc:  # Ray will say what is wrong with it
-        log.warning(json.dumps({"event": "run_snapshot_unreadable", "path": str(snapshot), "error": str(exc)}))
+        log.warning("run_snapshot_unreadable", extra={"path": str(snapshot), "error": str(exc)})
         return []
 
     def present(result: dict[str, Any] | None) -> bool:
@@ -64,5 +64,5 @@ def prune(run_dir: Path) -> list[str]:
     partial = snapshot.with_name(f".{SNAPSHOT}.{os.getpid()}")
     partial.write_text(json.dumps(state))
     partial.replace(snapshot)  # whole or not at all
-    log.info(json.dumps({"event": "run_snapshot_pruned", "path": str(snapshot), "gone": gone}))
+    log.info("run_snapshot_pruned", extra={"path": str(snapshot), "gone": gone})
     return gone

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import math
 import secrets
@@ -115,7 +114,7 @@ async def claim_job_token(session: AsyncSession, job_id: str, claim: str, ttl_s:
     if outcome == "claimed":
         return token
     if outcome == "replayed":
-        log.warning('{"event": "job_token_claim_replayed", "job_id": "%s"}', job)
+        log.warning("job_token_claim_replayed", extra={"job_id": str(job)})
         raise Unauthorized("this claim was used already")
     raise Unauthorized("unknown, expired or used job token claim")
 
@@ -178,7 +177,7 @@ async def _refuse_fenced(direct: Direct, token_hash: str) -> None:
     why = f"superseded by attempt {latest}" if latest > attempt else f"ended ({latest_status})"
     message = f"writes from attempt {attempt} refused: that attempt was {why}"
     count = await repository.count_fenced(direct, job_id, attempt, message)
-    log.warning(json.dumps({"event": "fenced_write", "job_id": str(job_id), "attempt": attempt, "count": count}))
+    log.warning("fenced_write", extra={"job_id": str(job_id), "attempt": attempt, "count": count})
     raise AttemptSuperseded(
         f"attempt {attempt} of job {job_id} was {why}: its processes may no longer write (refused {count} time(s))"
     )
@@ -189,7 +188,7 @@ def _touch_later(direct: Direct, token_id: uuid.UUID) -> None:
         try:
             await repository.touch_token(direct, token_id)
         except Exception as exc:  # a lost last_used_at never fails a request
-            log.warning("last_used_at of token %s not written: %s", token_id, exc)
+            log.warning("token_touch_failed", extra={"token_id": str(token_id), "error": str(exc)})
 
     task = asyncio.get_running_loop().create_task(touch())
     _touches.add(task)

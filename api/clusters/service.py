@@ -5,7 +5,6 @@ plane. live.py beside it reads what a cluster has now."""
 
 from __future__ import annotations
 
-import json
 import logging
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -72,7 +71,7 @@ def ray_token(row: ClusterRow, secrets_path: str) -> str | None:
             f"and point the record at it (UPDATE clusters SET {exc.field} = ... WHERE name = '{row.name}')"
         ) from exc
     except OSError as exc:
-        log.warning(json.dumps({"event": "cluster_token_unreadable", "cluster": row.name, "error": str(exc)}))
+        log.warning("cluster_token_unreadable", extra={"cluster": row.name, "error": str(exc)})
         return None
 
 

@@ -34,5 +34,5 @@ def lost_in_flight(exc: BaseException) -> bool:
 
 
 def database_unavailable(exc: Exception) -> JSONResponse:
-    log.warning("database unavailable: %s", exc.__class__.__name__)
+    log.warning("database_unavailable", extra={"error": exc.__class__.__name__})
     return domain_error_response(DatabaseUnavailable())

@@ -8,7 +8,6 @@ room where the decision allows it), the infeasible and failed jobs; then the lau
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -103,9 +102,7 @@ async def _write(
     failures: dict[uuid.UUID, tuple[str, str]] = {}  # job id -> (error, event message)
     for failed in decisions.of(Verdict.fail):
         if failed.exception is not None:
-            log.error(
-                json.dumps({"event": "admission_failed", "job_id": str(failed.job.id)}), exc_info=failed.exception
-            )
+            log.error("admission_failed", extra={"job_id": str(failed.job.id)}, exc_info=failed.exception)
         failures[failed.job.id] = (failed.error or "", failed.message)
     for infeasible in decisions.of(Verdict.infeasible):
         await _infeasible(session, infeasible, now)

@@ -47,6 +47,16 @@ class Launch:
     # Why this launch cannot be made at all (found while building it): it is failed, never sent.
     refusal: str | None = None
 
+    @property
+    def log_fields(self) -> dict[str, str]:
+        """What a log line about this launch carries (its `extra`)."""
+        return {
+            "job_id": self.metadata.get("trainmaster_job_id", ""),
+            "attempt": self.metadata.get("attempt", ""),
+            "project_id": self.project_id,
+            "submission_id": self.submission_id,
+        }
+
 
 @dataclass(frozen=True)
 class GangState:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,9 +150,7 @@ async def collect(sessions: async_sessionmaker[AsyncSession], storage_path: str,
         if not due:
             return done
         if not storage.is_dir():  # not mounted on this host: nothing can be checked, so nothing is marked
-            log.warning(
-                json.dumps({"event": "checkpoint_storage_missing", "storage_path": storage_path, "due": len(due)})
-            )
+            log.warning("checkpoint_storage_missing", extra={"storage_path": storage_path, "due": len(due)})
             return done
         locked = set((await session.execute(LOCK, {"ids": [row.id for row in due]})).scalars())
         rows = [row for row in due if row.id in locked]  # the others: another dispatcher's pass holds them
@@ -163,12 +160,12 @@ async def collect(sessions: async_sessionmaker[AsyncSession], storage_path: str,
         try:
             results = await asyncio.to_thread(safe_paths.perform, str(storage), requests)
         except OSError as exc:  # the storage root itself could not be opened: the next pass tries again
-            log.warning(json.dumps({"event": "checkpoint_storage_unreadable", "error": str(exc)[:200]}))
+            log.warning("checkpoint_storage_unreadable", extra={"error": str(exc)[:200]})
             return done
         ids, whys, refused = [], [], []
         for row, result in zip(rows, results, strict=True):
             if result.outcome not in OUTCOMES:  # left for a later pass; said once per pass
-                log.warning(json.dumps({"event": "checkpoint_not_removed", "id": row.id, "error": result.detail}))
+                log.warning("checkpoint_not_removed", extra={"checkpoint_id": row.id, "error": result.detail})
                 continue
             if result.outcome == "removed":
                 done.deleted += 1
@@ -181,7 +178,7 @@ async def collect(sessions: async_sessionmaker[AsyncSession], storage_path: str,
             for row, result in refused:
                 await _refused_event(session, row, result)
             done.marked = len(ids)
-            log.info(json.dumps({"event": "checkpoints_collected", "marked": done.marked, "removed": done.deleted}))
+            log.info("checkpoints_collected", extra={"marked": done.marked, "removed": done.deleted})
     return done
 
 
@@ -197,10 +194,10 @@ async def collect_every(
         try:
             await collect(sessions, storage_path)
         except Exception as exc:
-            log.exception(json.dumps({"event": "checkpoint_collection_failed", "error": str(exc)[:300]}))
+            log.exception("checkpoint_collection_failed", extra={"error": str(exc)[:300]})
         try:
             await checkpoint_sizes.measure(sessions, storage_path)
         except Exception as exc:
-            log.exception(json.dumps({"event": "checkpoint_measuring_failed", "error": str(exc)[:300]}))
+            log.exception("checkpoint_measuring_failed", extra={"error": str(exc)[:300]})
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopping.wait(), every_s)

@@ -18,7 +18,6 @@ counts what was reached (logged as `checkpoint_measure_truncated`).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from pathlib import Path
 
@@ -78,14 +77,14 @@ async def measure(sessions: async_sessionmaker[AsyncSession], storage_path: str,
     for row, result in zip(due, results, strict=True):
         if result.outcome == "measured":
             if not result.complete:
-                log.warning(json.dumps({"event": "checkpoint_measure_truncated", "id": row.id, "bytes": result.bytes}))
+                log.warning("checkpoint_measure_truncated", extra={"checkpoint_id": row.id, "bytes": result.bytes})
             ids.append(row.id)
             sizes.append(result.bytes)
         elif result.outcome in NOTHING_THERE:
             ids.append(row.id)
             sizes.append(0)
         else:  # tried again by a later pass
-            log.warning(json.dumps({"event": "checkpoint_not_measured", "id": row.id, "error": result.detail}))
+            log.warning("checkpoint_not_measured", extra={"checkpoint_id": row.id, "error": result.detail})
     if ids:
         async with sessions() as session, session.begin():
             await session.execute(STORE, {"ids": ids, "sizes": sizes})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import re
 import signal
 from typing import Any
@@ -22,6 +23,8 @@ from api.dispatcher.backend import RayJobInfo
 from api.dispatcher.round_writes import RELEASED
 from api.jobs.status import transition
 from trainmaster.models import AttemptStatus, JobSpec, JobStatus
+
+log = logging.getLogger("trainmaster.dispatcher")
 
 
 class AttemptEnd(str, enum.Enum):
@@ -42,6 +45,8 @@ async def release(session: AsyncSession, job: Job) -> None:
 async def finish(session: AsyncSession, job: Job, status: JobStatus, error: str | None, message: str) -> None:
     await release(session, job)
     await transition(session, job, status, message=message, error=error)
+    fields = {"job_id": str(job.id), "project_id": str(job.project_id), "status": status.value, "detail": message}
+    log.info("job_finished", extra=fields if error is None else {**fields, "error": error[:300]})
 
 
 async def after_failure(session: AsyncSession, job: Job, error: str) -> None:

@@ -100,13 +100,13 @@ async def start_attempts(
     launches = []
     for gang, claim in zip(gangs, claims, strict=True):
         if gang.job.id not in started:
-            log.warning(json.dumps({"event": "start_refused", "job_id": str(gang.job.id), "reason": "not queued"}))
+            log.warning("start_refused", extra={"job_id": str(gang.job.id), "reason": "not queued"})
             continue
         try:
             spec = LaunchSpec.stored(gang.job.spec)
             launches.append(build(settings, gang.job, spec, gang.n, claim, gang.selector))
         except Exception as exc:  # this job's spec, or a bug: its job fails, the round goes on
-            log.exception(json.dumps({"event": "build_failed", "job_id": str(gang.job.id)}))
+            log.exception("build_failed", extra={"job_id": str(gang.job.id)})
             launches.append(refused(gang.job, gang.n, f"the launch could not be built: {type(exc).__name__}: {exc}"))
     return launches
 
@@ -271,7 +271,7 @@ async def submit_all(context: RoundContext, launches: Sequence[Launch]) -> None:
         except archive.BadPackage as exc:
             outcomes[launch.submission_id] = LaunchResult(launch, error=str(exc), permanent=True)
         except Exception as exc:
-            log.exception(json.dumps({"event": "code_failed", "submission_id": launch.submission_id}))
+            log.exception("code_failed", extra=launch.log_fields)
             error = f"unpacking its code failed, retrying: {_short(exc)}"
             outcomes[launch.submission_id] = LaunchResult(launch, error=error)
     if ready:
@@ -282,7 +282,7 @@ async def submit_all(context: RoundContext, launches: Sequence[Launch]) -> None:
         if outcome.error is None or outcome.permanent:
             context.backoff.forget(outcome.launch.submission_id)
     for job_id, outcome in permanent.items():
-        log.warning(json.dumps({"event": "launch_failed", "job_id": str(job_id), "error": str(outcome.error)[:300]}))
+        log.warning("launch_failed", extra={"job_id": str(job_id), "error": str(outcome.error)[:300]})
     if accepted or permanent:
         async with context.sessions() as session:
             # Each statement is its own transaction: no BEGIN and COMMIT round trips around them.
@@ -336,18 +336,14 @@ def _submit_each(ray: RayBackend, launches: Sequence[Launch]) -> dict[str, Launc
             answers[launch.submission_id] = LaunchResult(launch, error=str(exc), permanent=True)
             continue
         except RayUnavailable as exc:
-            log.warning(
-                json.dumps({"event": "submit_deferred", "submission_id": launch.submission_id, "error": str(exc)})
-            )
+            log.warning("submit_deferred", extra={**launch.log_fields, "error": str(exc)})
             answers[launch.submission_id] = LaunchResult(launch, error=f"Ray refused the launch: {exc}")
             continue
         except Exception as exc:  # a bug, ours or Ray's client's: retried within launch_timeout_s
-            log.exception(json.dumps({"event": "submit_failed", "submission_id": launch.submission_id}))
+            log.exception("submit_failed", extra=launch.log_fields)
             answers[launch.submission_id] = LaunchResult(launch, error=f"submitting it raised {_short(exc)}")
             continue
-        if log.isEnabledFor(logging.INFO):
-            event = "submitted" if started else "already_submitted"
-            log.info(json.dumps({"event": event, "submission_id": launch.submission_id}))
+        log.info("job_launched" if started else "job_already_launched", extra=launch.log_fields)
         answers[launch.submission_id] = LaunchResult(launch)
     return answers
 

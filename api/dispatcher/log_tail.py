@@ -130,7 +130,7 @@ class LogTails:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the head went away or refused: the caller reads whole logs
-            log.warning("log tail of %s ended: %s", submission_id, exc)
+            log.warning("log_tail_ended", extra={"submission_id": submission_id, "error": str(exc)})
             tail.failed = True
 
     @staticmethod

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -31,6 +30,7 @@ from api.ops.heap import freeze_startup_heap
 from api.settings import Settings, get_settings, libpq_url
 from api.sweeps.controller import sweep_round
 from api.telemetry.service import start_telemetry
+from trainmaster import json_logs
 
 log = logging.getLogger("trainmaster.dispatcher")
 
@@ -53,7 +53,7 @@ class Wakeup:
                 return True
             return False
         except (psycopg.Error, OSError) as exc:
-            log.warning(json.dumps({"event": "listen_failed", "error": str(exc)[:200]}))
+            log.warning("listen_failed", extra={"error": str(exc)[:200]})
             self.connection = None
             await asyncio.sleep(timeout)  # fall back to polling until PostgreSQL answers again
             return False
@@ -101,9 +101,7 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
             except clusters.TokenSourceRefused as exc:  # tried again at each read of the table, said once
                 if refused.get(row.id) != (row.token_file, row.token_env):
                     refused[row.id] = (row.token_file, row.token_env)
-                    log.error(
-                        json.dumps({"event": "cluster_token_source_refused", "cluster": row.name, "error": str(exc)})
-                    )
+                    log.error("cluster_token_source_refused", extra={"cluster": row.name, "error": str(exc)})
                 return
         dispatcher = Dispatcher(
             settings=settings,
@@ -117,18 +115,16 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
         task = asyncio.create_task(_rounds(dispatcher, kick, stopping), name=f"cluster {row.name}")
         serving[row.id] = Serving(dispatcher, kick, task, made)
         log.info(
-            json.dumps(
-                {
-                    "event": "cluster_served",
-                    "owner": owner,
-                    "cluster": row.name,
-                    "ray": made.address if made is not None else "the given backend",
-                }
-            )
+            "cluster_served",
+            extra={
+                "owner": owner,
+                "cluster": row.name,
+                "ray": made.address if made is not None else "the given backend",
+            },
         )
 
     freeze_startup_heap()
-    log.info(json.dumps({"event": "dispatcher_started", "owner": owner, "ray": settings.ray_address}))
+    log.info("dispatcher_started", extra={"owner": owner, "ray": settings.ray_address})
     # Beside the rounds, not in them: a pass's query (1.8 s at 1,000,000 checkpoints) never holds one up.
     collector = asyncio.create_task(
         checkpoint_collector.collect_every(sessions, settings.storage_path, settings.checkpoint_gc_interval_s, stopping)
@@ -146,7 +142,7 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
                     clusters_read = started
                 await sweep_round(sessions)  # stops losing trials, queues new ones; never asks Ray
             except Exception as exc:  # one bad pass must not end the dispatcher
-                log.exception(json.dumps({"event": "round_failed", "error": str(exc)[:300]}))
+                log.exception("round_failed", extra={"error": str(exc)[:300]})
             for each in serving.values():
                 each.kick.set()
             spent = time.monotonic() - started
@@ -169,7 +165,7 @@ async def run(settings: Settings | None = None, backend: RayBackend | None = Non
         for each in serving.values():
             if each.backend is not None:
                 each.backend.close()
-        log.info(json.dumps({"event": "dispatcher_stopped", "owner": owner}))
+        log.info("dispatcher_stopped", extra={"owner": owner})
 
 
 async def _rounds(dispatcher: Dispatcher, kick: asyncio.Event, stopping: asyncio.Event) -> None:
@@ -180,13 +176,10 @@ async def _rounds(dispatcher: Dispatcher, kick: asyncio.Event, stopping: asyncio
             await dispatcher.reconcile_round()
             await dispatcher.admit_round()
         except Exception as exc:  # one bad round must not end the dispatcher
-            log.exception(
-                json.dumps({"event": "round_failed", "cluster": dispatcher.cluster_name, "error": str(exc)[:300]})
-            )
+            log.exception("round_failed", extra={"cluster": dispatcher.cluster_name, "error": str(exc)[:300]})
         await kick.wait()
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    json_logs.configure()
     asyncio.run(run())

@@ -17,6 +17,7 @@ from api.dispatcher.log_cut import cut_read, text_chunks
 from api.dispatcher.log_tail import LogTails
 from api.dispatcher.placement import ClusterCapacity, Node
 from api.settings import get_settings
+from trainmaster import json_logs
 
 log = logging.getLogger("trainmaster.dispatcher.ray")
 
@@ -71,7 +72,7 @@ class RayJobsBackend:
         for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
             # Ray's client prefers these over the address it is given; ours must win.
             if os.environ.pop(name, None):
-                log.warning("ignoring %s in the dispatcher's environment; using %s", name, self.address)
+                log.warning("ray_address_variable_ignored", extra={"variable": name, "ray": self.address})
         self._client: Any = None
         self._http: httpx.Client | None = None
         self._tails: LogTails | None = None
@@ -90,6 +91,7 @@ class RayJobsBackend:
         if self._client is None:
             from ray.job_submission import JobSubmissionClient
 
+            json_logs.adopt("ray")  # Ray gave its logger a text handler at this first import
             try:
                 self._client = JobSubmissionClient(self.address, headers=self.headers)
             except Exception as exc:

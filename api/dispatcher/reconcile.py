@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -55,7 +54,7 @@ async def reconcile_round(context: RoundContext) -> None:
         try:
             await reconcile_job(context, job_id, nodes)
         except RayUnavailable as exc:
-            log.warning(json.dumps({"event": "ray_unavailable", "job_id": str(job_id), "error": str(exc)}))
+            log.warning("ray_unavailable", extra={"job_id": str(job_id), "error": str(exc)})
             await _ray_down(context, job_ids, str(exc))
             return
         except Exception as exc:  # this job's alone: the round goes on with the others
@@ -70,7 +69,7 @@ async def _job_failed_round(context: RoundContext, job_id: uuid.UUID, exc: Excep
     round, and failed with the error once it raised `reconcile_error_limit` rounds in a row."""
     context.errors[job_id] += 1
     rounds = context.errors[job_id]
-    log.exception(json.dumps({"event": "reconcile_failed", "job_id": str(job_id), "rounds": rounds}))
+    log.exception("reconcile_failed", extra={"job_id": str(job_id), "rounds": rounds})
     if rounds < context.settings.reconcile_error_limit:
         return
     context.errors.pop(job_id, None)
@@ -131,7 +130,7 @@ async def reconcile_job(context: RoundContext, job_id: uuid.UUID, nodes: NodesFr
             new_output = await asyncio.to_thread(context.ray.logs, sub_id, log_offset, final)
         except RayUnavailable as exc:  # only a final read raises: the job's end waits for its logs
             if context.backoff.defer(f"logs:{sub_id}") < FINAL_LOGS_WAIT_S:
-                log.warning(json.dumps({"event": "final_logs_retry", "job_id": str(job_id), "error": str(exc)}))
+                log.warning("final_logs_retry", extra={"job_id": str(job_id), "error": str(exc)})
                 return
             gang.logs_missing = str(exc)
         context.backoff.forget(f"logs:{sub_id}")

@@ -138,9 +138,10 @@ async def submit(
     except DATABASE_DOWN as exc:
         if not isinstance(runner, Direct) or not lost_in_flight(exc):
             raise  # nothing was committed: the plain 503 (or the caller's transaction fails whole)
-        log.warning(json.dumps({"event": "submit_in_doubt", "job_id": str(values["id"]), "error": type(exc).__name__}))
+        log.warning("submit_in_doubt", extra={"job_id": str(values["id"]), "error": type(exc).__name__})
         raise SubmitInDoubt(str(values["id"])) from exc
     if inserted is not None:
+        log.info("job_submitted", extra={"job_id": str(values["id"]), "project": principal.project_name})
         return _submitted(principal, spec, inserted), True
     assert idempotency_key is not None
     found = await repository.idempotent_match(runner, principal.project_id, idempotency_key)

@@ -31,7 +31,7 @@ def end_with_parent() -> bool:
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        log.warning("could not ask to end with the API supervisor (prctl errno %s)", ctypes.get_errno())
+        log.warning("end_with_parent_refused", extra={"errno": ctypes.get_errno()})
         return False
     if os.getppid() != parent.pid:  # the parent died before the request: end now, as it would have
         os.kill(os.getpid(), signal.SIGKILL)

@@ -136,14 +136,16 @@ def start_retention(settings: Settings, sessions: async_sessionmaker[AsyncSessio
                 )
                 if purged.jobs or purged.code_packages:
                     log.info(
-                        "retention: %d jobs, %d rows, %d code packages in %d transactions",
-                        purged.jobs,
-                        purged.rows,
-                        purged.code_packages,
-                        purged.transactions,
+                        "retention_purged",
+                        extra={
+                            "jobs": purged.jobs,
+                            "rows": purged.rows,
+                            "code_packages": purged.code_packages,
+                            "transactions": purged.transactions,
+                        },
                     )
             except Exception:  # a database outage: try again next round
-                log.warning("retention round failed", exc_info=True)
+                log.warning("retention_round_failed", exc_info=True)
             await asyncio.sleep(settings.retention_interval_s)
 
     return Retention(asyncio.create_task(loop(), name="trainmaster-retention"))

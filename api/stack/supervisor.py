@@ -6,19 +6,24 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from trainmaster import json_logs
 from trainmaster.config import home
+
+log = logging.getLogger("trainmaster.supervisor")
 
 COMMANDS = {"api": ["api", "--host", "127.0.0.1"], "dispatcher": ["dispatcher"]}
 MAX_BACKOFF_S = 30.0
 
 
 def main(state_file: str) -> int:
+    json_logs.configure()
     state = json.loads(Path(state_file).read_text())
     port = state["api_url"].rsplit(":", 1)[1]
     trainmaster = str(Path(sys.executable).with_name("trainmaster"))
@@ -41,16 +46,16 @@ def main(state_file: str) -> int:
             if child is not None and child.poll() is None:
                 continue
             if child is not None:
-                print(json.dumps({"event": "exited", "component": name, "code": child.returncode}), flush=True)
+                log.warning("component_exited", extra={"component": name, "code": child.returncode})
                 next_start[name] = time.monotonic() + backoff[name]
                 backoff[name] = min(backoff[name] * 2, MAX_BACKOFF_S)
                 children.pop(name)
             if time.monotonic() < next_start[name]:
                 continue
             command = [trainmaster, *args, *(["--port", port] if name == "api" else [])]
-            with (logs / f"{name}.log").open("ab") as log:
-                children[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-            print(json.dumps({"event": "started", "component": name, "pid": children[name].pid}), flush=True)
+            with (logs / f"{name}.log").open("ab") as out:
+                children[name] = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+            log.info("component_started", extra={"component": name, "pid": children[name].pid})
             (home() / "supervised.json").write_text(json.dumps({k: c.pid for k, c in children.items()}))
         time.sleep(0.5)
 

@@ -165,7 +165,7 @@ class Broker:
             except asyncio.CancelledError:
                 raise
             except (psycopg.Error, OSError) as exc:
-                log.warning(json.dumps({"event": "listen_lost", "error": str(exc)[:200], "retry_in_s": backoff}))
+                log.warning("listen_lost", extra={"error": str(exc)[:200], "retry_in_s": backoff})
                 self.tokens.listener_down()
                 self.ranks.listener_down()
                 await asyncio.sleep(backoff)

@@ -14,7 +14,6 @@ at most once (primary key (sweep_id, n), and its job's idempotency key `sweep:<i
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import math
 from datetime import datetime, timezone
@@ -71,7 +70,7 @@ async def advance(session: AsyncSession, sweep: SweepRow, principal: Principal) 
     except DomainError as exc:  # e.g. the uploaded code it runs is gone: fail the sweep, saying why
         sweep.status, sweep.error = SweepStatus.failed, f"cannot launch trial {len(trials)}: {exc.detail}"
         sweep.finished_at = datetime.now(timezone.utc)
-        log.warning(json.dumps({"event": "sweep_failed", "sweep": str(sweep.id), "error": sweep.error[:300]}))
+        log.warning("sweep_failed", extra={"sweep_id": str(sweep.id), "error": sweep.error[:300]})
         return
     if len(trials) >= sweep.max_trials and all(item.job_status.terminal for item in trials):
         ended_badly = all(item.job_status in (JobStatus.failed, JobStatus.timed_out) for item in trials)
@@ -135,7 +134,7 @@ async def _judge(
             session, job, "early_stopped", reason, {"sweep": str(trial.sweep_id), "trial": trial.n, "step": milestone}
         )
         item.job_status = job.status
-        log.info(json.dumps({"event": "trial_stopped", "job": str(trial.job_id), "reason": reason}))
+        log.info("trial_stopped", extra={"job_id": str(trial.job_id), "reason": reason})
         return
 
 
@@ -175,7 +174,7 @@ async def sweep_round(sessions: async_sessionmaker[AsyncSession], limit: int = S
                 await advance(session, sweep, await principal_of(session, sweep))
                 advanced += 1
         except Exception as exc:  # one sweep's bad round must not stop the others, nor the dispatcher
-            log.exception(json.dumps({"event": "sweep_round_failed", "sweep": str(sweep_id), "error": str(exc)[:300]}))
+            log.exception("sweep_round_failed", extra={"sweep_id": str(sweep_id), "error": str(exc)[:300]})
     return advanced
 
 

@@ -56,7 +56,7 @@ class OtelExport:
 
         protocol = os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
         if protocol != "http/protobuf":
-            log.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%s: trainmaster exports OTLP over HTTP (protobuf) only", protocol)
+            log.warning("otlp_protocol_ignored", extra={"protocol": protocol, "exported_as": "http/protobuf"})
         # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win over the default service name.
         resource = Resource({"service.name": service_name, "service.namespace": "trainmaster"}).merge(
             OTELResourceDetector().detect()

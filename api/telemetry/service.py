@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import uuid
@@ -144,7 +143,7 @@ class Telemetry:
                 if await self.lead():
                     await self.round()
             except Exception as exc:  # a bad round (database away, exporter down) must not end the loop
-                log.warning(json.dumps({"event": "telemetry_round_failed", "error": str(exc)[:300]}))
+                log.warning("telemetry_round_failed", extra={"error": str(exc)[:300]})
             await asyncio.sleep(self.settings.telemetry_interval_s)
 
     async def lead(self) -> bool:
@@ -175,9 +174,7 @@ class Telemetry:
             events = 0 if self.replay else await repo.max_event_id(session)
             points = 0 if self.replay else await repo.max_metric_seq(session)
         self.events, self.otel_points, self.mlflow_points = Cursor(events), Cursor(points), Cursor(points)
-        log.info(
-            json.dumps({"event": "telemetry_exporting", "otel": self.otel is not None, "mlflow": bool(self.mlflow)})
-        )
+        log.info("telemetry_exporting", extra={"otel": self.otel is not None, "mlflow": bool(self.mlflow)})
         return True
 
     async def round(self) -> None:
@@ -238,9 +235,7 @@ class Telemetry:
                 if job_id in ended:
                     await self.mlflow.finish(timelines[job_id])
             except Exception as exc:
-                log.warning(
-                    json.dumps({"event": "mlflow_mirror_failed", "job_id": str(job_id), "error": str(exc)[:300]})
-                )
+                log.warning("mlflow_mirror_failed", extra={"job_id": str(job_id), "error": str(exc)[:300]})
 
 
 def start_telemetry(settings: Settings, service_name: str) -> Telemetry:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
+import logging
 import os
 import secrets
 import selectors
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainmaster import json_logs
 from workers.warm import (
     ENV_START,
     HEADER,
@@ -31,6 +33,8 @@ from workers.warm import (
     secret_path,
     target,
 )
+
+log = logging.getLogger("trainmaster.warm")
 
 ENV_IDLE_S = "TRAINMASTER_WARM_IDLE_S"
 DEFAULT_IDLE_S = 1800.0
@@ -122,13 +126,13 @@ def _top_level_modules() -> dict[str, str | None]:
 
 def serve(path: Path, idle_s: float) -> Job | None:
     """Accept jobs until idle for `idle_s`; in each forked child, return that child's job."""
-    _log("starting", path=str(path))
+    log.info("starting", extra={"path": str(path)})
     # What jobs are compared against: the environment the imports below read (`import ray` adds some).
     server_environ = {name: value for name, value in os.environ.items() if name not in SINGLE_THREADED}
     try:
         unsafe = private_dir_problem(path.parent)
         if unsafe is not None:
-            _log("unsafe_dir", error=unsafe)
+            log.error("unsafe_dir", extra={"error": unsafe})
             raise SystemExit(f"refusing to serve: {unsafe}")
         for name in (*PRELOAD, target().partition(":")[0]):
             __import__(name)
@@ -141,7 +145,7 @@ def serve(path: Path, idle_s: float) -> Job | None:
         path.with_suffix(".starting").unlink(missing_ok=True)
     added = {name: value for name, value in os.environ.items() if name not in server_environ}  # by imports
     serving = Serving(secret, server_environ, added, _top_level_modules())
-    _log("listening", path=str(path), target=target(), modules=len(sys.modules))
+    log.info("listening", extra={"path": str(path), "target": target(), "modules": len(sys.modules)})
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
@@ -171,7 +175,7 @@ def serve(path: Path, idle_s: float) -> Job | None:
                     children[pidfd] = (child, job.conn)
                     selector.register(pidfd, selectors.EVENT_READ)
                     _send(job.conn, {"pid": child})
-                    _log("forked", pid=child, job_id=_job_id(job))
+                    log.info("forked", extra={"child_pid": child, "job_id": _job_id(job)})
                 else:
                     pidfd = int(key.fd)
                     selector.unregister(pidfd)
@@ -181,7 +185,7 @@ def serve(path: Path, idle_s: float) -> Job | None:
                     code = os.waitstatus_to_exitcode(status)
                     _send(conn, {"exit": code})
                     conn.close()
-                    _log("exited", pid=child, code=code)
+                    log.info("exited", extra={"child_pid": child, "code": code})
                     idle_since = time.monotonic()
     finally:
         if os.getpid() == pid:  # not in a child on its way out of this function
@@ -231,7 +235,7 @@ def peer_refusal(conn: socket.socket, uid: int) -> str | None:
 
 
 def _refuse(conn: socket.socket, reason: str, fds: list[int] | tuple[int, ...] = ()) -> None:
-    _log("refused", reason=reason, peer_pid=peer_credentials(conn)[0])
+    log.warning("refused", extra={"reason": reason, "peer_pid": peer_credentials(conn)[0]})
     _send(conn, {"cold": f"the warm server refused the job: {reason}"})
     for fd in fds:
         os.close(fd)
@@ -254,7 +258,7 @@ def _accept(listener: socket.socket, serving: Serving) -> Job | None:
         conn.settimeout(None)
         presented = request.pop("secret", None)
     except (OSError, ValueError, struct.error, AttributeError) as exc:
-        _log("bad_request", error=repr(exc))
+        log.warning("bad_request", extra={"error": repr(exc)})
         conn.close()
         return None
     if not isinstance(presented, str) or not hmac.compare_digest(presented.encode(), serving.secret.encode()):
@@ -268,7 +272,7 @@ def _accept(listener: socket.socket, serving: Serving) -> Job | None:
         reason = "the job's output was not passed to the warm server"
     if reason is not None:
         _send(conn, {"cold": reason})
-        _log("cold", job_id=_job_id(job), reason=reason)
+        log.info("cold", extra={"job_id": _job_id(job), "reason": reason})
         for fd in fds:
             os.close(fd)
         conn.close()
@@ -293,10 +297,6 @@ def _send(conn: socket.socket, message: dict[str, Any]) -> None:
 
 def _job_id(job: Job) -> str | None:
     return job.request.get("env", {}).get("TRAINMASTER_JOB_ID")
-
-
-def _log(event: str, **fields: Any) -> None:
-    print(json.dumps({"ts": round(time.time(), 3), "pid": os.getpid(), "event": event, **fields}), flush=True)
 
 
 # -- the forked child -------------------------------------------------------------------------------
@@ -350,5 +350,6 @@ def _end_with_client(conn: socket.socket) -> None:
 
 
 def serve_main(path: str) -> int:
+    json_logs.configure_logger(log.name)  # not the root: each driver it forks is a job's process
     job = serve(Path(path), float(os.environ.get(ENV_IDLE_S) or DEFAULT_IDLE_S))
     return 0 if job is None else run_child(job)
