@@ -22,8 +22,13 @@ import sys
 from datetime import datetime, timezone
 from typing import Any
 
-# Attributes every LogRecord has: anything else on a record came from the call's `extra`.
-_RECORD_ATTRIBUTES = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+# Attributes every LogRecord has: anything else on a record came from the call's `extra`. uvicorn
+# repeats its message with terminal colour codes as `color_message`: not a field.
+_NOT_FIELDS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "color_message",
+}
 
 # Libraries chatty at INFO whose lines say nothing about the platform (httpx logs every request).
 QUIET = {"httpx": logging.WARNING, "httpcore": logging.WARNING}
@@ -42,7 +47,7 @@ class JsonFormatter(logging.Formatter):
         line.update(
             (key, value)
             for key, value in record.__dict__.items()
-            if key not in _RECORD_ATTRIBUTES and not key.startswith("_")  # Ray's record factory adds _ray_…
+            if key not in _NOT_FIELDS and not key.startswith("_")  # Ray's record factory adds _ray_…
         )
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)

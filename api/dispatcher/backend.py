@@ -48,11 +48,11 @@ class Launch:
     refusal: str | None = None
 
     @property
-    def log_fields(self) -> dict[str, str]:
+    def log_fields(self) -> dict[str, str | int]:
         """What a log line about this launch carries (its `extra`)."""
         return {
             "job_id": self.metadata.get("trainmaster_job_id", ""),
-            "attempt": self.metadata.get("attempt", ""),
+            "attempt": int(self.metadata.get("attempt", 0)),
             "project_id": self.project_id,
             "submission_id": self.submission_id,
         }

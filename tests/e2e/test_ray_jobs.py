@@ -6,6 +6,8 @@ they share one Ray head. Launches are counted from a ledger the training code ap
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import threading
 import time
@@ -43,6 +45,22 @@ def ledger_lines(path: Path) -> list[list[str]]:
     return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def json_log_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """A process's output, each line with what it parses to: a JSON object with an event and a level,
+    whose event is a name (not text) where the platform's own loggers wrote it."""
+    lines = []
+    for raw in path.read_text().splitlines():
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            raise AssertionError(f"{path.name}: a line that is not JSON: {raw[:300]}") from None
+        assert isinstance(line, dict) and line.get("event") and line.get("level"), f"{path.name}: {raw[:300]}"
+        if line.get("logger", "").startswith("trainmaster"):
+            assert re.fullmatch(r"[a-z][a-z0-9_]*", line["event"]), f"{path.name}: not an event name: {raw[:300]}"
+        lines.append((raw, line))
+    return lines
+
+
 def test_two_worker_gloo_job_succeeds_and_records_backend(stack: Stack) -> None:
     with stack.client() as client:
         job = client.submit(
@@ -60,6 +78,16 @@ def test_two_worker_gloo_job_succeeds_and_records_backend(stack: Stack) -> None:
         assert statuses == ["queued", "starting", "running", "succeeded"]
         cluster = client.cluster()
         assert cluster.reachable and cluster.total["CPU"] == stack.ray.total_cpus() and len(cluster.nodes) == 1
+    # Every line the API and the dispatcher wrote is a JSON object; the job's carry its id.
+    api_lines = json_log_lines(stack.api.log_path)
+    dispatcher_lines = json_log_lines(stack.work_dir / "dispatcher-d1.log")
+    for lines in (api_lines, dispatcher_lines):
+        assert all(line.get("job_id") == job.id for raw, line in lines if job.id in raw)
+    assert ("job_submitted", job.id, "e2e") in [(j["event"], j.get("job_id"), j.get("project")) for _, j in api_lines]
+    dispatched = {line["event"]: line for _, line in dispatcher_lines if line.get("job_id") == job.id}
+    assert (dispatched["job_launched"]["submission_id"], dispatched["job_launched"]["attempt"]) == (f"tm-{job.id}-1", 1)
+    assert dispatched["job_finished"]["status"] == "succeeded"
+    assert any(line["event"] == "dispatcher_started" for _, line in dispatcher_lines)
 
 
 def test_drivers_after_the_first_on_a_node_are_forked_warm(stack: Stack) -> None:

@@ -123,7 +123,7 @@ def test_uvicorns_log_config_routes_its_loggers_and_the_roots_through_the_format
         "import logging, logging.config\n"
         "from trainmaster import json_logs\n"
         "logging.config.dictConfig(json_logs.uvicorn_config())\n"
-        "logging.getLogger('uvicorn.error').info('Started server process [%d]', 7)\n"
+        "logging.getLogger('uvicorn.error').info('Started server process [%d]', 7, extra={'color_message': '7'})\n"
         "logging.getLogger('uvicorn.access').info('%s - \"%s %s HTTP/%s\" %d', 'c', 'POST', '/v1/jobs', '1.1', 201)\n"
         "logging.getLogger('trainmaster.api').info('job_submitted', extra={'job_id': 'j'})\n"
     )
@@ -131,7 +131,7 @@ def test_uvicorns_log_config_routes_its_loggers_and_the_roots_through_the_format
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stderr.splitlines()]
     assert [line["event"] for line in lines] == ["Started server process [7]", "http_request", "job_submitted"]
-    assert lines[1]["status"] == 201 and lines[2]["job_id"] == "j"
+    assert lines[1]["status"] == 201 and lines[2]["job_id"] == "j" and "color_message" not in lines[0]
 
 
 LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}

@@ -126,7 +126,7 @@ def _top_level_modules() -> dict[str, str | None]:
 
 def serve(path: Path, idle_s: float) -> Job | None:
     """Accept jobs until idle for `idle_s`; in each forked child, return that child's job."""
-    log.info("starting", extra={"path": str(path)})
+    log.info("starting", extra={"path": str(path), "pid": os.getpid()})  # its pid: what stops it
     # What jobs are compared against: the environment the imports below read (`import ray` adds some).
     server_environ = {name: value for name, value in os.environ.items() if name not in SINGLE_THREADED}
     try:
