@@ -20,6 +20,7 @@ from api.stack import osusers, postgres
 from api.stack.processes import matching
 from tests.e2e.conftest import TRAINMASTER, wait_until
 from tests.e2e.ray_stack import one_start_at_a_time
+from tests.factories.processes import json_log_lines
 
 pytestmark = pytest.mark.ray
 
@@ -145,7 +146,14 @@ def test_up_demo_job_and_down_leaves_nothing_running(tmp_path: Path) -> None:
         assert job["status"] == "succeeded" and job["cluster"] == "default"
         metrics = json.loads(tm("metrics", job["id"], "--json").stdout)
         assert any(point["name"] == "loss" for point in metrics)
-        assert (home / "logs" / "api.log").exists() and (home / "logs" / "dispatcher.log").exists()
+        # The stack's processes write JSON lines only; those naming the job carry its id.
+        logs = {name: json_log_lines(home / "logs" / f"{name}.log") for name in ("supervisor", "api", "dispatcher")}
+        started = {line["component"] for _, line in logs["supervisor"] if line["event"] == "component_started"}
+        assert started == {"api", "dispatcher"}
+        naming = [line for lines in logs.values() for raw, line in lines if job["id"] in raw]
+        assert naming and all(line.get("job_id") == job["id"] for line in naming)
+        job_events = {line["event"] for _, line in logs["dispatcher"] if line.get("job_id") == job["id"]}
+        assert {"job_launched", "job_finished"} <= job_events, job_events
         assert ray_dir, "the stack records the folder of its Ray head"
         for folder in ray_dirs:
             assert matching([re.escape(folder)]), f"a Ray head of the stack runs under the folder it recorded: {folder}"

@@ -6,8 +6,6 @@ they share one Ray head. Launches are counted from a ledger the training code ap
 
 from __future__ import annotations
 
-import json
-import re
 import subprocess
 import threading
 import time
@@ -19,6 +17,7 @@ import pytest
 
 import trainmaster as tm
 from tests.e2e.conftest import TRAINMASTER, Stack, wait_until
+from tests.factories.processes import json_log_lines
 
 pytestmark = pytest.mark.ray
 
@@ -43,22 +42,6 @@ def small_mlp(**config: Any) -> dict[str, Any]:
 
 def ledger_lines(path: Path) -> list[list[str]]:
     return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def json_log_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """A process's output, each line with what it parses to: a JSON object with an event and a level,
-    whose event is a name (not text) where the platform's own loggers wrote it."""
-    lines = []
-    for raw in path.read_text().splitlines():
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            raise AssertionError(f"{path.name}: a line that is not JSON: {raw[:300]}") from None
-        assert isinstance(line, dict) and line.get("event") and line.get("level"), f"{path.name}: {raw[:300]}"
-        if line.get("logger", "").startswith("trainmaster"):
-            assert re.fullmatch(r"[a-z][a-z0-9_]*", line["event"]), f"{path.name}: not an event name: {raw[:300]}"
-        lines.append((raw, line))
-    return lines
 
 
 def test_two_worker_gloo_job_succeeds_and_records_backend(stack: Stack) -> None:

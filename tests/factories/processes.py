@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import json
 import os
 import re
 import secrets
@@ -63,6 +64,22 @@ def stop(process: subprocess.Popen[bytes], grace_s: float = 10) -> None:
         except subprocess.TimeoutExpired:
             send(signal.SIGKILL)
             process.wait()
+
+
+def json_log_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """A process's output, each line with what it parses to: a JSON object with an event and a level,
+    whose event is a name (not text) where the platform's own loggers wrote it."""
+    lines = []
+    for raw in path.read_text().splitlines():
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            raise AssertionError(f"{path.name}: a line that is not JSON: {raw[:300]}") from None
+        assert isinstance(line, dict) and line.get("event") and line.get("level"), f"{path.name}: {raw[:300]}"
+        if line.get("logger", "").startswith("trainmaster"):
+            assert re.fullmatch(r"[a-z][a-z0-9_]*", line["event"]), f"{path.name}: not an event name: {raw[:300]}"
+        lines.append((raw, line))
+    return lines
 
 
 @dataclass
