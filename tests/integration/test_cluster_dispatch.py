@@ -1,7 +1,8 @@
-"""Dispatch per cluster (issue 27 item 2), on a real PostgreSQL with each Ray cluster an exact fake:
-each cluster's jobs are admitted against that cluster's resources and launched on it alone, and one
-dispatcher process serves every cluster of the `clusters` table, a slow or unreachable one delaying
-only its own jobs. The real two-head path runs in tests/e2e/test_clusters.py."""
+"""Dispatch per cluster, on a real PostgreSQL with each Ray cluster an exact fake: each cluster's jobs
+are admitted against that cluster's resources and launched on it alone, and one dispatcher process
+serves every cluster of the `clusters` table, a slow or unreachable one delaying only its own jobs.
+Two real heads run in tests/security/test_hostile_tenant.py: the session's dispatcher finds a cluster
+added to the table (`east`, a second head with its own token) and runs its project's job there."""
 
 from __future__ import annotations
 

@@ -12,8 +12,9 @@ once, or left down for seconds (every job's connection to it refused); a dispatc
 another started; PostgreSQL stopped in immediate mode and started again (the campaign owns an
 embedded one); the raylet of the campaign's Ray node SIGKILLed and a new node joined.
 
-Then, each with the offending job ids: every acknowledged job is terminal, or queued with a pending
-reason; no attempt launched twice (the training code's ledger, and Ray knows no attempt the database
+Then, each with the offending job ids: every acknowledged job is terminal, or relaunched (a later
+attempt) and still going, so that one left queued (never launched, or requeued and never relaunched)
+fails; no attempt launched twice (the training code's ledger, and Ray knows no attempt the database
 does not); a bad package fails its job alone, naming the package, and the other projects' jobs
 submitted after it still launch; no metric point stored twice; the followed SSE streams delivered
 every stored point before they ended; each job ended as its kind says.
@@ -387,10 +388,20 @@ def read_state(database_url: str, ids: list[str]) -> dict[str, Any]:
     return {"jobs": jobs, "attempts": attempts, "duplicates": duplicates, "nodes": nodes}
 
 
-def settled(job: dict[str, Any] | None) -> bool:
-    return job is not None and (
-        job["status"] in TERMINAL or (job["status"] == "queued" and bool(job["pending_reason"]))
-    )
+ACTIVE = {"starting", "running", "cancelling"}
+
+
+def unsettled(job: dict[str, Any] | None, attempts: list[tuple[int, str, str]]) -> str | None:
+    """Why a job has not settled, or None. Settled: terminal (whether as its kind says is checked
+    apart), or relaunched and still going (its latest attempt is not its first). A job queued at the
+    end, never launched or requeued after an attempt and never launched again, has not: a requeue
+    always sets a pending reason, so a reason proves nothing."""
+    if job is None:
+        return "no row"
+    if job["status"] in TERMINAL or (job["status"] in ACTIVE and len(attempts) > 1):
+        return None
+    tried = f"{len(attempts)} attempt(s), the last {attempts[-1][2]}" if attempts else "never launched"
+    return f"{job['status']} after {tried}; pending_reason={job['pending_reason']!r}"
 
 
 def check(campaign: Campaign, ray_submissions: set[str]) -> tuple[dict[str, list[str]], Counter[str]]:
@@ -403,11 +414,9 @@ def check(campaign: Campaign, ray_submissions: set[str]) -> tuple[dict[str, list
     violations: dict[str, list[str]] = defaultdict(list)
 
     for job in acknowledged:
-        row = jobs.get(job.id or "")
-        if not settled(row):
-            violations["every acknowledged job terminal or queued with a reason"].append(
-                f"{job.id} ({job.name}): {row and row['status']}, pending_reason={row and row['pending_reason']!r}"
-            )
+        why = unsettled(jobs.get(job.id or ""), attempts.get(job.id or "", []))
+        if why is not None:
+            violations["every job terminal, or relaunched and going"].append(f"{job.id} ({job.name}): {why}")
 
     launches = Counter((line[0], line[1]) for line in ledger_lines(campaign.ledger))
     for (job_id, attempt), count in launches.items():
@@ -524,10 +533,10 @@ def run_campaign(ray_head: Any, tmp_path: Path, n_jobs: int, settle_s: float) ->
 
                 def all_settled() -> bool:
                     try:
-                        jobs = read_state(database_url, ids)["jobs"]
+                        state = read_state(database_url, ids)
                     except psycopg.Error:
                         return False
-                    return all(settled(jobs.get(job_id)) for job_id in ids)
+                    return all(unsettled(state["jobs"].get(i), state["attempts"].get(i, [])) is None for i in ids)
 
                 with contextlib.suppress(TimeoutError):  # reported below, with the jobs that did not settle
                     wait_until(all_settled, settle_s, interval=1, what="every job settled")

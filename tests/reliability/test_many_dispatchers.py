@@ -1,9 +1,9 @@
 """Case 3: three dispatchers over 100 queued jobs on a real Ray head: ledger lines = jobs.
 
 Slow (15 to 25 minutes on 2 cores, so it has its own timeout): run with `scripts/test -m slow`,
-and whenever the dispatcher changes. The two-dispatcher, 20-job variation of it runs in every CI
-run (tests/e2e/test_ray_jobs.py), and three dispatchers race over 30 jobs against the in-memory Ray
-in tests/integration/test_dispatcher.py.
+and whenever the dispatcher changes. A small variation of it runs in every CI run: two dispatchers
+over 6 one-worker jobs, more than fit at once (tests/e2e/test_ray_jobs.py); and three dispatchers race
+over 30 jobs against the in-memory Ray in tests/integration/test_dispatcher.py.
 
 It also writes where each job's start-up time goes (tests/reliability/startup_phases.json), from
 the job's own events: queued -> admitted, admitted -> the driver's process started by Ray Jobs (the
