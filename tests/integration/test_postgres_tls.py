@@ -88,7 +88,7 @@ def _server_user() -> str | None:
     for name in ("postgres", "embedded_postgres"):
         with contextlib.suppress(KeyError):
             return pwd.getpwnam(name).pw_name
-    pytest.skip("running as root and no postgres user to run a PostgreSQL server as")
+    pytest.fail("running as root and no postgres user to run a PostgreSQL server as (Debian's postgresql makes one)")
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,10 @@ def tls_server() -> Iterator[dict[str, str]]:
     """A PostgreSQL with ssl=on on localhost:<port>; its CA's file, another CA's, and the port."""
     bindir = _ssl_bindir()
     if bindir is None:
-        pytest.skip("no PostgreSQL built with OpenSSL on this machine (embedded-postgres' is built without)")
+        pytest.fail(
+            "no PostgreSQL built with OpenSSL (embedded-postgres' is built without): scripts/test installs"
+            " Debian's (need_deb postgresql)"
+        )
     user = _server_user()
     # Not under pytest's temporary folder: that is private to root, and the server's user reads here.
     root = Path(tempfile.mkdtemp(prefix="trainmaster-pgtls-"))
