@@ -34,6 +34,8 @@ import httpx
 import pytest
 
 import trainmaster as tm
+from tests.factories.http import bearer
+from tests.factories.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 OVERRIDE = Path(__file__).with_name("docker-compose.test.yml")
@@ -89,19 +91,10 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, timeout: float, l
     return done.stdout if log is None else output
 
 
-def poll(what: str, probe: Callable[[], T | None], deadline_s: float, interval_s: float = 2.0) -> T:
-    """The first truthy answer of `probe` within `deadline_s`; errors while it polls count as 'not yet'."""
-    deadline = time.monotonic() + deadline_s
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            answer = probe()
-        except (httpx.HTTPError, tm.TrainmasterError, subprocess.SubprocessError) as exc:
-            answer, last = None, exc
-        if answer:
-            return answer
-        time.sleep(interval_s)
-    raise AssertionError(f"{what}: not within {deadline_s:.0f} s (last error: {last!r})")
+def waiting(probe: Callable[[], T], timeout: float, *, interval: float = 2.0, what: str) -> T:
+    """`wait_until`, an error of the stack's clients while it polls counting as "not yet"."""
+    passing = (httpx.HTTPError, tm.TrainmasterError, subprocess.SubprocessError)
+    return wait_until(probe, timeout, interval=interval, what=what, ignore=passing)
 
 
 @dataclass
@@ -154,7 +147,7 @@ def engine(phases: Phases) -> Iterator[Engine]:
         return subprocess.run(["docker", "version"], env=env, capture_output=True, timeout=30).returncode == 0
 
     try:
-        phases.timed("engine", lambda: poll("dockerd answers", answers, 60, 0.2))
+        phases.timed("engine", lambda: waiting(answers, 60, interval=0.2, what="dockerd answers"))
         yield Engine(root, env)
     finally:
         phases.timed("engine_stop", lambda: stop(daemon, root))
@@ -363,7 +356,9 @@ def test_the_operator_stack_runs_a_two_worker_job_through_control_plane_restarts
         workers = [node for node in cluster.nodes if node.total.get("CPU", 0) >= 1]
         return workers if cluster.reachable and len(workers) == 2 else []
 
-    workers = phases.timed("ray_workers_joined", lambda: poll("two ray-worker nodes in GET /v1/cluster", ready, 300))
+    workers = phases.timed(
+        "ray_workers_joined", lambda: waiting(ready, 300, what="two ray-worker nodes in GET /v1/cluster")
+    )
     assert len({node.ip for node in workers}) == 2, workers
 
     job = client.submit(
@@ -373,7 +368,9 @@ def test_the_operator_stack_runs_a_two_worker_job_through_control_plane_restarts
         scaling=tm.Scaling(num_workers=2, resources_per_worker={"CPU": 1}, placement_strategy="STRICT_SPREAD"),
         config={"epochs": EPOCHS, "epoch_sleep_s": 4, "samples": 512},  # about a minute: restarts fit in it
     )
-    first = phases.timed("job_first_metric", lambda: poll("the job's first metric", lambda: job.metrics(), 300, 1))
+    first = phases.timed(
+        "job_first_metric", lambda: waiting(job.metrics, 300, interval=1, what="the job's first metric")
+    )
     assert job.refresh().status is tm.JobStatus.running, job.info
     busy = client.cluster()
     assert all(node.free.get("CPU", 0) <= node.total["CPU"] - 1 for node in busy.nodes if node.total.get("CPU")), busy
@@ -383,14 +380,16 @@ def test_the_operator_stack_runs_a_two_worker_job_through_control_plane_restarts
     assert all(stack.started_at(service) != started for service, started in before.items())
     # `restart` returns once the containers run; the API answers a moment later (its port may already take
     # connections and drop them while uvicorn starts).
-    back = phases.timed("api_answers", lambda: poll("the API to answer after its restart", job.refresh, 120, 0.5))
+    back = phases.timed(
+        "api_answers", lambda: waiting(job.refresh, 120, interval=0.5, what="the API to answer after its restart")
+    )
     assert back.status is tm.JobStatus.running, "the job ended before the restart finished: lengthen it"
 
     def ended() -> tm.Job | None:
         state = job.refresh()
         return state if state.status.terminal else None
 
-    finished = phases.timed("job_after_restart", lambda: poll("the job to end", ended, 400))
+    finished = phases.timed("job_after_restart", lambda: waiting(ended, 400, what="the job to end"))
     assert finished.status is tm.JobStatus.succeeded, (finished.status, finished.error)
     assert len(finished.attempts) == 1, "the restarts must not have cost the job an attempt"
 
@@ -403,5 +402,5 @@ def test_the_operator_stack_runs_a_two_worker_job_through_control_plane_restarts
     with httpx.Client(base_url=stack.url, timeout=30, follow_redirects=True) as http:
         page = http.get("/ui/")
         assert page.status_code == 200 and "<title>trainmaster</title>" in page.text
-        shown = http.get(f"/v1/jobs/{job.id}", headers={"Authorization": f"Bearer {token}"})
+        shown = http.get(f"/v1/jobs/{job.id}", headers=bearer(token))
         assert shown.json()["status"] == "succeeded"

@@ -16,7 +16,7 @@ import pytest
 from tests.factories.processes import REPO as REPO
 from tests.factories.processes import TRAINMASTER as TRAINMASTER
 from tests.factories.processes import ApiProcess, start_api, stop
-from tests.factories.processes import wait_until as wait_until
+from tests.factories.waiting import wait_until as wait_until  # test files import it from here
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from typing import Any
 
 import trainmaster as tm
 from tests.e2e.conftest import REPO, TRAINMASTER, ApiProcess, start_api, stop
+from tests.factories.http import bearer
 
 
 def cli(api: ApiProcess, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -140,7 +141,7 @@ def test_several_workers_serve_and_a_revoked_token_is_refused_by_every_one(
     workers = psutil.Process(api_process.process.pid).children(recursive=True)
     assert len(workers) >= min(2, psutil.cpu_count() or 1)
     token = project_token(database_url, f"revoke-{uuid.uuid4().hex[:6]}")
-    headers = {"Authorization": f"Bearer {token}"}
+    headers = bearer(token)
     with httpx.Client(base_url=api_process.url, headers=headers, timeout=10) as first:
         # Fresh connections land on whichever worker accepts them: enough of them reach every worker.
         for _ in range(30):

@@ -28,7 +28,9 @@ import httpx
 import pytest
 
 from api.metrics.repository import BLOCK_SHIFT, RAW_DOWNSAMPLE_LIMIT
-from tests.e2e.conftest import REPO, TRAINMASTER, ApiProcess, Stack, running_stack, start_api, stop, wait_until
+from tests.e2e.conftest import REPO, TRAINMASTER, ApiProcess, Stack, running_stack, start_api, stop
+from tests.factories.http import bearer
+from tests.factories.waiting import wait_until
 from trainmaster.ports import free_port
 
 pytestmark = pytest.mark.ray
@@ -100,7 +102,7 @@ class Dashboard:
         return self.stack.api.env["TRAINMASTER_DATABASE_URL"]
 
     def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60)
+        return httpx.Client(base_url=self.url, headers=bearer(self.token), timeout=60)
 
     def parked_job(self, name: str, **spec: Any) -> str:
         body = {

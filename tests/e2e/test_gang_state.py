@@ -10,7 +10,7 @@ from typing import Any
 
 from api.dispatcher.backend import GangState, Launch
 from api.dispatcher.ray_jobs import RayJobsBackend
-from tests.e2e.conftest import wait_until
+from tests.factories.waiting import wait_until
 
 DRIVER = (
     "python -c \"import ray, time; ray.init(); pg = ray.util.placement_group([{{'CPU': {cpus}}}]);"

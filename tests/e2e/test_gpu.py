@@ -6,7 +6,7 @@ import pytest
 
 import trainmaster as tm
 from tests.e2e.conftest import Stack
-from tests.e2e.test_ray_jobs import TERMINAL, small_mlp, wait_for
+from tests.factories.jobs import TERMINAL, small_mlp, wait_for_status
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.ray, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -21,7 +21,7 @@ def test_one_worker_nccl_job_on_a_gpu(stack: Stack) -> None:
             config=small_mlp(),
             env={"NCCL_DEBUG": "INFO"},
         )
-        done = wait_for(client, job.id, TERMINAL, timeout=300)
+        done = wait_for_status(client, job.id, TERMINAL, timeout=300)
         assert done.status is tm.JobStatus.succeeded, done.error
         [runtime] = [e for e in client.events(job.id) if e.kind == "runtime"]
         print("runtime event:", runtime.data)

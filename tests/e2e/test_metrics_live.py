@@ -9,8 +9,9 @@ import httpx
 import pytest
 
 import trainmaster as tm
-from tests.e2e.conftest import Stack, start_api, wait_until
-from tests.e2e.test_ray_jobs import TERMINAL, small_mlp, wait_for
+from tests.e2e.conftest import Stack, start_api
+from tests.factories.jobs import TERMINAL, small_mlp, wait_for_status
+from tests.factories.waiting import wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -30,7 +31,7 @@ def test_metrics_arrive_over_sse_before_the_job_ends(stack: Stack) -> None:
         assert status_when_first_seen is tm.JobStatus.running
         assert first.name in {"loss", "epoch"} and first.step is not None
         values = list(client.stream_metrics(job.id))  # from the start again, to the end event
-        done = wait_for(client, job.id, TERMINAL)
+        done = wait_for_status(client, job.id, TERMINAL)
         assert done.status is tm.JobStatus.succeeded
         losses = [v for v in values if v.name == "loss"]
         assert {v.rank for v in losses} == {0, 1}
@@ -77,7 +78,7 @@ def test_api_killed_and_restarted_mid_job_loses_no_point(stack: Stack) -> None:
         same_ray = {k: stack.api.env[k] for k in keep}  # the session stack's API, as it was started
         restarted = start_api(stack.api.env["TRAINMASTER_DATABASE_URL"], stack.api.log_path, same_ray, port=port)
         stack.api.process = restarted.process
-        done = wait_for(client, job.id, TERMINAL, timeout=300)
+        done = wait_for_status(client, job.id, TERMINAL, timeout=300)
         assert done.status is tm.JobStatus.succeeded, done.error
         losses = client.metrics(job.id, names=["loss"])
         assert len(losses) == epochs * steps_per_epoch * workers

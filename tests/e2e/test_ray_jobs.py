@@ -11,37 +11,20 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import trainmaster as tm
-from tests.e2e.conftest import TRAINMASTER, Stack, wait_until
+from tests.e2e.conftest import TRAINMASTER, Stack
+from tests.factories.jobs import TERMINAL, ledger_lines, small_mlp, wait_for_status
 from tests.factories.processes import json_log_lines
+from tests.factories.waiting import wait_until
 
 pytestmark = pytest.mark.ray
 
-TERMINAL = {"succeeded", "failed", "cancelled", "timed_out"}
-
-
-def wait_for(client: tm.Client, job_id: str, statuses: set[str], timeout: float = 240) -> tm.Job:
-    def reached() -> tm.Job | None:
-        job = client.get(job_id).info
-        if job.status.value in statuses:
-            return job
-        if job.status.value in TERMINAL:
-            raise AssertionError(f"job ended {job.status.value} ({job.error}) while waiting for {statuses}")
-        return None
-
-    return wait_until(reached, timeout, interval=0.5, what=f"job {job_id} to become {statuses}")  # type: ignore[no-any-return]
-
-
-def small_mlp(**config: Any) -> dict[str, Any]:
-    return {"epochs": 2, "samples": 256, "batch_size": 64, **config}
-
-
-def ledger_lines(path: Path) -> list[list[str]]:
-    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+# Importable from here too: test_frameworks, test_preemption, test_multinode and test_ray_faults import
+# them from this module (their home is tests/factories/jobs.py).
+wait_for = wait_for_status
 
 
 def test_two_worker_gloo_job_succeeds_and_records_backend(stack: Stack) -> None:
@@ -49,7 +32,7 @@ def test_two_worker_gloo_job_succeeds_and_records_backend(stack: Stack) -> None:
         job = client.submit(
             name="gloo-2", entrypoint="builtin:mlp", scaling=tm.Scaling(num_workers=2), config=small_mlp()
         )
-        done = wait_for(client, job.id, TERMINAL)
+        done = wait_for_status(client, job.id, TERMINAL)
         assert done.status is tm.JobStatus.succeeded, done.error
         assert [a.ray_submission_id for a in done.attempts] == [f"tm-{job.id}-1"]
         runtime = [e for e in client.events(job.id) if e.kind == "runtime"]
@@ -82,7 +65,7 @@ def test_drivers_after_the_first_on_a_node_are_forked_warm(stack: Stack) -> None
             job = client.submit(
                 name=f"warm-{n}", entrypoint="builtin:toy-curve", scaling=tm.Scaling(num_workers=1), config={"steps": 3}
             )
-            done = wait_for(client, job.id, TERMINAL)
+            done = wait_for_status(client, job.id, TERMINAL)
             assert done.status is tm.JobStatus.succeeded, done.error
             events.append(next(e for e in client.events(job.id) if e.kind == "driver"))
             assert client.metrics(job.id, names=["loss"])  # the forked driver's workers reported
@@ -100,7 +83,7 @@ def test_cancel_running_job_frees_its_resources(stack: Stack) -> None:
             scaling=tm.Scaling(num_workers=2),
             config=small_mlp(epochs=200, epoch_sleep_s=1),
         )
-        wait_for(client, job.id, {"running"})
+        wait_for_status(client, job.id, {"running"})
         wait_until(
             lambda: any(e.kind == "runtime" for e in client.events(job.id)),
             120,
@@ -114,7 +97,7 @@ def test_cancel_running_job_frees_its_resources(stack: Stack) -> None:
             what="Ray to show the gang",
         )
         assert client.cancel(job.id).status is tm.JobStatus.cancelling
-        done = wait_for(client, job.id, TERMINAL, timeout=90)
+        done = wait_for_status(client, job.id, TERMINAL, timeout=90)
         assert done.status is tm.JobStatus.cancelled
         assert done.attempts[-1].status == "stopped"
     wait_until(
@@ -144,7 +127,7 @@ def test_infeasible_job_says_why_and_fails(stack: Stack) -> None:
             what="an infeasible reason",
         )
         assert "2 GPU" in reason and "Fails in" in reason
-        done = wait_for(client, job.id, TERMINAL, timeout=60)
+        done = wait_for_status(client, job.id, TERMINAL, timeout=60)
         assert done.status is tm.JobStatus.failed
         assert "can never fit" in (done.error or "")
         assert done.attempts == []  # never launched
@@ -159,7 +142,7 @@ def test_timeout_ends_in_timed_out(stack: Stack) -> None:
             config=small_mlp(epochs=500, epoch_sleep_s=1),
             timeout_s=10,
         )
-        done = wait_for(client, job.id, TERMINAL, timeout=180)
+        done = wait_for_status(client, job.id, TERMINAL, timeout=180)
         assert done.status is tm.JobStatus.timed_out
         assert "timeout_s=10" in (done.error or "")
         assert done.attempts[-1].status == "timed_out"
@@ -180,7 +163,7 @@ def test_failure_with_a_retry_resumes_from_the_checkpoint(stack: Stack, tmp_path
             max_retries=1,
             checkpoint=tm.CheckpointPolicy(num_to_keep=1),  # the collector deletes the older ones as it goes
         )
-        done = wait_for(client, job.id, TERMINAL, timeout=360)
+        done = wait_for_status(client, job.id, TERMINAL, timeout=360)
         assert done.status is tm.JobStatus.succeeded, done.error
         assert [a.status for a in done.attempts] == ["failed", "succeeded"]
         assert "injected failure at epoch 2" in (done.attempts[0].error or "")
@@ -245,7 +228,7 @@ def test_a_driver_that_crashes_is_queued_again_without_spending_a_retry(stack: S
             working_dir=code,
             max_retries=0,
         )
-        done = wait_for(client, job.id, TERMINAL)
+        done = wait_for_status(client, job.id, TERMINAL)
         assert done.status is tm.JobStatus.succeeded, done.error
         assert [a.status for a in done.attempts] == ["lost", "succeeded"]
         assert (done.attempts[0].error or "").startswith("the job's driver crashed ("), done.attempts[0].error
@@ -280,7 +263,7 @@ def test_two_dispatchers_launch_each_job_exactly_once(stack: Stack, tmp_path: Pa
             deadline = time.monotonic() + 900
             try:
                 for job_id in ids:
-                    done = wait_for(client, job_id, TERMINAL, timeout=max(1, deadline - time.monotonic()))
+                    done = wait_for_status(client, job_id, TERMINAL, timeout=max(1, deadline - time.monotonic()))
                     assert done.status is tm.JobStatus.succeeded, done.error
                     assert len(done.attempts) == 1
             finally:

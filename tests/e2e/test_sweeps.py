@@ -10,7 +10,9 @@ import subprocess
 import httpx
 import pytest
 
-from tests.e2e.conftest import TRAINMASTER, Stack, wait_until
+from tests.e2e.conftest import TRAINMASTER, Stack
+from tests.factories.http import bearer
+from tests.factories.waiting import wait_until
 from workers.templates.toy_curve import toy_loss
 
 pytestmark = pytest.mark.ray
@@ -33,7 +35,7 @@ def test_asha_sweep_stops_the_worse_trial_at_its_rung_across_a_dispatcher_restar
         *("--early-stopping", "asha", "--grace-steps", str(GRACE), "--reduction-factor", "2"),
     )
     sweep_id = started.split()[1]
-    headers = {"Authorization": f"Bearer {stack.api.token}"}
+    headers = bearer(stack.api.token)
 
     def sweep() -> dict[str, object]:
         response = httpx.get(f"{stack.api.url}/v1/sweeps/{sweep_id}", headers=headers, timeout=10)

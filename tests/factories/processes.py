@@ -19,11 +19,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 
@@ -31,23 +30,11 @@ from api.stack import ray_head
 from api.stack.osusers import OsUser
 from api.stack.ray_head import RayHead
 from tests.factories.auth import project_token
+from tests.factories.waiting import wait_until as wait_until  # bench/ imports it from here
 from trainmaster.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINMASTER = str(Path(sys.executable).with_name("trainmaster"))
-T = TypeVar("T")
-
-
-def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.1, what: str = "condition") -> T:
-    """Poll `predicate` until it returns something true, and return that; TimeoutError after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def stop(process: subprocess.Popen[bytes], grace_s: float = 10) -> None:

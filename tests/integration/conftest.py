@@ -10,6 +10,7 @@ from api.app import create_app
 from api.settings import Settings
 from api.settings import libpq_url as libpq
 from tests.factories.auth import project_token
+from tests.factories.http import bearer
 from trainmaster import Client
 
 
@@ -44,7 +45,7 @@ def other_token(database_url: str) -> str:
 
 @pytest.fixture
 def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
+    return bearer(token)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import pytest
 import trainmaster as tm
 from tests.e2e.conftest import TRAINMASTER, ApiProcess, start_api, stop
 from tests.factories.auth import job_token, scoped_token
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
 
 
@@ -100,7 +101,7 @@ def test_clusters_projects_and_tokens_from_the_cli(api: ApiProcess, database_url
     )
     assert made.returncode == 0, made.stderr
     secret = made.stdout.strip()
-    assert httpx.get(f"{api.url}/metrics", headers={"Authorization": f"Bearer {secret}"}).status_code == 200
+    assert httpx.get(f"{api.url}/metrics", headers=bearer(secret)).status_code == 200
     tokens = json.loads(cli(api, admin, "token", "ls", "--json").stdout)
     mine = next(t for t in tokens if t["user"] == "prom")
     assert mine["scope"] == "metrics" and mine["project"] == "vision" and mine["expires_at"] is None
@@ -110,14 +111,14 @@ def test_clusters_projects_and_tokens_from_the_cli(api: ApiProcess, database_url
 
     revoked = cli(api, admin, "token", "revoke", mine["id"][:8])  # a prefix is enough
     assert revoked.returncode == 0, revoked.stderr
-    assert httpx.get(f"{api.url}/metrics", headers={"Authorization": f"Bearer {secret}"}).status_code == 401
+    assert httpx.get(f"{api.url}/metrics", headers=bearer(secret)).status_code == 401
     assert mine["id"] not in cli(api, admin, "token", "ls", "--json").stdout
 
 
 def test_a_revoked_tokens_open_stream_ends_within_5_s(api: ApiProcess, database_url: str) -> None:
-    headers = {"Authorization": f"Bearer {api.token}"}
+    headers = bearer(api.token)
     job = httpx.post(f"{api.url}/v1/jobs", json=spec(), headers=headers).json()
-    admin = {"Authorization": f"Bearer {scoped_token(database_url, 'default', 'admin')}"}
+    admin = bearer(scoped_token(database_url, "default", "admin"))
     token_id = next(t["id"] for t in httpx.get(f"{api.url}/v1/tokens", headers=headers).json()["items"])
     opened, ended = threading.Event(), threading.Event()
     lines: list[str] = []
@@ -148,9 +149,9 @@ def test_the_dispatcher_revokes_a_jobs_tokens_when_its_attempt_is_released(api: 
     from api.dispatcher.ending import release
     from api.settings import Settings
 
-    headers = {"Authorization": f"Bearer {api.token}"}
+    headers = bearer(api.token)
     job_id = httpx.post(f"{api.url}/v1/jobs", json=spec(), headers=headers).json()["id"]
-    secret = {"Authorization": f"Bearer {job_token(database_url, job_id)}"}
+    secret = bearer(job_token(database_url, job_id))
     points = {"points": [{"step": 1, "values": {"loss": 1.0}}]}
     assert httpx.post(f"{api.url}/v1/jobs/{job_id}/metrics", json=points, headers=secret).status_code == 201
 

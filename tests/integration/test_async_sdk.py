@@ -25,10 +25,10 @@ import trainmaster as tm
 from api.app import create_app
 from api.settings import Settings
 from api.settings import libpq_url as libpq
+from tests.factories.database import finish
+from tests.factories.http import falling_losses, post_losses
 from tests.integration.conftest import count_jobs
 from tests.integration.faulty_proxy import Fault, FaultyProxy
-from tests.integration.test_sdk import finish
-from tests.integration.test_sdk_faults import post_points
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -147,7 +147,7 @@ def test_logs_and_metrics_page_through_everything(live_url: str, token: str, dat
 
     job_id = run(scenario)
     with TestClient(create_app(Settings(database_url=database_url))) as http:
-        post_points(http, token, job_id, 0, 25)
+        post_losses(http, token, job_id, falling_losses(0, 25))
 
     async def metrics() -> None:
         async with client(live_url, token) as sdk:
@@ -178,7 +178,7 @@ def test_metric_and_log_streams_end_at_end(live_url: str, token: str, database_u
 
     with tm.Client("http://testserver", token, transport=http._transport) as sync:
         job = sync.submit(name="streamed", entrypoint="builtin:mlp")
-    post_points(http, token, job.id, 0, 30)
+    post_losses(http, token, job.id, falling_losses(0, 30))
     with psycopg.connect(libpq(database_url)) as conn:
         conn.execute(
             "INSERT INTO log_lines (job_id, attempt, source, line) VALUES (%s, 1, 'driver', 'hello'),"

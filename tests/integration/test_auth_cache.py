@@ -7,14 +7,14 @@ import time
 import uuid
 from collections.abc import Callable
 
-import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
 from api.auth.cache import TokenCache
 from api.auth.service import hash_token
-from api.settings import libpq_url
 from tests.factories.auth import job_token
+from tests.factories.database import sql
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
 
 
@@ -27,15 +27,6 @@ def cache_of(http: TestClient) -> TokenCache:
     return tokens
 
 
-def sql(database_url: str, statement: str, *params: object) -> None:
-    with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
-        conn.execute(statement, params)  # type: ignore[arg-type]
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
 def test_a_checked_token_is_served_from_the_cache(http: TestClient, token: str) -> None:
     tokens = cache_of(http)
     assert http.get("/v1/jobs", headers=bearer(token)).status_code == 200
@@ -45,15 +36,15 @@ def test_a_checked_token_is_served_from_the_cache(http: TestClient, token: str) 
     assert tokens.hits == hits + 1  # the entry, not a query
 
 
-REVOCATIONS: dict[str, Callable[[str, str], None]] = {
+REVOCATIONS: dict[str, Callable[[str, str], object]] = {
     "revoked_at set": lambda url, token: sql(
-        url, "UPDATE api_tokens SET revoked_at = now() WHERE token_hash = %s", hash_token(token)
+        url, "UPDATE api_tokens SET revoked_at = now() WHERE token_hash = %s", (hash_token(token),)
     ),
-    "token deleted": lambda url, token: sql(url, "DELETE FROM api_tokens WHERE token_hash = %s", hash_token(token)),
+    "token deleted": lambda url, token: sql(url, "DELETE FROM api_tokens WHERE token_hash = %s", (hash_token(token),)),
     "project deleted": lambda url, token: sql(
         url,
         "DELETE FROM projects WHERE id = (SELECT project_id FROM api_tokens WHERE token_hash = %s)",
-        hash_token(token),
+        (hash_token(token),),
     ),
     "table truncated": lambda url, token: sql(url, "TRUNCATE api_tokens CASCADE"),
 }
@@ -100,7 +91,7 @@ def test_without_the_listener_every_request_asks_the_database(http: TestClient, 
     tokens.listener_down()  # as when the LISTEN connection is lost: nothing cached is trusted
     try:
         sql(database_url, "ALTER TABLE api_tokens DISABLE TRIGGER tm_token_revoked")  # no notice this time
-        sql(database_url, "UPDATE api_tokens SET revoked_at = now() WHERE token_hash = %s", hash_token(token))
+        sql(database_url, "UPDATE api_tokens SET revoked_at = now() WHERE token_hash = %s", (hash_token(token),))
         assert http.get("/v1/jobs", headers=bearer(token)).status_code == 401
     finally:
         sql(database_url, "ALTER TABLE api_tokens ENABLE TRIGGER tm_token_revoked")

@@ -17,22 +17,14 @@ from fastapi.testclient import TestClient
 
 import trainmaster as tm
 from api.db.session import create_engine, session_factory
-from api.dispatcher.checkpoint_collector import Collected, collect
+from api.dispatcher.checkpoint_collector import Collected
 from api.settings import Settings
 from api.settings import libpq_url as libpq
 from tests.factories.auth import scoped_token
+from tests.factories.checkpoints import run_collector
+from tests.factories.database import project_id
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
-
-
-def run_collector(database_url: str, storage: Path | str) -> Collected:
-    async def go() -> Collected:
-        engine = create_engine(Settings(database_url=database_url))
-        try:
-            return await collect(session_factory(engine), str(storage))
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(go())
 
 
 def add_checkpoints(database_url: str, storage: Path, job_id: str, metrics: list[dict[str, Any]]) -> list[int]:
@@ -83,7 +75,7 @@ def test_the_latest_the_best_and_the_pinned_are_kept_and_the_disk_agrees_with_th
     # project's job; nothing changes.
     assert http.post(f"/v1/jobs/{job.id}/checkpoints/{ids[2]}/pin", headers=sdk._http.headers).status_code == 409
     assert http.post(f"/v1/jobs/{job.id}/checkpoints/999999/pin", headers=sdk._http.headers).status_code == 404
-    other = {"Authorization": f"Bearer {other_token}"}
+    other = bearer(other_token)
     assert http.post(f"/v1/jobs/{job.id}/checkpoints/{ids[5]}/pin", headers=other).status_code == 404
     assert http.post(f"/v1/jobs/{job.id}/checkpoints/0/pin", headers=sdk._http.headers).status_code == 422
     assert not any(item.pinned for item in sdk.checkpoints(job.id) if item.id != ids[0])
@@ -112,7 +104,7 @@ def test_a_finished_jobs_checkpoints_expire_after_its_projects_retention_unless_
     sdk: tm.Client, http: TestClient, database_url: str, tmp_path: Path
 ) -> None:
     storage = tmp_path / "storage"
-    admin = {"Authorization": f"Bearer {scoped_token(database_url, 'alpha')}"}
+    admin = bearer(scoped_token(database_url, "alpha"))
     finished, running = (sdk.submit(tm.JobSpec.model_validate(spec(name=name))) for name in ("finished", "running"))
     old = add_checkpoints(database_url, storage, finished.id, [{}, {}, {}])
     live = add_checkpoints(database_url, storage, running.id, [{}])
@@ -255,13 +247,6 @@ def test_the_dispatchers_collector_task_passes_at_once_and_stops_when_told(
 
     asyncio.run(go())
     assert on_disk(storage, job.id) == kept(sdk, job.id)
-
-
-def project_id(database_url: str, job_id: str) -> str:
-    with psycopg.connect(libpq(database_url)) as conn:
-        row = conn.execute("SELECT project_id FROM jobs WHERE id = %s", (job_id,)).fetchone()
-        assert row is not None
-        return str(row[0])
 
 
 def test_runs_are_laid_out_per_project_and_another_projects_folder_is_never_removed(

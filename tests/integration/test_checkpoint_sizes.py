@@ -16,9 +16,9 @@ from api.db.session import create_engine, session_factory
 from api.dispatcher import checkpoint_sizes
 from api.settings import Settings
 from tests.factories.auth import job_token, scoped_token
+from tests.factories.database import project_id
+from tests.factories.http import bearer, storage_rows
 from tests.factories.jobs import spec
-from tests.integration.test_checkpoint_lifecycle import project_id
-from tests.integration.test_storage_quota import bearer, stored
 
 MIB = 1 << 20
 
@@ -52,10 +52,10 @@ def test_a_checkpoint_reported_at_one_byte_is_counted_at_what_it_holds(
     os.link(run / "checkpoint_000000" / "shard" / "model.pt", run / "checkpoint_000000" / "again.pt")  # once
     assert record(http, database_url, job.id, run / "checkpoint_000000", 1).status_code == 204
     assert record(http, database_url, job.id, tmp_path / "elsewhere", 7).status_code == 204  # not the job's
-    assert stored(http, token)["alpha"]["checkpoint_bytes"] == 8  # what the job said
+    assert storage_rows(http, token)["alpha"]["checkpoint_bytes"] == 8  # what the job said
 
     assert run_measure(database_url, storage) == 2
-    assert stored(http, token)["alpha"]["checkpoint_bytes"] == MIB
+    assert storage_rows(http, token)["alpha"]["checkpoint_bytes"] == MIB
     listed = sdk.checkpoints(job.id)
     assert [c.size_bytes for c in listed] == [MIB, 0]
     assert run_measure(database_url, storage) == 0  # measured: not again before REMEASURE_AFTER_S

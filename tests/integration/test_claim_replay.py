@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 
 from api.dispatcher.backend import RayJobState
 from api.settings import libpq_url as libpq
-from tests.integration.test_dispatcher import World, one_worker, run
+from tests.factories.http import bearer
+from tests.factories.world import World, one_worker, run
 
 BATCH = {"points": [{"step": 1, "values": {"loss": 0.5}}]}
 
@@ -35,7 +36,7 @@ def test_a_replayed_claim_is_refused_and_the_job_keeps_its_token_and_its_attempt
             body = {"job_id": str(job_id), "claim": world.ray.launches[f"tm-{job_id}-1"].metadata["trainmaster_claim"]}
             exchanged = http.post("/v1/tokens/claim", json=body)  # the driver's exchange
             assert exchanged.status_code == 201, exchanged.text
-            auth = {"Authorization": f"Bearer {exchanged.json()['token']}"}
+            auth = bearer(exchanged.json()["token"])
             before = token_rows(database_url, job_id)
 
             replay = http.post("/v1/tokens/claim", json=body)  # a neighbour that read the launch

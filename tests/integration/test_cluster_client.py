@@ -18,6 +18,7 @@ from api.app import create_app
 from api.auth import admin
 from api.auth.principal import Scope
 from api.settings import Settings
+from tests.factories.http import bearer
 
 REQUESTS = 25
 
@@ -98,7 +99,7 @@ def test_each_cluster_is_read_at_its_own_address_with_its_own_token(
 ) -> None:
     token_file = tmp_path / "other-token"  # in the secrets folder: a record may name no other file
     token_file.write_text(OTHER_TOKEN + "\n")
-    root = {"Authorization": f"Bearer {admin.token(database_url, 'default', scope=Scope.admin)}"}
+    root = bearer(admin.token(database_url, "default", scope=Scope.admin))
     app = create_app(settings.model_copy(update={"ray_address": "http://ray-head:8265", "secrets_path": str(tmp_path)}))
     with TestClient(app) as http:
         body = {"name": "other", "address": "http://other-head:8265", "token_file": str(token_file)}

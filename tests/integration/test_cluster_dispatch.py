@@ -21,8 +21,9 @@ from api.db.models import ClusterRow, Project
 from api.dispatcher import main as dispatcher_main
 from api.dispatcher.placement import ClusterCapacity
 from tests.factories.auth import scoped_token
+from tests.factories.http import bearer
 from tests.factories.ray import FakeRay
-from tests.integration.test_dispatcher import World, one_worker, run
+from tests.factories.world import World, one_worker, run
 from trainmaster.models import JobStatus
 
 
@@ -141,8 +142,8 @@ def test_queue_positions_count_only_the_jobs_of_the_same_cluster(
 ) -> None:
     """Each cluster admits its own queue, so a job's `queue_position` (at submission, read alone, in a
     list, in GET /v1/queues) counts only jobs of projects on its cluster."""
-    beta = {"Authorization": f"Bearer {other_token}"}
-    root = {"Authorization": f"Bearer {scoped_token(database_url)}"}
+    beta = bearer(other_token)
+    root = bearer(scoped_token(database_url))
     assert (
         http.post("/v1/clusters", json={"name": "east", "address": "http://east:8265"}, headers=root).status_code == 201
     )

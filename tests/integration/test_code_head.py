@@ -6,6 +6,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
+from tests.factories.http import bearer
 from trainmaster.cli.run import upload_unless_stored
 from trainmaster.packing import pack
 
@@ -20,7 +21,7 @@ def test_head_answers_whether_this_project_holds_the_package(
     uploaded = http.post("/v1/code", content=package.content, headers={**auth, "Content-Type": "application/zip"})
     assert uploaded.json()["id"] == package.digest, "the CLI's digest must be the API's id"
     assert http.head(path, headers=auth).status_code == 200
-    assert http.head(path, headers={"Authorization": f"Bearer {other_token}"}).status_code == 404
+    assert http.head(path, headers=bearer(other_token)).status_code == 404
     assert http.head(path).status_code == 401
     assert http.head("/v1/code/not-a-digest", headers=auth).status_code == 404
 

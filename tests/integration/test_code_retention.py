@@ -12,7 +12,6 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from fastapi.testclient import TestClient
 
 from api.app import create_app
@@ -21,7 +20,8 @@ from api.db.direct import OnSession
 from api.db.session import create_engine, session_factory
 from api.retention.service import purge_round
 from api.settings import Settings
-from api.settings import libpq_url as libpq
+from tests.factories.database import sql
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
 from tests.factories.sweeps import sweep_body
 
@@ -37,16 +37,10 @@ def package(name: str) -> bytes:
 
 
 def upload(http: TestClient, token: str, content: bytes) -> str:
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/zip"}
+    headers = {**bearer(token), "Content-Type": "application/zip"}
     response = http.post("/v1/code", content=content, headers=headers)
     assert response.status_code == 201, response.text
     return str(response.json()["id"])
-
-
-def sql(database_url: str, statement: str, params: Any = None) -> list[Any]:
-    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
-        cursor = conn.execute(statement, params)
-        return cursor.fetchall() if cursor.description else []
 
 
 def age(database_url: str, code_id: str, days: int, project: str = "alpha") -> None:
@@ -82,7 +76,7 @@ def test_unused_old_packages_go_and_used_ones_stay(
         for name in ("unused", "by_job", "by_finished_job", "by_sweep", "recent", "shared", "reuploaded")
     )
     upload(http, other_token, package("shared"))  # the same archive, stored by another project too
-    auth = {"Authorization": f"Bearer {token}"}
+    auth = bearer(token)
     assert http.post("/v1/jobs", json=spec(code=by_job), headers=auth).status_code == 201
     finished = http.post("/v1/jobs", json=spec(code=by_finished_job), headers=auth).json()["id"]
     sql(
@@ -152,5 +146,5 @@ def test_a_package_named_by_a_new_job_is_not_purged_before_the_job_is_stored(
     purge(database_url, tmp_path / "cache")
     assert ("alpha", code_id) in stored(database_url)
     body = {**spec(), "code": code_id}
-    response = http.post("/v1/jobs", json=body, headers={"Authorization": f"Bearer {token}"})
+    response = http.post("/v1/jobs", json=body, headers=bearer(token))
     assert response.status_code == 201, response.text

@@ -16,23 +16,8 @@ from api.app import create_app
 from api.code_packages import archive
 from api.settings import Settings
 from api.settings import libpq_url as libpq
+from tests.factories.code import make_zip, upload
 from tests.factories.jobs import spec
-
-
-def make_zip(entries: dict[str, bytes], *, link: str | None = None) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as zf:
-        for name, data in entries.items():
-            zf.writestr(name, data)
-        if link:
-            info = zipfile.ZipInfo(link)
-            info.external_attr = (stat.S_IFLNK | 0o777) << 16
-            zf.writestr(info, "/etc/passwd")
-    return buffer.getvalue()
-
-
-def upload(http: TestClient, auth: dict[str, str], content: bytes, content_type: str = "application/zip"):
-    return http.post("/v1/code", content=content, headers={**auth, "Content-Type": content_type})
 
 
 def stored(database_url: str) -> int:

@@ -20,7 +20,7 @@ from api.auth.repository import get_or_create_project
 from api.code_packages import repository as code_repository
 from api.db.models import Job, JobAttempt
 from api.dispatcher.backend import LaunchRefused, RayJobState
-from tests.integration.test_dispatcher import World, one_worker, run
+from tests.factories.world import World, one_worker, run
 from trainmaster.models import JobStatus
 
 

@@ -7,6 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import trainmaster as tm
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
 
 
@@ -35,7 +36,7 @@ def test_jobs_are_found_by_an_id_prefix_within_the_project(
     http: TestClient, auth: dict[str, str], other_token: str
 ) -> None:
     mine = [new_job(http, auth, name=f"j{i}") for i in range(3)]
-    theirs = new_job(http, {"Authorization": f"Bearer {other_token}"})
+    theirs = new_job(http, bearer(other_token))
     found = http.get("/v1/jobs", params={"id_prefix": mine[1][:8].upper()}, headers=auth).json()["items"]
     assert [job["id"] for job in found] == [mine[1]]
     assert http.get("/v1/jobs", params={"id_prefix": theirs[:8]}, headers=auth).json()["items"] == []

@@ -14,14 +14,13 @@ from fastapi.testclient import TestClient
 import trainmaster as tm
 from api.settings import libpq_url as libpq
 from tests.factories.auth import job_token, scoped_token
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
 
 
 def resize(http: TestClient, database_url: str, job_id: str, to: Any, *, refused: bool = False) -> None:
     body = {"kind": "resized", "message": f"? -> {to} workers", "data": {"to": to}}
-    answer = http.post(
-        f"/v1/jobs/{job_id}/events", json=body, headers={"Authorization": f"Bearer {job_token(database_url, job_id)}"}
-    )
+    answer = http.post(f"/v1/jobs/{job_id}/events", json=body, headers=bearer(job_token(database_url, job_id)))
     if refused:
         assert answer.status_code == 422, answer.text
         [problem] = answer.json()["detail"]
@@ -36,7 +35,7 @@ def set_status(database_url: str, job_id: str, status: str) -> None:
 
 
 def holds(http: TestClient, database_url: str) -> dict[str, float]:
-    admin = {"Authorization": f"Bearer {scoped_token(database_url, 'default', 'admin')}"}
+    admin = bearer(scoped_token(database_url, "default", "admin"))
     return http.get("/v1/projects/alpha", headers=admin).json()["usage"]
 
 

@@ -12,7 +12,8 @@ from sqlalchemy import text, update
 
 from api.db.models import Job
 from tests.factories.auth import project_token
-from tests.integration.test_dispatcher import World, one_worker, run
+from tests.factories.http import bearer
+from tests.factories.world import World, one_worker, run
 from trainmaster.models import JobStatus
 
 DAY = 86400  # the default half-life
@@ -39,7 +40,7 @@ def positions(http: TestClient, tokens: dict[str, str], jobs: dict[str, tuple[st
     """Each job's queue position, as its project's token reads it from the API."""
     found = {}
     for name, (project, job_id) in jobs.items():
-        answer = http.get(f"/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {tokens[project]}"})
+        answer = http.get(f"/v1/jobs/{job_id}", headers=bearer(tokens[project]))
         assert answer.status_code == 200, answer.text
         found[name] = answer.json()["queue_position"]
     return found
@@ -70,7 +71,7 @@ def test_a_project_that_used_the_cluster_yesterday_yields_until_its_history_fade
 
     jobs = run(yesterday())
     assert positions(http, tokens, jobs) == {"beta": 1, "alpha": 2}  # beta used nothing: ahead of the older job
-    queues = http.get("/v1/queues", headers={"Authorization": f"Bearer {tokens['beta']}"})
+    queues = http.get("/v1/queues", headers=bearer(tokens["beta"]))
     shown = {item["project"]: item["fair_share"] for item in queues.json()["items"]}
     assert abs(shown["alpha"] - 1.0) < 1e-6 and shown["beta"] == 0, shown  # what `trainmaster queue` shows
 
@@ -137,7 +138,7 @@ def test_each_job_carries_its_projects_share_with_the_gangs_of_its_project_ahead
 
     jobs = run(submitted())
     assert positions(http, tokens, jobs) == {"alpha0": 1, "alpha1": 2, "beta0": 3, "alpha2": 4, "beta1": 5, "beta2": 6}
-    listed = http.get("/v1/jobs", headers={"Authorization": f"Bearer {tokens['beta']}"}).json()["items"]
+    listed = http.get("/v1/jobs", headers=bearer(tokens["beta"])).json()["items"]
     assert sorted(item["queue_position"] for item in listed) == [3, 5, 6]  # a page counts the same
 
     async def room_for_three() -> set[uuid.UUID]:

@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 
 from api.dispatcher.backend import RayJobState
 from api.settings import libpq_url as libpq
-from tests.integration.test_dispatcher import World, one_worker, run
+from tests.factories.http import bearer
+from tests.factories.world import World, one_worker, run
 
 
 def claimed(http: TestClient, world: World, job_id: uuid.UUID, n: int) -> dict[str, str]:
@@ -20,7 +21,7 @@ def claimed(http: TestClient, world: World, job_id: uuid.UUID, n: int) -> dict[s
     claim = world.ray.launches[f"tm-{job_id}-{n}"].metadata["trainmaster_claim"]
     response = http.post("/v1/tokens/claim", json={"job_id": str(job_id), "claim": claim})
     assert response.status_code == 201, response.text
-    return {"Authorization": f"Bearer {response.json()['token']}"}
+    return bearer(response.json()["token"])
 
 
 def points(database_url: str, job_id: uuid.UUID) -> int:
@@ -94,7 +95,7 @@ def test_a_token_revoked_while_its_attempt_runs_stays_401(http: TestClient, data
             with psycopg.connect(libpq(database_url), autocommit=True) as conn:
                 conn.execute("UPDATE api_tokens SET revoked_at = now() WHERE job_id = %s", (job_id,))
             batch = {"points": [{"step": 1, "values": {"loss": 0.5}}]}
-            answer = http.post(f"/v1/jobs/{job_id}/metrics", json=batch, headers={"Authorization": f"Bearer {token}"})
+            answer = http.post(f"/v1/jobs/{job_id}/metrics", json=batch, headers=bearer(token))
             assert answer.status_code == 401, answer.text
             assert not [e for e in await world.events(job_id) if e.kind == "fenced"]
 

@@ -13,7 +13,8 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from api.dispatcher.backend import RayJobState
-from tests.integration.test_dispatcher import World, run
+from tests.factories.http import bearer
+from tests.factories.world import World, run
 from trainmaster.models import JobStatus
 
 ELASTIC: dict[str, Any] = {"scaling": {"num_workers": {"min": 2, "max": 4}, "resources_per_worker": {"CPU": 1}}}
@@ -21,7 +22,7 @@ ELASTIC: dict[str, Any] = {"scaling": {"num_workers": {"min": 2, "max": 4}, "res
 
 def report(http: TestClient, token: str, job_id: uuid.UUID, to: object) -> int:
     body = {"kind": "resized", "message": f"-> {to} workers", "data": {"to": to}}
-    return http.post(f"/v1/jobs/{job_id}/events", json=body, headers={"Authorization": f"Bearer {token}"}).status_code
+    return http.post(f"/v1/jobs/{job_id}/events", json=body, headers=bearer(token)).status_code
 
 
 def test_an_elastic_gang_is_counted_at_no_fewer_workers_than_ray_shows(http: TestClient, database_url: str) -> None:

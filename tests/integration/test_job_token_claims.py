@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from api.auth.service import hash_token
 from api.settings import libpq_url
 from tests.factories.auth import job_claim
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
 
 EVENT = {"kind": "runtime", "message": "m", "data": {"backend": "gloo"}}
@@ -21,10 +22,6 @@ def new_job(http: TestClient, auth: dict[str, str]) -> str:
     response = http.post("/v1/jobs", json=spec(), headers=auth)
     assert response.status_code == 201
     return str(response.json()["id"])
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def claim(http: TestClient, job_id: str, secret: str) -> tuple[int, str]:

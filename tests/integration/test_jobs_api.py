@@ -8,6 +8,7 @@ import psycopg
 from fastapi.testclient import TestClient
 
 from api.settings import libpq_url as libpq
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
 from tests.integration.conftest import count_jobs
 
@@ -67,7 +68,7 @@ def test_queue_position_follows_priority_then_age(http: TestClient, auth: dict[s
 def test_queue_position_is_the_admission_order_with_fair_share(
     http: TestClient, auth: dict[str, str], other_token: str, database_url: str
 ) -> None:
-    beta = {"Authorization": f"Bearer {other_token}"}
+    beta = bearer(other_token)
     busy = submit(http, auth, name="alpha-running")
     with psycopg.connect(libpq(database_url)) as conn:  # alpha already holds a running gang
         conn.execute("UPDATE jobs SET status = 'running' WHERE id = %s", (busy["id"],))
@@ -116,9 +117,7 @@ def test_idempotency_key_returns_same_job_and_refuses_other_body(
     assert different.status_code == 422
     assert different.json()["detail"][0]["loc"] == ["header", "Idempotency-Key"]
 
-    foreign = http.post(
-        "/v1/jobs", json=spec(), headers={"Authorization": f"Bearer {other_token}", "Idempotency-Key": "run-42"}
-    )
+    foreign = http.post("/v1/jobs", json=spec(), headers={**bearer(other_token), "Idempotency-Key": "run-42"})
     assert foreign.status_code == 201 and foreign.json()["id"] != first.json()["id"]
     assert count_jobs(database_url) == 2
 
@@ -139,7 +138,7 @@ def test_auth_missing_bad_and_cross_project(http: TestClient, auth: dict[str, st
     assert http.get("/v1/jobs").status_code == 401
     assert http.get("/v1/jobs", headers={"Authorization": "Bearer tm_nope"}).status_code == 401
     assert http.get("/v1/jobs", headers={"Authorization": "Basic abc"}).status_code == 401
-    other = {"Authorization": f"Bearer {other_token}"}
+    other = bearer(other_token)
     for method, path in (
         ("GET", f"/v1/jobs/{job['id']}"),
         ("GET", f"/v1/jobs/{job['id']}/events"),
@@ -164,7 +163,7 @@ def test_health_ready_and_prometheus(http: TestClient, auth: dict[str, str], dat
     assert http.get("/readyz").status_code == 200
     submit(http, auth)
     http.get("/v1/jobs", headers=auth)
-    scraper = {"Authorization": f"Bearer {scoped_token(database_url, 'ops', 'metrics')}"}
+    scraper = bearer(scoped_token(database_url, "ops", "metrics"))
     text = http.get("/metrics", headers=scraper).text
     assert 'trainmaster_jobs{status="queued"} 1.0' in text
     assert 'trainmaster_http_requests_total{method="POST",route="/v1/jobs",status="201"} 1.0' in text

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 import uuid
 from datetime import datetime, timezone
 
@@ -16,7 +15,9 @@ from fastapi.testclient import TestClient
 
 from api.db.migrate import alembic_config
 from api.settings import libpq_url as libpq
-from tests.integration.test_metrics_api import new_job, points, post, stored_rows
+from tests.factories.database import metric_rows
+from tests.factories.http import post_losses, submit
+from tests.factories.waiting import wait_until
 
 INSERT = "INSERT INTO metric_points (job_id, name, value) VALUES (%s, 'loss', 1.0)"
 
@@ -28,18 +29,10 @@ def count(database_url: str, sql: str, *args: object) -> int:
         return int(row[0])
 
 
-def waits_on_a_lock(database_url: str, backend_pid: int) -> bool:
-    """Whether that session comes to wait on a lock (polled for 30 s)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if count(
-            database_url,
-            "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
-            backend_pid,
-        ):
-            return True
-        time.sleep(0.02)
-    return False
+def on_a_lock(database_url: str, backend_pid: int) -> bool:
+    """Whether that session waits on a lock now."""
+    query = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'"
+    return bool(count(database_url, query, backend_pid))
 
 
 def test_a_point_for_no_job_is_refused_by_insert_and_copy(database_url: str) -> None:
@@ -53,15 +46,13 @@ def test_a_point_for_no_job_is_refused_by_insert_and_copy(database_url: str) -> 
     assert count(database_url, "SELECT count(*) FROM metric_points") == 0
 
 
-def test_points_go_with_their_job_its_project_and_a_truncate(
-    http: TestClient, auth: dict[str, str], database_url: str
-) -> None:
-    kept, deleted, by_project = new_job(http, auth), new_job(http, auth), new_job(http, auth)
+def test_points_go_with_their_job_its_project_and_a_truncate(http: TestClient, token: str, database_url: str) -> None:
+    kept, deleted, by_project = submit(http, token), submit(http, token), submit(http, token)
     for job_id in (kept, deleted, by_project):
-        assert post(http, job_id, auth, {"points": points(0, 3)}).status_code == 201
+        post_losses(http, token, job_id, [1.0, 0.5, 0.25])
     with psycopg.connect(libpq(database_url), autocommit=True) as conn:
         conn.execute("DELETE FROM jobs WHERE id = %s", (deleted,))
-        assert (stored_rows(database_url, deleted), stored_rows(database_url, kept)) == (0, 6)
+        assert (metric_rows(database_url, deleted), metric_rows(database_url, kept)) == (0, 3)
         other = conn.execute(
             "INSERT INTO projects (id, name, cluster_id)"
             " SELECT gen_random_uuid(), 'gone', id FROM clusters WHERE name = 'default' RETURNING id"
@@ -69,17 +60,17 @@ def test_points_go_with_their_job_its_project_and_a_truncate(
         assert other is not None
         conn.execute("UPDATE jobs SET project_id = %s WHERE id = %s", (other[0], by_project))
         conn.execute("DELETE FROM projects WHERE id = %s", (other[0],))  # cascades to the job, then its points
-        assert (stored_rows(database_url, by_project), stored_rows(database_url, kept)) == (0, 6)
+        assert (metric_rows(database_url, by_project), metric_rows(database_url, kept)) == (0, 3)
         conn.execute("TRUNCATE jobs CASCADE")
     assert count(database_url, "SELECT count(*) FROM metric_points") == 0
 
 
 def test_a_job_deleted_while_a_batch_is_written_takes_the_batch_with_it(
-    http: TestClient, auth: dict[str, str], database_url: str
+    http: TestClient, token: str, database_url: str
 ) -> None:
     """The writer locks its job (FOR KEY SHARE, as the key's check did): the delete waits for the
     writer's commit, then removes what it committed. No point outlives its job."""
-    job_id = new_job(http, auth)
+    job_id = submit(http, token)
     now = datetime.now(timezone.utc)
     with psycopg.connect(libpq(database_url)) as writer, psycopg.connect(libpq(database_url)) as deleter:
         writer.execute(INSERT, (job_id,))  # in its transaction, not committed
@@ -97,18 +88,20 @@ def test_a_job_deleted_while_a_batch_is_written_takes_the_batch_with_it(
 
         thread = threading.Thread(target=delete)
         thread.start()
-        assert waits_on_a_lock(database_url, deleter.info.backend_pid) and not done.is_set()  # the writer's
+        pid = deleter.info.backend_pid
+        wait_until(lambda: on_a_lock(database_url, pid), 30, interval=0.02, what="the delete to wait on the writer")
+        assert not done.is_set()
         writer.execute("INSERT INTO metric_points (job_id, name, value, ts) VALUES (%s, 'acc', 2.0, %s)", (job_id, now))
         writer.commit()
         thread.join(30)
         assert done.is_set()
-    assert stored_rows(database_url, job_id) == 0
+    assert metric_rows(database_url, job_id) == 0
 
 
 def test_a_batch_for_a_job_being_deleted_fails_once_the_delete_commits(
-    http: TestClient, auth: dict[str, str], database_url: str
+    http: TestClient, token: str, database_url: str
 ) -> None:
-    job_id = new_job(http, auth)
+    job_id = submit(http, token)
     with psycopg.connect(libpq(database_url)) as deleter, psycopg.connect(libpq(database_url)) as writer:
         deleter.execute("DELETE FROM jobs WHERE id = %s", (job_id,))  # not committed yet
         failed: list[BaseException] = []
@@ -121,17 +114,19 @@ def test_a_batch_for_a_job_being_deleted_fails_once_the_delete_commits(
 
         thread = threading.Thread(target=write)
         thread.start()
-        assert waits_on_a_lock(database_url, writer.info.backend_pid) and thread.is_alive()  # for the delete
+        pid = writer.info.backend_pid
+        wait_until(lambda: on_a_lock(database_url, pid), 30, interval=0.02, what="the writer to wait on the delete")
+        assert thread.is_alive()
         deleter.commit()
         thread.join(30)
         assert len(failed) == 1 and isinstance(failed[0], psycopg.errors.ForeignKeyViolation)
     assert count(database_url, "SELECT count(*) FROM metric_points") == 0
 
 
-def test_blocks_summarise_exactly_what_was_stored(http: TestClient, auth: dict[str, str], database_url: str) -> None:
+def test_blocks_summarise_exactly_what_was_stored(http: TestClient, token: str, database_url: str) -> None:
     """migration 0010's trigger against migration 0005's sorted aggregates run over the stored points:
     several statements into the same blocks, ties, NaN, infinities, negative zero, steps missing."""
-    job_id = new_job(http, auth)
+    job_id = submit(http, token)
     values = ["1", "1", "'NaN'", "'-Infinity'", "'Infinity'", "0", "'-0'", "-1", "random()", "random() * -1"]
     with psycopg.connect(libpq(database_url), autocommit=True) as conn:
         for statement in range(12):

@@ -15,6 +15,7 @@ from api.app import create_app
 from api.settings import Settings
 from api.settings import libpq_url as libpq
 from tests.factories.auth import job_token
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
 from trainmaster.context import JobApi
 from trainmaster.metrics import MetricsSender
@@ -95,7 +96,7 @@ def test_job_token_writes_only_its_own_job_and_reads_nothing(
     http: TestClient, auth: dict[str, str], database_url: str
 ) -> None:
     job_a, job_b = new_job(http, auth), new_job(http, auth)
-    token_a = {"Authorization": f"Bearer {job_token(database_url, job_a)}"}
+    token_a = bearer(job_token(database_url, job_a))
     assert post(http, job_a, token_a, {"points": points(0, 1)}).status_code == 201
     assert post(http, job_b, token_a, {"points": points(0, 1)}).status_code == 404
     assert stored_rows(database_url, job_b) == 0
@@ -110,7 +111,7 @@ def test_job_token_writes_only_its_own_job_and_reads_nothing(
 
 def test_other_project_cannot_read_or_write(http: TestClient, auth: dict[str, str], other_token: str) -> None:
     job_id = new_job(http, auth)
-    other = {"Authorization": f"Bearer {other_token}"}
+    other = bearer(other_token)
     assert post(http, job_id, other, {"points": points(0, 1)}).status_code == 404
     for path in ("metrics", "metrics/stream", "logs", "logs/stream", "checkpoints"):
         assert http.get(f"/v1/jobs/{job_id}/{path}", headers=other).status_code == 404, path
@@ -192,7 +193,7 @@ def test_stream_cap_per_token_is_429(settings: Settings, auth: dict[str, str]) -
 
 def test_checkpoints_recorded_by_the_job_are_listed(http: TestClient, auth: dict[str, str], database_url: str) -> None:
     job_id = new_job(http, auth)
-    token = {"Authorization": f"Bearer {job_token(database_url, job_id)}"}
+    token = bearer(job_token(database_url, job_id))
     for step in (0, 1):
         body = {"path": f"/storage/{job_id}/checkpoint_{step}", "step": step, "metrics": {"loss": 1.0 - step / 2}}
         response = http.post(f"/v1/jobs/{job_id}/checkpoints", params={"attempt": 1}, json=body, headers=token)

@@ -9,7 +9,7 @@ from sqlalchemy import update
 
 from api.db.models import Checkpoint, Job, JobEvent
 from api.dispatcher.backend import RayJobState
-from tests.integration.test_dispatcher import World, one_worker, run
+from tests.factories.world import World, one_worker, run
 from trainmaster.models import JobStatus
 
 

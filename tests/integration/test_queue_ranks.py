@@ -17,7 +17,8 @@ from api.db.direct import Direct
 from api.queues import repository as queues_repository
 from api.queues.ranks import QueueRanks
 from api.settings import Settings
-from tests.integration.test_scale import in_session, sql, submit
+from tests.factories.database import in_session, sql
+from tests.factories.http import submit
 
 
 def claim_order(database_url: str) -> list[str]:

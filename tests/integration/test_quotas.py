@@ -16,12 +16,9 @@ from sqlalchemy import func, select, text, update
 from api.auth.repository import get_or_create_project
 from api.db.models import Checkpoint, Job, Project, ProjectUsage
 from tests.factories.auth import scoped_token
-from tests.integration.test_dispatcher import World, one_worker, run
+from tests.factories.http import bearer
+from tests.factories.world import World, one_worker, run
 from trainmaster.models import JobStatus
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def test_quota_fields_set_read_and_refused_when_bad(http: TestClient, token: str, database_url: str) -> None:

@@ -26,33 +26,11 @@ from api.retention.service import Purged, purge_round
 from api.settings import Settings
 from api.settings import libpq_url as libpq
 from tests.factories.auth import project_token
+from tests.factories.database import in_session, sql
+from tests.factories.http import bearer, submit
 from tests.factories.jobs import spec
 
 T = TypeVar("T")
-
-
-def in_session(database_url: str, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
-    async def go() -> T:
-        engine = create_engine(Settings(database_url=database_url))
-        try:
-            async with session_factory(engine)() as session, session.begin():
-                return await fn(session)
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(go())
-
-
-def sql(database_url: str, statement: str, params: Any = None) -> list[Any]:
-    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
-        cursor = conn.execute(statement, params)
-        return cursor.fetchall() if cursor.description else []
-
-
-def submit(http: TestClient, token: str, **overrides: Any) -> str:
-    response = http.post("/v1/jobs", json=spec(**overrides), headers={"Authorization": f"Bearer {token}"})
-    assert response.status_code == 201, response.text
-    return str(response.json()["id"])
 
 
 def gpus(n: int) -> dict[str, Any]:
@@ -95,7 +73,7 @@ def test_queue_position_equals_admission_order_under_fair_share(http: TestClient
         for _ in range(30)
     ]
     cancelled = queued.pop(3)
-    http.post(f"/v1/jobs/{cancelled}/cancel", headers={"Authorization": f"Bearer {tokens['alpha']}"})
+    http.post(f"/v1/jobs/{cancelled}/cancel", headers=bearer(tokens["alpha"]))
     sql(database_url, "UPDATE jobs SET status = 'cancelled' WHERE id = %s", (cancelled,))
     started = queued.pop(5)
     sql(database_url, "UPDATE jobs SET status = 'starting' WHERE id = %s", (started,))  # usage changes too
@@ -115,12 +93,12 @@ def test_queue_position_equals_admission_order_under_fair_share(http: TestClient
     project_of = dict(sql(database_url, "SELECT j.id::text, p.name FROM jobs j JOIN projects p ON p.id = j.project_id"))
     positions = {}
     for job_id in queued:
-        headers = {"Authorization": f"Bearer {tokens[project_of[job_id]]}"}
+        headers = bearer(tokens[project_of[job_id]])
         positions[job_id] = http.get(f"/v1/jobs/{job_id}", headers=headers).json()["queue_position"]
     assert [job_id for job_id, _ in sorted(positions.items(), key=lambda item: item[1])] == order
     assert sorted(positions.values()) == list(range(1, len(order) + 1))
 
-    listed = http.get("/v1/jobs", params={"limit": 500}, headers={"Authorization": f"Bearer {tokens['beta']}"}).json()
+    listed = http.get("/v1/jobs", params={"limit": 500}, headers=bearer(tokens["beta"])).json()
     for item in listed["items"]:
         assert item["queue_position"] == (positions.get(item["id"]))
     assert_counters_match_a_recount(database_url)
@@ -165,14 +143,14 @@ def test_positions_follow_progressive_filling_with_fractional_gangs_and_sampled_
     assert switches > 3  # the projects interleave: no project's whole queue goes first
     project_of = dict(sql(database_url, "SELECT j.id::text, p.name FROM jobs j JOIN projects p ON p.id = j.project_id"))
     for n, job_id in enumerate(order, start=1):
-        headers = {"Authorization": f"Bearer {tokens[project_of[job_id]]}"}
+        headers = bearer(tokens[project_of[job_id]])
         assert http.get(f"/v1/jobs/{job_id}", headers=headers).json()["queue_position"] == n
     for name, token in tokens.items():
-        listed = http.get("/v1/jobs", params={"limit": 500}, headers={"Authorization": f"Bearer {token}"}).json()
+        listed = http.get("/v1/jobs", params={"limit": 500}, headers=bearer(token)).json()
         assert {item["id"]: item["queue_position"] for item in listed["items"]} == {
             job_id: n for n, job_id in enumerate(order, start=1) if project_of[job_id] == name
         }
-    headers = {"Authorization": f"Bearer {tokens['east']}"}
+    headers = bearer(tokens["east"])
     body = spec(priority=2, scaling={"num_workers": 1, "resources_per_worker": {"CPU": 0.1}})
     answer = http.post("/v1/jobs", json=body, headers=headers).json()  # ahead of every priority-0 job
     new_order = [str(job.id) for job in in_session(database_url, claim_order)]
@@ -191,7 +169,7 @@ def test_a_submission_answers_the_position_a_read_gives(http: TestClient, databa
     sql(database_url, "UPDATE jobs SET status = 'running' WHERE id = %s", (holder,))  # red holds 2 GPUs
     for _ in range(24):
         name = rng.choice(list(tokens))
-        headers = {"Authorization": f"Bearer {tokens[name]}"}
+        headers = bearer(tokens[name])
         body = spec(priority=rng.choice([0, 0, 3, -1]), **gpus(rng.randint(1, 2)))
         answer = http.post("/v1/jobs", json=body, headers=headers)
         assert answer.status_code == 201, answer.text
@@ -216,7 +194,7 @@ def test_positions_of_a_page_deep_in_a_tied_queue(http: TestClient, database_url
         return [str(job.id) for job in await queues_repository.lock_queued(session, 1000)]
 
     place = {job_id: n for n, job_id in enumerate(in_session(database_url, claim_order), start=1)}
-    headers = {"Authorization": f"Bearer {tokens[1]}"}
+    headers = bearer(tokens[1])
     seen, cursor = 0, None
     while True:
         params: dict[str, Any] = {"limit": 4, **({"cursor": cursor} if cursor else {})}
@@ -237,7 +215,7 @@ def test_positions_counted_from_either_end_of_a_tied_queue_agree(http: TestClien
     holder = submit(http, tokens[2], **gpus(1))
     sql(database_url, "UPDATE jobs SET status = 'running' WHERE id = %s", (holder,))
     queued = [submit(http, tokens[i % 3], priority=(i * 5) % 2) for i in range(36)]
-    http.post(f"/v1/jobs/{queued[7]}/cancel", headers={"Authorization": f"Bearer {tokens[7 % 3]}"})
+    http.post(f"/v1/jobs/{queued[7]}/cancel", headers=bearer(tokens[7 % 3]))
 
     async def claim_order(session: AsyncSession) -> list[str]:
         return [str(job.id) for job in await queues_repository.lock_queued(session, 1000)]

@@ -12,14 +12,8 @@ from fastapi.testclient import TestClient
 
 import trainmaster as tm
 from api.settings import libpq_url as libpq
+from tests.factories.database import finish
 from tests.integration.conftest import count_jobs
-
-
-def finish(database_url: str, job_id: str, status: str, error: str | None = None) -> None:
-    with psycopg.connect(libpq(database_url)) as conn:
-        conn.execute(
-            "UPDATE jobs SET status = %s, error = %s, finished_at = now() WHERE id = %s", (status, error, job_id)
-        )
 
 
 def test_submit_get_list_cancel_events(sdk: tm.Client) -> None:

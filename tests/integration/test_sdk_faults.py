@@ -13,8 +13,9 @@ from fastapi.testclient import TestClient
 
 import trainmaster as tm
 from api.settings import libpq_url as libpq
+from tests.factories.database import finish
+from tests.factories.http import falling_losses, post_losses
 from tests.integration.faulty_proxy import Cut, Fault, FaultyProxy
-from tests.integration.test_sdk import finish
 
 
 @pytest.fixture
@@ -67,14 +68,6 @@ def test_wait_and_stream_give_up_at_the_callers_limit_when_the_api_never_answers
             list(client.stream_metrics(job.id, retry_for=0.5))
 
 
-def post_points(http: TestClient, token: str, job_id: str, start: int, count: int) -> None:
-    points = [{"step": step, "values": {"loss": 1.0 / (step + 1)}} for step in range(start, start + count)]
-    response = http.post(
-        f"/v1/jobs/{job_id}/metrics", json={"points": points}, headers={"Authorization": f"Bearer {token}"}
-    )
-    assert response.status_code == 201, response.text
-
-
 def stored_seqs(database_url: str, job_id: str) -> list[int]:
     with psycopg.connect(libpq(database_url)) as conn:
         rows = conn.execute("SELECT seq FROM metric_points WHERE job_id = %s ORDER BY seq", (job_id,)).fetchall()
@@ -86,7 +79,7 @@ def test_metric_stream_resumes_through_a_cut_a_503_and_a_429_with_no_row_twice_o
 ) -> None:
     job = sdk.submit(name="streamed", entrypoint="builtin:mlp")
     for start in (0, 1000, 2000):
-        post_points(http, token, job.id, start, 1000)
+        post_losses(http, token, job.id, falling_losses(start, 1000), first_step=start)
     finish(database_url, job.id, "succeeded")
     # The stream sends 2,000 rows an event: the cut comes inside the second event, after the first.
     proxy.plan.extend([Cut(events=1), Fault(503, retry_after="1"), Fault(429, "TooManyStreams", retry_after="0")])

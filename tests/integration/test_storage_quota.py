@@ -17,25 +17,16 @@ from fastapi.testclient import TestClient
 import trainmaster as tm
 from api.settings import libpq_url as libpq
 from tests.factories.auth import job_token, scoped_token
+from tests.factories.checkpoints import run_collector
+from tests.factories.code import make_zip, upload
+from tests.factories.http import bearer, storage_rows
 from tests.factories.jobs import spec
-from tests.integration.test_checkpoint_lifecycle import run_collector
-from tests.integration.test_code_upload import make_zip, upload
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def record(http: TestClient, database_url: str, job_id: str, name: str, size: int) -> Any:
     """The job's callback recording a checkpoint Ray Train wrote, with its job token."""
     body = {"path": f"/storage/{job_id}/{name}", "step": 1, "metrics": {}, "size_bytes": size}
     return http.post(f"/v1/jobs/{job_id}/checkpoints", json=body, headers=bearer(job_token(database_url, job_id)))
-
-
-def stored(http: TestClient, token: str) -> dict[str, dict[str, Any]]:
-    answer = http.get("/v1/storage", headers=bearer(token))
-    assert answer.status_code == 200, answer.text
-    return {row["project"]: row for row in answer.json()["items"]}
 
 
 def test_a_project_over_its_storage_quota_is_refused_new_checkpoints_and_uploads_and_nothing_else(
@@ -50,7 +41,7 @@ def test_a_project_over_its_storage_quota_is_refused_new_checkpoints_and_uploads
     assert set_quota.status_code == 200 and set_quota.json()["storage_quota_bytes"] == quota, set_quota.text
 
     assert record(http, database_url, job.id, "checkpoint_000000", 500).status_code == 204
-    alpha = stored(http, token)["alpha"]
+    alpha = storage_rows(http, token)["alpha"]
     assert (alpha["checkpoints"], alpha["checkpoint_bytes"], alpha["code_bytes"]) == (1, 500, len(code))
     assert alpha["used_bytes"] == len(code) + 500 and alpha["quota_bytes"] == quota
 
@@ -64,7 +55,7 @@ def test_a_project_over_its_storage_quota_is_refused_new_checkpoints_and_uploads
     assert (listed[1].deleted_why or "").startswith("refused: project 'alpha' is over its storage quota")
     events = [e for e in sdk.events(job.id) if e.kind == "checkpoint_refused"]
     assert len(events) == 1 and events[0].data["size_bytes"] == 200, events
-    assert stored(http, token)["alpha"]["checkpoint_bytes"] == 500  # the refused one never counted
+    assert storage_rows(http, token)["alpha"]["checkpoint_bytes"] == 500  # the refused one never counted
 
     bigger = make_zip({"train.py": b"x = 1\n" * 400})
     over = upload(http, bearer(token), bigger)
@@ -73,23 +64,23 @@ def test_a_project_over_its_storage_quota_is_refused_new_checkpoints_and_uploads
     assert http.head(f"/v1/code/{digest}", headers=bearer(token)).status_code == 404  # nothing stored
     again = upload(http, bearer(token), code)  # stored already: adds nothing, so accepted
     assert again.status_code == 201, again.text
-    assert stored(http, token)["alpha"]["code_bytes"] == len(code)
+    assert storage_rows(http, token)["alpha"]["code_bytes"] == len(code)
 
     # Another project, without a quota, goes on; each project token sees its own, an admin all.
     neighbour = tm.JobSpec.model_validate(spec(name="b"))
     other = http.post("/v1/jobs", json=neighbour.model_dump(mode="json"), headers=bearer(other_token)).json()
     assert record(http, database_url, other["id"], "checkpoint_000000", 10**9).status_code == 204
-    assert set(stored(http, other_token)) == {"beta"}
-    everyone = stored(http, admin)
+    assert set(storage_rows(http, other_token)) == {"beta"}
+    everyone = storage_rows(http, admin)
     assert everyone["beta"]["checkpoint_bytes"] == 10**9 and everyone["beta"]["quota_bytes"] is None
 
     # What the collector deletes frees the quota: a second checkpoint within it, then the first is
     # not among the job's latest 1 any more.
     assert record(http, database_url, job.id, "checkpoint_000002", 100).status_code == 204
-    assert stored(http, token)["alpha"]["checkpoint_bytes"] == 600
+    assert storage_rows(http, token)["alpha"]["checkpoint_bytes"] == 600
     (tmp_path / "storage").mkdir()
     assert run_collector(database_url, tmp_path / "storage").marked == 1
-    alpha = stored(http, token)["alpha"]
+    alpha = storage_rows(http, token)["alpha"]
     assert (alpha["checkpoints"], alpha["checkpoint_bytes"]) == (1, 100)
     assert record(http, database_url, job.id, "checkpoint_000003", 400).status_code == 204
 
@@ -125,7 +116,7 @@ def test_the_triggers_agree_with_a_full_count(http: TestClient, sdk: tm.Client, 
                    (SELECT coalesce(sum(size), 0) FROM code_packages)
             """
         ).fetchone()
-    alpha = stored(http, token)["alpha"]
+    alpha = storage_rows(http, token)["alpha"]
     assert counted is not None and counted[1] > 0
     assert (alpha["checkpoint_bytes"], alpha["checkpoints"], alpha["code_bytes"]) == tuple(int(x) for x in counted)
 

@@ -18,6 +18,7 @@ from api.jobs import service as jobs_service
 from api.settings import Settings
 from api.settings import libpq_url as libpq
 from api.sweeps import controller
+from tests.factories.http import bearer
 from tests.factories.sweeps import sweep_body
 
 
@@ -343,7 +344,7 @@ def test_list_shows_the_projects_sweeps_newest_first_with_counts(
 ) -> None:
     older = create(http, auth, name="older")
     newer = create(http, auth, name="newer", max_concurrent=1)
-    create(http, {"Authorization": f"Bearer {other_token}"}, name="theirs")
+    create(http, bearer(other_token), name="theirs")
     items = http.get("/v1/sweeps", headers=auth).json()["items"]
     assert [s["id"] for s in items] == [newer["id"], older["id"]]
     assert items[0]["trial_counts"] == {"queued": 1} and items[0]["trials"] == []
@@ -352,7 +353,7 @@ def test_list_shows_the_projects_sweeps_newest_first_with_counts(
 
 def test_another_projects_sweep_answers_404(http: TestClient, auth: dict[str, str], other_token: str) -> None:
     sweep = create(http, auth)
-    theirs = {"Authorization": f"Bearer {other_token}"}
+    theirs = bearer(other_token)
     for response in (
         http.get(f"/v1/sweeps/{sweep['id']}", headers=theirs),
         http.post(f"/v1/sweeps/{sweep['id']}/cancel", headers=theirs),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from api.dispatcher.placement import ClusterCapacity, Node
-from tests.integration.test_dispatcher import World, run
+from tests.factories.world import World, run
 from trainmaster.context import ENV_LABEL_SELECTOR
 from trainmaster.models import JobStatus
 

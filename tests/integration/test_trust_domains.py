@@ -16,11 +16,8 @@ from api.app import create_app
 from api.settings import Settings
 from api.settings import libpq_url as libpq
 from tests.factories.auth import job_token, scoped_token
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 @pytest.fixture

@@ -21,12 +21,9 @@ from api.db.models import Checkpoint, Job, JobAttempt
 from api.dispatcher.backend import RayJobState
 from api.jobs import service as jobs
 from tests.factories.auth import scoped_token
-from tests.integration.test_dispatcher import World, one_worker, run
+from tests.factories.http import bearer
+from tests.factories.world import World, one_worker, run
 from trainmaster.models import JobSpec, JobStatus
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 async def submit_as(world: World, project: str, user: str, **fields: Any) -> uuid.UUID:

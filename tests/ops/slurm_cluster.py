@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.e2e.conftest import stop, wait_until
+from tests.e2e.conftest import stop
+from tests.factories.waiting import wait_until
 from trainmaster.ports import free_port
 
 CONF_TEMPLATE = Path(__file__).with_name("slurm") / "slurm.conf"

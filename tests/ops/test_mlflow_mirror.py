@@ -20,10 +20,11 @@ from api.settings import Settings
 from api.stack.postgres import create_database, drop_database
 from api.telemetry import repository as repo
 from api.telemetry.mlflow import JOB_TAG, MlflowMirror
-from tests.e2e.conftest import stop, wait_until
+from tests.e2e.conftest import stop
 from tests.factories.auth import project_token
+from tests.factories.http import post_losses, submit
+from tests.factories.waiting import wait_until
 from tests.ops.jobflow import advance, exporting
-from tests.ops.test_otel_export import log_metrics, submit
 from trainmaster.models import JobStatus
 from trainmaster.ports import free_port
 
@@ -97,7 +98,7 @@ def test_each_job_is_mirrored_as_one_run_with_params_metrics_and_status(
         for status in (JobStatus.starting, JobStatus.running):
             advance(settings, good, status)
             advance(settings, bad, status)
-        log_metrics(http, token, good, [0.9, 0.4])
+        post_losses(http, token, good, [0.9, 0.4], first_step=1, attempt=1)
         wait_until(lambda: run_of(good) is not None, 30, what="the job's run")
         advance(settings, good, JobStatus.succeeded)
         advance(settings, bad, JobStatus.failed, error="boom")

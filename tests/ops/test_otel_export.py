@@ -17,9 +17,9 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.settings import Settings
 from api.telemetry.service import Telemetry, otel_enabled
-from tests.e2e.conftest import wait_until
 from tests.factories.auth import project_token
-from tests.factories.jobs import spec
+from tests.factories.http import post_losses, submit
+from tests.factories.waiting import wait_until
 from tests.ops.jobflow import advance, exporting
 from tests.ops.otlp_receiver import Received, otlp_receiver
 from trainmaster.models import JobStatus
@@ -34,22 +34,6 @@ def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Received]:
         monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=ops-test")
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=secret-1")
         yield received
-
-
-def submit(http: TestClient, token: str, **overrides: Any) -> str:
-    response = http.post("/v1/jobs", json=spec(**overrides), headers={"Authorization": f"Bearer {token}"})
-    assert response.status_code == 201, response.text
-    return str(response.json()["id"])
-
-
-def log_metrics(http: TestClient, token: str, job_id: str, losses: list[float]) -> None:
-    points = [{"step": i + 1, "values": {"loss": loss}, "rank": 0} for i, loss in enumerate(losses)]
-    response = http.post(
-        f"/v1/jobs/{job_id}/metrics",
-        json={"attempt": 1, "points": points},
-        headers={"Authorization": f"Bearer {token}"},
-    )
-    assert response.status_code in (200, 201, 202), response.text
 
 
 def latest(received: Received, name: str, **attrs: Any) -> Any:
@@ -77,8 +61,8 @@ def test_platform_metrics_training_metrics_and_a_trace_per_job(database_url: str
         for status in (JobStatus.starting, JobStatus.running):
             advance(settings, watched, status)
             advance(settings, quiet, status)
-        log_metrics(http, token, watched, [0.9, 0.5])
-        log_metrics(http, token, quiet, [0.8])
+        post_losses(http, token, watched, [0.9, 0.5], first_step=1, attempt=1)
+        post_losses(http, token, quiet, [0.8], first_step=1, attempt=1)
         wait_until(
             lambda: getattr(latest(receiver, "trainmaster.gpus.held", project="alpha"), "as_double", 0) == 2.0,
             20,

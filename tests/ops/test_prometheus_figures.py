@@ -8,13 +8,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.settings import Settings
 from tests.factories.auth import project_token, scoped_token
+from tests.factories.http import bearer, submit
 from tests.ops.jobflow import advance
-from tests.ops.test_otel_export import submit
 from trainmaster.models import JobStatus
 
 
 def scrape(http: TestClient, token: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    response = http.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+    response = http.get("/metrics", headers=bearer(token))
     assert response.status_code == 200
     samples = {}
     for family in text_string_to_metric_families(response.text):

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 import trainmaster as tm
-from tests.e2e.conftest import Stack, running_stack, wait_until
-from tests.e2e.test_ray_jobs import TERMINAL, small_mlp, wait_for
+from tests.e2e.conftest import Stack, running_stack
+from tests.factories.jobs import TERMINAL, small_mlp, wait_for_status
+from tests.factories.waiting import wait_until
 from tests.ops.otlp_receiver import Received, attributes, otlp_receiver
 
 pytestmark = pytest.mark.ray
@@ -45,7 +46,7 @@ def test_a_real_job_leaves_one_trace_from_submit_to_end(exporting_stack: tuple[S
             config=small_mlp(epochs=1),
             labels={"otel-metrics": "true"},
         )
-        done = wait_for(client, job.id, TERMINAL)
+        done = wait_for_status(client, job.id, TERMINAL)
         assert done.status is tm.JobStatus.succeeded, done.error
 
     trace_id = bytes.fromhex(job.id.replace("-", ""))

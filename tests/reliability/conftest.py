@@ -39,7 +39,3 @@ def strict_api(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> I
     )
     yield api
     stop(api.process)
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}

@@ -16,8 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.factories.auth import job_token, scoped_token
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
-from tests.reliability.conftest import bearer
 
 JOB_WRITES = {
     ("POST", "/v1/jobs/{job_id}/metrics"),

@@ -21,7 +21,7 @@ import pytest
 import trainmaster as tm
 from api.dispatcher.faults import POINTS
 from tests.e2e.conftest import running_stack
-from tests.e2e.test_ray_jobs import TERMINAL, ledger_lines, small_mlp, wait_for
+from tests.factories.jobs import TERMINAL, ledger_lines, small_mlp, wait_for_status
 
 pytestmark = pytest.mark.ray
 
@@ -60,7 +60,7 @@ def test_sigkill_at_every_launch_point_launches_each_attempt_once(
 
         stack.dispatchers.start("survivor", fast_leases)
         for job_id in ids:
-            done = wait_for(client, job_id, TERMINAL, timeout=900)
+            done = wait_for_status(client, job_id, TERMINAL, timeout=900)
             assert done.status is tm.JobStatus.succeeded, (job_id, done.error)
             assert [a.n for a in done.attempts] == [1]
 

@@ -51,10 +51,12 @@ import pytest
 
 import trainmaster as tm
 from api.settings import libpq_url
-from tests.e2e.conftest import Stack, running_stack, start_api, wait_until
+from tests.e2e.conftest import Stack, running_stack, start_api
 from tests.e2e.ray_stack import MultiNode
-from tests.e2e.test_ray_jobs import TERMINAL, ledger_lines, small_mlp
-from tests.reliability.test_postgres_restart import pg_ctl
+from tests.factories.database import pg_ctl
+from tests.factories.http import bearer
+from tests.factories.jobs import TERMINAL, ledger_lines, small_mlp
+from tests.factories.waiting import wait_until
 from trainmaster.retry import is_transient
 
 pytestmark = pytest.mark.ray
@@ -488,7 +490,7 @@ def keep_evidence(campaign: Campaign, violations: dict[str, list[str]], folder: 
         if job.id not in offending:
             continue
         folder.mkdir(exist_ok=True)
-        headers = {"Authorization": f"Bearer {campaign.tokens[job.project]}"}
+        headers = bearer(campaign.tokens[job.project])
         try:
             with httpx.Client(base_url=campaign.stack.api.url, headers=headers, timeout=30) as http:
                 events = http.get(f"/v1/jobs/{job.id}/events").json()

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.e2e.conftest import ApiProcess
-from tests.reliability.conftest import bearer
+from tests.factories.http import bearer
 
 json_scalars = (
     st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=True) | st.text(max_size=40)

@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 import httpx
 
 from tests.e2e.conftest import ApiProcess
-from tests.reliability.conftest import bearer
+from tests.factories.http import bearer
 
 HEALTH_BUDGET_S = 1.0
 

@@ -10,10 +10,11 @@ import httpx
 import psycopg
 
 from api.settings import libpq_url as libpq
-from tests.e2e.conftest import ApiProcess, wait_until
+from tests.e2e.conftest import ApiProcess
 from tests.factories.auth import project_token
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
-from tests.reliability.conftest import bearer
+from tests.factories.waiting import wait_until
 
 
 def submit(api: ApiProcess, token: str, key: str, body: dict) -> httpx.Response:

@@ -24,7 +24,7 @@ import pytest
 
 import trainmaster as tm
 from tests.e2e.conftest import Stack
-from tests.e2e.test_ray_jobs import TERMINAL, ledger_lines, small_mlp, wait_for
+from tests.factories.jobs import TERMINAL, ledger_lines, small_mlp, wait_for_status
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -84,7 +84,7 @@ def test_three_dispatchers_over_a_hundred_jobs(stack: Stack, tmp_path: Path) -> 
             ]
             deadline = time.monotonic() + 3600
             for job_id in ids:
-                done = wait_for(client, job_id, TERMINAL, timeout=max(1, deadline - time.monotonic()))
+                done = wait_for_status(client, job_id, TERMINAL, timeout=max(1, deadline - time.monotonic()))
                 assert done.status is tm.JobStatus.succeeded, done.error
     finally:
         for process in extra:

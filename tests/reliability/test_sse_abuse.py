@@ -10,10 +10,11 @@ from urllib.parse import urlparse
 import httpx
 import psutil
 
-from tests.e2e.conftest import ApiProcess, wait_until
+from tests.e2e.conftest import ApiProcess
 from tests.factories.auth import project_token
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
-from tests.reliability.conftest import bearer
+from tests.factories.waiting import wait_until
 
 
 def new_job(api: ApiProcess, token: str) -> str:

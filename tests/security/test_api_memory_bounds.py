@@ -23,6 +23,7 @@ from api.errors import LimitExceeded
 from api.settings import Settings
 from api.settings import libpq_url as libpq
 from tests.factories.auth import job_token, project_token
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
 from trainmaster import Client
 
@@ -55,7 +56,7 @@ def test_a_log_page_holds_at_most_page_max_bytes_and_the_sdk_still_reads_every_l
     http: TestClient, database_url: str
 ) -> None:
     token = project_token(database_url, "alpha")
-    auth = {"Authorization": f"Bearer {token}"}
+    auth = bearer(token)
     job_id = http.post("/v1/jobs", json=spec(), headers=auth).json()["id"]
     stored_lines(database_url, job_id, 300)  # 2.4 MB in all
 
@@ -91,8 +92,8 @@ def package() -> bytes:
 def test_an_upload_past_its_projects_share_is_429_naming_the_setting_and_another_project_uploads(
     http: TestClient, database_url: str
 ) -> None:
-    alpha = {"Authorization": f"Bearer {project_token(database_url, 'alpha')}", "Content-Type": "application/zip"}
-    beta = {"Authorization": f"Bearer {project_token(database_url, 'beta')}", "Content-Type": "application/zip"}
+    alpha = {**bearer(project_token(database_url, "alpha")), "Content-Type": "application/zip"}
+    beta = {**bearer(project_token(database_url, "beta")), "Content-Type": "application/zip"}
     assert http.post("/v1/code", content=package(), headers=alpha).status_code == 201  # a slot taken, then freed
     gate: UploadGate = http.app.state.upload_gate  # type: ignore[attr-defined]
     gate.wait_s = 0.2
@@ -122,6 +123,7 @@ def test_the_gate_lets_in_flight_uploads_through_in_turn_and_refuses_past_the_wa
 
         first = [asyncio.create_task(upload(a, "a1")), asyncio.create_task(upload(b, "b1"))]
         waiting = asyncio.create_task(upload(c, "c1"))  # the process's 2 are taken: it waits its turn
+
         async def both_in() -> None:
             while len(order) < 2:
                 await asyncio.sleep(0.01)
@@ -143,7 +145,7 @@ def test_event_and_job_pages_hold_at_most_page_max_bytes_and_the_sdk_reads_them_
     http: TestClient, database_url: str
 ) -> None:
     token = project_token(database_url, "alpha")
-    auth = {"Authorization": f"Bearer {token}"}
+    auth = bearer(token)
     big = {"blob": "y" * 15_000}  # an event's data may hold 16 KiB
     jobs = [http.post("/v1/jobs", json=spec(config={"blob": "z" * 60_000, "n": n}), headers=auth) for n in range(12)]
     assert all(job.status_code == 201 for job in jobs), jobs[0].text
@@ -181,11 +183,9 @@ def test_event_and_job_pages_hold_at_most_page_max_bytes_and_the_sdk_reads_them_
     assert sorted(job.id for job in listed) == sorted(job.json()["id"] for job in jobs)  # every job once
 
 
-def test_what_a_job_attaches_to_an_event_or_a_checkpoint_is_at_most_16_kib(
-    http: TestClient, database_url: str
-) -> None:
+def test_what_a_job_attaches_to_an_event_or_a_checkpoint_is_at_most_16_kib(http: TestClient, database_url: str) -> None:
     job_id = http.post("/v1/jobs", json=spec(), headers=bearer_of(database_url)).json()["id"]
-    auth = {"Authorization": f"Bearer {job_token(database_url, job_id)}"}
+    auth = bearer(job_token(database_url, job_id))
     large = {"blob": "w" * 17_000}
     for path, body, field in (
         ("events", {"kind": "note", "data": large}, "data"),
@@ -200,4 +200,4 @@ def test_what_a_job_attaches_to_an_event_or_a_checkpoint_is_at_most_16_kib(
 
 
 def bearer_of(database_url: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {project_token(database_url, 'alpha')}"}
+    return bearer(project_token(database_url, "alpha"))

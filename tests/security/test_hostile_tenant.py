@@ -30,8 +30,9 @@ from api.stack.osusers import OsUser
 from api.stack.ray_head import RayHead
 from tests.e2e.conftest import Stack
 from tests.e2e.ray_stack import start_ray_head, stop_ray_head
-from tests.e2e.test_ray_jobs import TERMINAL, wait_for
 from tests.factories.auth import scoped_token
+from tests.factories.http import bearer
+from tests.factories.jobs import TERMINAL, wait_for_status
 
 pytestmark = pytest.mark.ray
 
@@ -54,7 +55,7 @@ def run_probe(stack: Stack, project: str, victim: str, dashboard: str, user: OsU
             job = tenant.submit(
                 name="hostile", entrypoint="script:probe.py", working_dir=PROBE, scaling=scaling, env=env
             )
-            done = wait_for(tenant, job.id, TERMINAL, timeout=300)
+            done = wait_for_status(tenant, job.id, TERMINAL, timeout=300)
         assert done.status is tm.JobStatus.succeeded, done.error
         seen: dict[str, Any] = {}
         for line in (out / "probe.jsonl").read_text().splitlines():
@@ -117,7 +118,7 @@ def on_east(stack: Stack, east: tuple[RayHead, OsUser | None], victim: str, firs
     """The probe as tenant-east on `east`, aimed at the session's cluster, the API and tenant-b's files."""
     head, user = east
     database_url = stack.api.env["TRAINMASTER_DATABASE_URL"]
-    root = {"Authorization": f"Bearer {scoped_token(database_url)}"}
+    root = bearer(scoped_token(database_url))
     with httpx.Client(base_url=stack.api.url, headers=root, timeout=30) as admin:
         cluster = {"name": "east", "address": head.dashboard, "token_file": str(head.token_path)}
         assert admin.post("/v1/clusters", json=cluster).status_code == 201
@@ -149,7 +150,7 @@ def test_a_job_on_another_cluster_reaches_no_ray_job_of_the_first(
     assert seen["platform secrets in this process's environment"] == []
     assert seen["job token: read another project's job"] == 401
     assert seen["job tokens read from any Ray job's runtime env"] == []
-    headers = {"Authorization": f"Bearer {scoped_token(stack.api.env['TRAINMASTER_DATABASE_URL'])}"}
+    headers = bearer(scoped_token(stack.api.env["TRAINMASTER_DATABASE_URL"]))
     with httpx.Client(base_url=stack.api.url, headers=headers) as admin:
         info = admin.get("/v1/cluster", params={"name": "east"}).json()
     assert (info["name"], info["reachable"], info["total"]["CPU"]) == ("east", True, 2)

@@ -24,8 +24,9 @@ from api.settings import Settings
 from api.settings import libpq_url as libpq
 from api.stack import osusers
 from tests.factories.auth import project_token
+from tests.factories.checkpoints import run_collector
+from tests.factories.database import project_id
 from tests.factories.jobs import spec
-from tests.integration.test_checkpoint_lifecycle import project_id, run_collector
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="the collector must run as root, as it did when this happened"

@@ -15,8 +15,9 @@ import httpx
 import pytest
 
 import trainmaster as tm
-from tests.e2e.conftest import Stack, wait_until
-from tests.e2e.test_ray_jobs import TERMINAL, wait_for
+from tests.e2e.conftest import Stack
+from tests.factories.jobs import TERMINAL, wait_for_status
+from tests.factories.waiting import wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -81,7 +82,7 @@ def test_no_claim_job_token_or_ray_token_is_on_any_command_line_while_a_job_star
         finally:
             lines = scan.stop()
             stop.touch()
-        done = wait_for(client, job.id, TERMINAL)
+        done = wait_for_status(client, job.id, TERMINAL)
     assert done.status is tm.JobStatus.succeeded, done.error
     claim = ray_job.json()["metadata"]["trainmaster_claim"]
     secrets = {"claim": claim, "job token": token, "Ray token": stack.ray.token_path.read_text().strip()}

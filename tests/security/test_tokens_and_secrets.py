@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
@@ -22,21 +21,12 @@ from api.app import create_app
 from api.clusters import service as clusters
 from api.db.models import ClusterRow
 from api.settings import Settings
-from api.settings import libpq_url as libpq
 from tests.factories.auth import project_token, scoped_token
+from tests.factories.database import sql
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
 
 MAX_LIFE_S = 3600.0
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def sql(database_url: str, query: str, *args: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(libpq(database_url)) as conn:
-        cursor = conn.execute(query, args)
-        return cursor.fetchall() if cursor.description else []
 
 
 @pytest.fixture
@@ -114,13 +104,13 @@ def test_metrics_shows_a_project_token_its_own_project_only(
 
 
 def expires_at(database_url: str, token_id: str) -> datetime:
-    [(when,)] = sql(database_url, "SELECT expires_at FROM api_tokens WHERE id = %s", token_id)
+    [(when,)] = sql(database_url, "SELECT expires_at FROM api_tokens WHERE id = %s", (token_id,))
     assert when is not None, f"token {token_id} never expires"
     return when
 
 
 def token_id(database_url: str, description: str) -> str:
-    return str(sql(database_url, "SELECT id FROM api_tokens WHERE description = %s", description)[0][0])
+    return str(sql(database_url, "SELECT id FROM api_tokens WHERE description = %s", (description,))[0][0])
 
 
 def mint(http: TestClient, parent: dict[str, str], **body: Any) -> dict[str, Any]:
@@ -309,7 +299,7 @@ def test_a_record_breaking_the_rule_is_not_used_and_says_what_to_change(
         insert = (
             "INSERT INTO clusters (id, name, address, token_file, token_env) VALUES (gen_random_uuid(), %s, %s, %s, %s)"
         )
-        sql(settings.database_url, insert, name, f"http://{host}:8265", token_file, token_env)
+        sql(settings.database_url, insert, (name, f"http://{host}:8265", token_file, token_env))
     (secrets_dir / "swapped.token").symlink_to(outside)  # a link put where a token was to be
 
     for name, field in (("legacy-env", "token_env"), ("legacy-file", "token_file"), ("swapped", "token_file")):

@@ -22,8 +22,9 @@ from api.logs import repository as logs_repository
 from api.settings import Settings
 from api.settings import libpq_url as libpq
 from tests.factories.auth import project_token, scoped_token
+from tests.factories.http import bearer
 from tests.factories.jobs import spec
-from tests.integration.test_dispatcher import World, one_worker
+from tests.factories.world import World, one_worker
 
 Headers = dict[str, str]
 
@@ -47,10 +48,6 @@ def app_with(database_url: str) -> Iterator[Callable[..., TestClient]]:
     yield start
     for client in clients:
         client.__exit__(None, None, None)
-
-
-def bearer(token: str) -> Headers:
-    return {"Authorization": f"Bearer {token}"}
 
 
 @pytest.fixture

@@ -16,33 +16,12 @@ import pytest
 import typer
 import yaml
 
+from tests.factories.commands import ray_cli, resolve
 from trainmaster.cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
-
-
-def resolve(group: Any, argv: list[str]) -> Any:
-    """Parse argv the way the CLI would, down to the leaf command, without running it.
-
-    Works for click groups (ray) and typer's own (which no longer subclass click's).
-    """
-    context = group.make_context(group.name or "cli", list(argv), resilient_parsing=False)
-    command = group
-    args = list(argv)
-    while hasattr(command, "resolve_command"):
-        name, sub, args = command.resolve_command(context, args)
-        assert sub is not None, f"unknown command {name!r}"
-        command = sub
-        context = command.make_context(name or "", args, parent=context)
-    return context
-
-
-def ray_cli() -> Any:
-    from ray.scripts.scripts import cli
-
-    return cli
 
 
 def test_every_service_is_there() -> None:

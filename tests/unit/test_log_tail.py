@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from aiohttp import web
 
 from api.dispatcher.log_tail import LogTails
+from tests.factories.waiting import wait_until
 
 
 class FakeRayLogs:
@@ -55,25 +55,19 @@ def ray_logs() -> Iterator[tuple[FakeRayLogs, str]]:
     loop.call_soon_threadsafe(loop.stop)
 
 
-def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-
-
 def test_since_returns_only_what_is_not_stored_yet(ray_logs: tuple[FakeRayLogs, str]) -> None:
     fake, address = ray_logs
     tails = LogTails(address, {"Authorization": "Bearer ray-token"})
     fake.chunks["tm-1"] = ["a\nb\n"]
     assert tails.since("tm-1", 0) is None  # no tail yet: the caller reads the whole log this once
-    eventually(lambda: tails.since("tm-1", 0) == "a\nb\n")
+    wait_until(lambda: tails.since("tm-1", 0) == "a\nb\n", 5, interval=0.02, what="the tail to hold the log")
     fake.chunks["tm-1"].append("c\n")
-    eventually(lambda: tails.since("tm-1", 4) == "c\n")  # 4 characters are stored: only the new line
+    # 4 characters are stored: only the new line
+    wait_until(lambda: tails.since("tm-1", 4) == "c\n", 5, interval=0.02, what="the tail to hold the new line")
     assert tails.tails["tm-1"].text == "c\n"  # what is stored is no longer kept
     assert tails.since("tm-1", 6) == ""
     fake.ended.add("tm-1")
-    eventually(lambda: tails.finished("tm-1"))
+    wait_until(lambda: tails.finished("tm-1"), 5, interval=0.02, what="the tail to see the log's end")
     assert fake.tokens == ["Bearer ray-token"]
 
 
@@ -82,7 +76,7 @@ def test_a_store_ahead_of_the_tail_gets_nothing_twice(ray_logs: tuple[FakeRayLog
     tails = LogTails(address, {})
     fake.chunks["tm-2"] = ["0123456789\n"]
     tails.follow("tm-2")  # a dispatcher that took over: 8 characters were stored by the one before
-    eventually(lambda: tails.since("tm-2", 8) == "89\n")
+    wait_until(lambda: tails.since("tm-2", 8) == "89\n", 5, interval=0.02, what="the part not stored yet")
     assert tails.since("tm-2", 2) is None  # behind what the tail dropped: read the whole log instead
 
 
@@ -110,4 +104,4 @@ def test_close_ends_every_tail_and_the_loop(ray_logs: tuple[FakeRayLogs, str]) -
     tails.follow("tm-9")
     tails.close()
     assert tails.tails == {}
-    eventually(lambda: not tails.loop.is_running())
+    wait_until(lambda: not tails.loop.is_running(), 5, interval=0.02, what="the tails' loop to stop")

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 import trainmaster
+from tests.factories.waiting import wait_until
 from trainmaster import metrics
 from trainmaster.context import JobApi, MetricsPoster
 from trainmaster.metrics import MetricsSender
@@ -179,24 +180,15 @@ def test_log_outside_a_job_sends_nothing_and_starts_no_thread(
     assert sent == []
 
 
-def wait_for(condition: Any, timeout: float = 10.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
-
-
 def test_an_idle_sender_sends_a_point_at_once_not_at_the_next_tick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(metrics, "FLUSH_INTERVAL_S", 3600.0)  # only "send at once" can deliver it in time
     api = ScriptedApi()
     s = sender(api)
     try:
         s.log({"loss": 1.0}, 0)
-        wait_for(lambda: api.steps() == [0])
+        wait_until(lambda: api.steps() == [0], 10, interval=0.005, what="step 0 sent")
         s.log({"loss": 0.5}, 1)  # idle again: this one goes at once too
-        wait_for(lambda: api.steps() == [0, 1])
+        wait_until(lambda: api.steps() == [0, 1], 10, interval=0.005, what="step 1 sent")
     finally:
         s.close()
 

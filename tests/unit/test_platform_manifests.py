@@ -21,7 +21,7 @@ import pytest
 import typer
 import yaml
 
-from tests.unit.test_compose import ray_cli, resolve
+from tests.factories.commands import ray_cli, resolve
 from trainmaster.cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,11 +12,12 @@ import shutil
 import signal
 import stat
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.factories.waiting import wait_until
 
 SBATCH = Path(__file__).resolve().parents[2] / "platform" / "slurm" / "trainmaster.sbatch"
 
@@ -102,22 +103,25 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def test_a_head_that_timed_out_during_startup_is_stopped_and_started_again(fakes: Path) -> None:
     script = start(fakes, FAIL_TIMES="2")
     try:
-        wait_for(lambda: (fakes / "state" / "ready").exists(), "the third start")
-        wait_for(lambda: (fakes / "run" / "ray.env").exists(), "the script to write the cluster's address")
+        wait_until(lambda: (fakes / "state" / "ready").exists(), 60, interval=0.2, what="the third start")
+        wait_until(
+            lambda: (fakes / "run" / "ray.env").exists(),
+            60,
+            interval=0.2,
+            what="the script to write the cluster's address",
+        )
         assert script.poll() is None
         left = [int(pid) for pid in (fakes / "state" / "left").read_text().split()]
         assert len(left) == 2
-        wait_for(lambda: not any(alive(pid) for pid in left), "what the timed-out starts left to be stopped", 10)
+        wait_until(
+            lambda: not any(alive(pid) for pid in left),
+            10,
+            interval=0.2,
+            what="what the timed-out starts left to be stopped",
+        )
     finally:
         script.send_signal(signal.SIGTERM)
         output, _ = script.communicate(timeout=60)
@@ -157,7 +161,12 @@ def test_without_ray_tmpdir_the_head_runs_in_a_fresh_private_folder(fakes: Path)
     script = start(fakes, SLURM_JOB_ID=job, RAY_TMPDIR="")
     used = None
     try:
-        wait_for(lambda: (fakes / "run" / "ray.env").exists(), "the script to write the cluster's address")
+        wait_until(
+            lambda: (fakes / "run" / "ray.env").exists(),
+            60,
+            interval=0.2,
+            what="the script to write the cluster's address",
+        )
         used = Path((fakes / "state" / "temp_dirs").read_text().split()[0])
         folder = used.parent
         assert used.name == "ray" and re.fullmatch(r"/tmp/tm-ray-\w{8}", str(folder)), used

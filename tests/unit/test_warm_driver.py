@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import wait_until
+from tests.factories.waiting import wait_until
 from workers import warm
 from workers.warm import RAY_JOB_CONFIG, read_secret, secret_path
 from workers.warm.client import ask, declared_env, server_env, socket_path
