@@ -75,43 +75,6 @@ def test_drivers_after_the_first_on_a_node_are_forked_warm(stack: Stack) -> None
     assert "forked by the warm server" in second.message
 
 
-def test_cancel_running_job_frees_its_resources(stack: Stack) -> None:
-    with stack.client() as client:
-        job = client.submit(
-            name="to-cancel",
-            entrypoint="builtin:mlp",
-            scaling=tm.Scaling(num_workers=2),
-            config=small_mlp(epochs=200, epoch_sleep_s=1),
-        )
-        wait_for_status(client, job.id, {"running"})
-        wait_until(
-            lambda: any(e.kind == "runtime" for e in client.events(job.id)),
-            120,
-            what="training to start (placement group created)",
-        )
-        # Ray's resource report (/api/cluster_status) follows the gang a moment later, more under load.
-        wait_until(
-            lambda: 0 <= stack.ray.free_cpus() <= stack.ray.total_cpus() - 2,
-            60,
-            interval=0.5,
-            what="Ray to show the gang",
-        )
-        assert client.cancel(job.id).status is tm.JobStatus.cancelling
-        done = wait_for_status(client, job.id, TERMINAL, timeout=90)
-        assert done.status is tm.JobStatus.cancelled
-        assert done.attempts[-1].status == "stopped"
-    wait_until(
-        lambda: stack.ray.free_cpus() == stack.ray.total_cpus(),
-        60,
-        interval=0.5,
-        what="Ray to report every CPU free again",
-    )
-    from ray.util.state import list_placement_groups
-
-    groups = list_placement_groups(address=stack.ray.dashboard, detail=True)
-    assert groups and all(group.state == "REMOVED" for group in groups)
-
-
 def test_infeasible_job_says_why_and_fails(stack: Stack) -> None:
     with stack.client() as client:
         job = client.submit(
