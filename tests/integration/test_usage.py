@@ -14,26 +14,12 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from api.auth.principal import Principal
-from api.auth.repository import get_or_create_project
-from api.db.direct import OnSession
 from api.db.models import Checkpoint, Job, JobAttempt
 from api.dispatcher.backend import RayJobState
-from api.jobs import service as jobs
 from tests.factories.auth import scoped_token
 from tests.factories.http import bearer
-from tests.factories.world import World, one_worker, run
-from trainmaster.models import JobSpec, JobStatus
-
-
-async def submit_as(world: World, project: str, user: str, **fields: Any) -> uuid.UUID:
-    """A job submitted with a token that names `user`, as `token create --user` makes one."""
-    async with world.sessions() as session, session.begin():
-        row = await get_or_create_project(session, project)
-        principal = Principal(project_id=row.id, project_name=project, user_name=user)
-        body = {"name": f"{user}-job", "entrypoint": "builtin:mlp", **fields}
-        job, _ = await jobs.submit(OnSession(session), principal, JobSpec.model_validate(body), None)
-        return job.id
+from tests.factories.world import World, one_worker, run, submit_as
+from trainmaster.models import JobStatus
 
 
 async def rewind(world: World, job_id: uuid.UUID, admitted_s: float, running_s: float) -> None:
