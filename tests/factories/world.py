@@ -12,6 +12,7 @@ from sqlalchemy import select
 
 from api.auth.principal import Principal
 from api.auth.repository import get_or_create_project
+from api.db.direct import OnSession
 from api.db.models import Job, JobAttempt
 from api.db.session import create_engine, session_factory
 from api.dispatcher.service import Dispatcher
@@ -52,7 +53,7 @@ class World:
         async with self.sessions() as session, session.begin():
             row = await get_or_create_project(session, project)
             principal = Principal(project_id=row.id, project_name=project)
-            job, _ = await jobs.submit(session, principal, JobSpec.model_validate(body), None)
+            job, _ = await jobs.submit(OnSession(session), principal, JobSpec.model_validate(body), None)
             return job.id
 
     async def job(self, job_id: uuid.UUID) -> Job:
@@ -87,5 +88,5 @@ async def submit_as(world: World, project: str, user: str, **fields: Any) -> uui
         row = await get_or_create_project(session, project)
         principal = Principal(project_id=row.id, project_name=project, user_name=user)
         body = {"name": f"{user}-job", "entrypoint": "builtin:mlp", **fields}
-        job, _ = await jobs.submit(session, principal, JobSpec.model_validate(body), None)
+        job, _ = await jobs.submit(OnSession(session), principal, JobSpec.model_validate(body), None)
         return job.id
