@@ -21,7 +21,7 @@ import pytest
 
 import trainmaster as tm
 from tests.e2e.conftest import REPO, Stack, wait_until
-from tests.e2e.test_ray_jobs import TERMINAL, wait_for
+from tests.factories.jobs import TERMINAL, wait_for_status
 
 pytestmark = pytest.mark.ray
 
@@ -94,7 +94,7 @@ def test_jax_function_mode_runs_on_jax_trainer(stack: Stack, tmp_path: Path) -> 
             config={"steps": 3, "out": str(tmp_path)},
             scaling=tm.Scaling(num_workers=2),
         )
-        done = wait_for(client, job.id, TERMINAL)
+        done = wait_for_status(client, job.id, TERMINAL)
         assert done.status is tm.JobStatus.succeeded, done.error
         runtime = [e for e in client.events(job.id) if e.kind == "runtime"]
     seen_by_ranks(tmp_path, 2)
@@ -145,7 +145,7 @@ def test_checkpoints_retries_metrics_and_logs_behave_the_same_for_paddle(stack: 
             scaling=tm.Scaling(num_workers=2),
             max_retries=1,
         )
-        done = wait_for(client, job.id, TERMINAL, timeout=480)
+        done = wait_for_status(client, job.id, TERMINAL, timeout=480)
         assert done.status is tm.JobStatus.succeeded, done.error
         assert [a.status for a in done.attempts] == ["failed", "succeeded"]
         assert "injected failure at step 1" in (done.attempts[0].error or "")
@@ -203,7 +203,7 @@ def test_cancel_and_timeout_stop_every_mpi_process(stack: Stack, tmp_path: Path)
         cancelled = markers["cancel"]
         wait_until(lambda: len(mpi_processes(cancelled)) >= 2, 180, interval=0.5, what="both MPI ranks to start")
         client.cancel(jobs["cancel"].id)
-        ended = {ending: wait_for(client, job.id, TERMINAL, timeout=180).status for ending, job in jobs.items()}
+        ended = {ending: wait_for_status(client, job.id, TERMINAL, timeout=180).status for ending, job in jobs.items()}
         assert ended == {"cancel": tm.JobStatus.cancelled, "timeout": tm.JobStatus.timed_out}, ended
     for ending, marker in markers.items():
         gone = f"mpirun and its ranks to exit ({ending})"
@@ -223,7 +223,7 @@ def test_a_framework_missing_where_the_job_runs_fails_fast_with_the_install_line
             framework="horovod",
             scaling=tm.Scaling(num_workers=2),
         )
-        done = wait_for(client, job.id, TERMINAL, timeout=120)
+        done = wait_for_status(client, job.id, TERMINAL, timeout=120)
     assert done.status is tm.JobStatus.failed
     assert "'horovod'" in (done.error or "") and "pip install horovod" in (done.error or ""), done.error
     assert time.monotonic() - started < 90  # the driver stops before any worker starts, never a hang

@@ -19,7 +19,7 @@ import pytest
 import trainmaster as tm
 from tests.e2e.conftest import Stack, running_stack, wait_until
 from tests.e2e.ray_stack import MultiNode, start_ray_head
-from tests.e2e.test_ray_jobs import TERMINAL, small_mlp, wait_for
+from tests.factories.jobs import TERMINAL, small_mlp, wait_for_status
 
 pytestmark = pytest.mark.ray
 
@@ -85,7 +85,7 @@ def test_strict_spread_gang_runs_one_worker_per_node_with_the_uploaded_code(
             working_dir=code,
             scaling=tm.Scaling(num_workers=3, placement_strategy="STRICT_SPREAD"),
         )
-        done = wait_for(client, job.id, TERMINAL, timeout=300)
+        done = wait_for_status(client, job.id, TERMINAL, timeout=300)
         assert done.status is tm.JobStatus.succeeded, done.error
         [started] = started_events(client, job.id)
         workers = started.data["workers"]
@@ -129,12 +129,12 @@ def test_a_rack_bound_gang_lands_in_its_rack_while_a_gang_fitting_no_node_waits_
         assert client.get(job.id).status is tm.JobStatus.queued
         bigger = cluster.add_node(2, {"tm_big": 1})  # the cluster grows: the gang fits on the new node
         try:
-            done = wait_for(client, job.id, TERMINAL, timeout=300)
+            done = wait_for_status(client, job.id, TERMINAL, timeout=300)
             assert done.status is tm.JobStatus.succeeded, done.error
             assert [a.n for a in done.attempts] == [1]  # admitted as it was, never resubmitted
             [started] = started_events(client, job.id)
             assert len({w["node_id"] for w in started.data["workers"]}) == 1
-            placed = wait_for(client, racked.id, TERMINAL, timeout=300)
+            placed = wait_for_status(client, racked.id, TERMINAL, timeout=300)
             assert placed.status is tm.JobStatus.succeeded, placed.error
             [racked_started] = started_events(client, racked.id)
             rack_b = set(cluster.node_ids(rack="b"))
@@ -188,7 +188,7 @@ def test_node_lost_without_failures_left_fails_naming_the_node(
 ) -> None:
     with mstack.client() as client:
         job_id, victim = run_until_checkpoint_then_kill_a_node(client, cluster, fault_nodes, 0)
-        done = wait_for(client, job_id, TERMINAL, timeout=300)
+        done = wait_for_status(client, job_id, TERMINAL, timeout=300)
         assert done.status is tm.JobStatus.failed
         assert victim[:8] in (done.error or ""), done.error
 
@@ -239,7 +239,7 @@ def test_an_elastic_gang_grows_when_a_node_joins_and_shrinks_when_one_dies_in_th
             wait_until(lambda: len(client.checkpoints(job.id)) > seen, 240, interval=0.5, what="a checkpoint at 2")
             victim = two.data["workers"][1]["node_id"]
             cluster.kill_raylet(folders[victim])
-            done = wait_for(client, job.id, TERMINAL, timeout=420)
+            done = wait_for_status(client, job.id, TERMINAL, timeout=420)
             assert done.status is tm.JobStatus.succeeded, done.error
             assert [a.n for a in done.attempts] == [1]  # grown and shrunk inside the attempt, never retried
             shrunk = resized(1)

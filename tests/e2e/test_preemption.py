@@ -11,8 +11,8 @@ import pytest
 
 import trainmaster as tm
 from tests.e2e.conftest import Stack, wait_until
-from tests.e2e.test_ray_jobs import TERMINAL, wait_for
 from tests.factories.auth import project_token, scoped_token
+from tests.factories.jobs import TERMINAL, wait_for_status
 
 pytestmark = pytest.mark.ray
 
@@ -45,7 +45,7 @@ def test_high_priority_gang_preempts_and_the_low_job_resumes_without_losing_a_st
             priority=0,
             config={"epochs": EPOCHS, "samples": SAMPLES, "batch_size": BATCH, "epoch_sleep_s": 2},
         )
-        wait_for(client, low.id, {"running"}, timeout=300)
+        wait_for_status(client, low.id, {"running"}, timeout=300)
         wait_until(lambda: client.metrics(low.id, names=["loss"]), 120, interval=0.5, what="the low job to train")
         high = client.submit(
             name="high",
@@ -54,13 +54,13 @@ def test_high_priority_gang_preempts_and_the_low_job_resumes_without_losing_a_st
             priority=10,
             config={"epochs": 1, "samples": 256, "batch_size": 64},
         )
-        wait_for(client, low.id, {"queued"}, timeout=180)
+        wait_for_status(client, low.id, {"queued"}, timeout=180)
         requeued = [e for e in client.events(low.id) if e.status is tm.JobStatus.queued][-1]
         assert f"preempted by {high.id}" in (requeued.message or ""), requeued.message
 
-        done_high = wait_for(client, high.id, TERMINAL, timeout=300)
+        done_high = wait_for_status(client, high.id, TERMINAL, timeout=300)
         assert done_high.status is tm.JobStatus.succeeded, done_high.error
-        done_low = wait_for(client, low.id, TERMINAL, timeout=400)
+        done_low = wait_for_status(client, low.id, TERMINAL, timeout=400)
         assert done_low.status is tm.JobStatus.succeeded, done_low.error
         assert [(a.n, a.status.value) for a in done_low.attempts] == [(1, "stopped"), (2, "succeeded")]
         assert done_low.attempts[0].error == f"preempted by {high.id}"
@@ -110,11 +110,11 @@ def test_an_elastic_gang_is_shrunk_instead_of_preempted_and_keeps_its_attempt(pr
             priority=10,
             config={"epochs": 1, "samples": 256, "batch_size": 64},
         )
-        done_high = wait_for(client, high.id, TERMINAL, timeout=300)
+        done_high = wait_for_status(client, high.id, TERMINAL, timeout=300)
         assert done_high.status is tm.JobStatus.succeeded, done_high.error
         trail = [(e.kind, e.message) for job in (high, low) for e in client.events(job.id)]
         assert any(e.kind == "shrinking" for e in client.events(high.id)), trail
-        done_low = wait_for(client, low.id, TERMINAL, timeout=400)
+        done_low = wait_for_status(client, low.id, TERMINAL, timeout=400)
         assert done_low.status is tm.JobStatus.succeeded, done_low.error
         low_trail = [(e.kind, e.message) for e in client.events(low.id)]
         assert [a.n for a in done_low.attempts] == [1], low_trail  # shrunk inside its attempt, never stopped
@@ -150,17 +150,17 @@ def test_a_project_reclaims_its_lent_quota_and_the_borrower_resumes_at_its_step(
             scaling=whole,
             config={"epochs": EPOCHS, "samples": SAMPLES, "batch_size": BATCH, "epoch_sleep_s": 2},
         )
-        wait_for(borrower, lent.id, {"running"}, timeout=300)
+        wait_for_status(borrower, lent.id, {"running"}, timeout=300)
         wait_until(lambda: borrower.metrics(lent.id, names=["loss"]), 120, interval=0.5, what="the borrower to train")
         owed = owner.submit(name="owed", entrypoint="builtin:mlp", scaling=whole, config={"epochs": 1, "samples": 256})
-        wait_for(borrower, lent.id, {"queued"}, timeout=180)
+        wait_for_status(borrower, lent.id, {"queued"}, timeout=180)
         asked = next(e for e in borrower.events(lent.id) if e.kind == "preempt_requested")
         assert "reclaims its quota" in (asked.message or "") and "cohort lab" in (asked.message or ""), asked.message
         waiting = borrower.get(lent.id)
         assert waiting.status is tm.JobStatus.queued  # while the owner holds its quota, nothing is left to lend
 
-        assert wait_for(owner, owed.id, TERMINAL, timeout=300).status is tm.JobStatus.succeeded
-        done = wait_for(borrower, lent.id, TERMINAL, timeout=400)
+        assert wait_for_status(owner, owed.id, TERMINAL, timeout=300).status is tm.JobStatus.succeeded
+        done = wait_for_status(borrower, lent.id, TERMINAL, timeout=400)
         assert done.status is tm.JobStatus.succeeded, done.error
         assert [(a.n, a.status.value) for a in done.attempts] == [(1, "stopped"), (2, "succeeded")]
         steps = [p.step for p in borrower.metrics(lent.id, names=["loss"]) if p.rank == 0 and p.step is not None]

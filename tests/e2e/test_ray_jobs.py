@@ -24,7 +24,6 @@ pytestmark = pytest.mark.ray
 
 # Importable from here too: test_frameworks, test_preemption, test_multinode and test_ray_faults import
 # them from this module (their home is tests/factories/jobs.py).
-wait_for = wait_for_status
 
 
 def test_two_worker_gloo_job_succeeds_and_records_backend(stack: Stack) -> None:

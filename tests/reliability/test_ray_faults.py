@@ -16,7 +16,7 @@ import pytest
 import trainmaster as tm
 from tests.e2e.conftest import TRAINMASTER, Stack, running_stack, wait_until
 from tests.e2e.ray_stack import start_ray_head, stop_ray_head
-from tests.e2e.test_ray_jobs import TERMINAL, ledger_lines, small_mlp, wait_for
+from tests.factories.jobs import TERMINAL, ledger_lines, small_mlp, wait_for_status
 
 pytestmark = pytest.mark.ray
 
@@ -47,7 +47,7 @@ def test_worker_killed_after_a_checkpoint(stack: Stack, tmp_path: Path, max_fail
         pid = worker_pid_after_checkpoint(progress, 1, K)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        done = wait_for(client, job.id, TERMINAL, timeout=300)
+        done = wait_for_status(client, job.id, TERMINAL, timeout=300)
         if max_failures:
             assert done.status is tm.JobStatus.succeeded, done.error
             assert [(line[1], line[3]) for line in ledger_lines(ledger)] == [
@@ -103,7 +103,7 @@ def test_ray_head_restart_under_a_running_job(pg_server_url: str, tmp_path: Path
 
             lost = wait_until(left_running, 90, what="the running attempt to be declared lost")
             assert "Ray" in (lost.attempts[0].error or "")
-            done = wait_for(client, job.id, TERMINAL, timeout=300)
+            done = wait_for_status(client, job.id, TERMINAL, timeout=300)
             assert done.status is tm.JobStatus.succeeded, done.error
             assert [(a.n, a.status) for a in done.attempts] == [(1, "lost"), (2, "succeeded")]
             from ray.job_submission import JobSubmissionClient
