@@ -17,7 +17,7 @@ INSTALL = "pip install 'trainmaster[workers]'"
 
 def trainer(spec: Any, *, train_fn: Any, config: dict[str, Any], scaling: Any, run: Any) -> Any:
     """What `TorchTrainer` builds, with a control side that never imports torch (workers/lean_torch.py):
-    the driver and the Ray Train controller each start 1 to 2 s sooner (bench/torch_backend_startup.py)."""
+    the driver and the Ray Train controller each start 1 to 2 s sooner (bench/submit_latency.py, its `lean` path)."""
     from workers.lean_torch import LeanTorchConfig, lean_torch_trainer
 
     return lean_torch_trainer(
