@@ -78,6 +78,22 @@ class ApiProcess:
     log_path: Path
 
 
+def wait_answering(
+    process: subprocess.Popen[Any], url: str, log_path: Path, timeout: float, what: str, interval: float = 0.2
+) -> None:
+    """Poll `url` until it answers 200; fail at once, with the end of `log_path`, if `process` exits."""
+
+    def answering() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited: {log_path.read_text()[-2000:]}")
+        try:
+            return httpx.get(url, timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(answering, timeout, interval=interval, what=f"{what} to answer {url}")
+
+
 def start_api(
     database_url: str,
     log_path: Path,
@@ -99,17 +115,8 @@ def start_api(
             command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
         )
     url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"trainmaster api exited: {log_path.read_text()[-2000:]}")
-        try:
-            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
     try:
-        wait_until(ready, ready_s, what="trainmaster api to be ready")
+        wait_answering(process, f"{url}/readyz", log_path, ready_s, "trainmaster api")
     except BaseException:
         stop(process)
         raise

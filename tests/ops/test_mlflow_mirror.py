@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -20,9 +19,9 @@ from api.settings import Settings
 from api.stack.postgres import create_database, drop_database
 from api.telemetry import repository as repo
 from api.telemetry.mlflow import JOB_TAG, MlflowMirror
-from tests.e2e.conftest import stop
 from tests.factories.auth import project_token
 from tests.factories.http import post_losses, submit
+from tests.factories.processes import stop, wait_answering
 from tests.factories.waiting import wait_until
 from tests.ops.jobflow import advance, exporting
 from trainmaster.models import JobStatus
@@ -56,17 +55,8 @@ def mlflow_server(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) 
         stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"mlflow server exited: {(folder / 'server.log').read_text()[-2000:]}")
-        try:
-            return httpx.get(f"{url}/health", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
     try:
-        wait_until(healthy, 120, interval=0.5, what="mlflow server")
+        wait_answering(process, f"{url}/health", folder / "server.log", 120, "mlflow server", interval=0.5)
         yield url
     finally:
         stop(process, 20)
